@@ -1,0 +1,190 @@
+package core
+
+import (
+	"fmt"
+	"unicode/utf8"
+)
+
+// Kind identifies a replicated command. Values are part of the log encoding
+// and must never change.
+type Kind uint8
+
+// Command kinds (SPEC §2).
+const (
+	KindGrant   Kind = 1
+	KindRelease Kind = 2
+	KindExpire  Kind = 3
+	// KindControl is reserved for membership control (SPEC §2 Control).
+	// The decoder rejects it with CodeUnsupported until the control plane
+	// defines its payload.
+	KindControl Kind = 4
+)
+
+func (k Kind) String() string {
+	switch k {
+	case KindGrant:
+		return "grant"
+	case KindRelease:
+		return "release"
+	case KindExpire:
+		return "expire"
+	case KindControl:
+		return "control"
+	}
+	return fmt.Sprintf("kind(%d)", uint8(k))
+}
+
+// Command is one replicated lock command. Which fields are meaningful
+// depends on Kind:
+//
+//	Grant:   Key, LeaseMS, Owner, GrantedAtMS
+//	Release: Key, Token
+//	Expire:  Key, Token
+//
+// A Grant never carries a token: Apply assigns it.
+type Command struct {
+	Kind        Kind
+	Key         string
+	Owner       string
+	LeaseMS     uint64
+	GrantedAtMS uint64
+	Token       uint64
+}
+
+// Grant builds a Grant command.
+func Grant(key, owner string, leaseMS, grantedAtMS uint64) Command {
+	return Command{Kind: KindGrant, Key: key, Owner: owner, LeaseMS: leaseMS, GrantedAtMS: grantedAtMS}
+}
+
+// Release builds a Release command.
+func Release(key string, token uint64) Command {
+	return Command{Kind: KindRelease, Key: key, Token: token}
+}
+
+// Expire builds an Expire command.
+func Expire(key string, token uint64) Command {
+	return Command{Kind: KindExpire, Key: key, Token: token}
+}
+
+// Validate checks a command against the limits in limits.go. Transports
+// call it before proposing; the entry decoder calls it on every entry.
+func (c Command) Validate() error {
+	if err := ValidateKey(c.Key); err != nil {
+		return err
+	}
+	switch c.Kind {
+	case KindGrant:
+		if err := ValidateLeaseMS(c.LeaseMS); err != nil {
+			return err
+		}
+		if err := ValidateOwner(c.Owner); err != nil {
+			return err
+		}
+		if c.Token != 0 {
+			return invalidf("grant must not carry a token")
+		}
+	case KindRelease, KindExpire:
+		if c.Token == 0 {
+			return invalidf("%s needs a token", c.Kind)
+		}
+		if c.Owner != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 {
+			return invalidf("%s carries only key and token", c.Kind)
+		}
+	case KindControl:
+		return &Error{Code: CodeUnsupported, Detail: "control commands are not implemented yet"}
+	default:
+		return invalidf("unknown command kind %d", uint8(c.Kind))
+	}
+	return nil
+}
+
+// ValidateKey checks a lock key: 1..MaxKeyLen bytes of valid UTF-8 with no
+// NUL (keys appear in JSON replies and in storage keys).
+func ValidateKey(key string) error {
+	switch {
+	case key == "":
+		return invalidf("key is empty")
+	case len(key) > MaxKeyLen:
+		return invalidf("key is %d bytes, the limit is %d", len(key), MaxKeyLen)
+	case !utf8.ValidString(key):
+		return invalidf("key is not valid UTF-8")
+	}
+	for i := 0; i < len(key); i++ {
+		if key[i] == 0 {
+			return invalidf("key contains NUL")
+		}
+	}
+	return nil
+}
+
+// ValidateOwner checks an owner correlation id: at most MaxOwnerLen bytes
+// of valid UTF-8. An empty owner is allowed.
+func ValidateOwner(owner string) error {
+	switch {
+	case len(owner) > MaxOwnerLen:
+		return invalidf("owner is %d bytes, the limit is %d", len(owner), MaxOwnerLen)
+	case !utf8.ValidString(owner):
+		return invalidf("owner is not valid UTF-8")
+	}
+	return nil
+}
+
+// ValidateLeaseMS checks a lease length in milliseconds.
+func ValidateLeaseMS(ms uint64) error {
+	if ms < MinLeaseMS || ms > MaxLeaseMS {
+		return invalidf("lease %dms is outside [%dms, %dms]", ms, MinLeaseMS, MaxLeaseMS)
+	}
+	return nil
+}
+
+// ResultKind identifies an apply result (SPEC §3).
+type ResultKind uint8
+
+// Result kinds. Values are stable: they are reported to clients and plugins.
+const (
+	ResultNoop          ResultKind = 0
+	ResultGranted       ResultKind = 1
+	ResultGrantRejected ResultKind = 2
+	ResultReleased      ResultKind = 3
+	ResultNotFound      ResultKind = 4
+	ResultExpired       ResultKind = 5
+)
+
+func (r ResultKind) String() string {
+	switch r {
+	case ResultNoop:
+		return "noop"
+	case ResultGranted:
+		return "granted"
+	case ResultGrantRejected:
+		return "grant_rejected"
+	case ResultReleased:
+		return "released"
+	case ResultNotFound:
+		return "not_found"
+	case ResultExpired:
+		return "expired"
+	}
+	return fmt.Sprintf("result(%d)", uint8(r))
+}
+
+// Result is what applying one command produced.
+//
+//	Granted:       Token is the fencing token issued.
+//	GrantRejected: Token is the token the key is held with.
+//	Expired:       Existed tells whether a lock was removed.
+type Result struct {
+	Kind    ResultKind
+	Token   uint64
+	Existed bool
+}
+
+func (r Result) String() string {
+	switch r.Kind {
+	case ResultGranted, ResultGrantRejected:
+		return fmt.Sprintf("%s{token:%d}", r.Kind, r.Token)
+	case ResultExpired:
+		return fmt.Sprintf("expired{existed:%t}", r.Existed)
+	}
+	return r.Kind.String()
+}
