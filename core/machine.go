@@ -2,6 +2,7 @@ package core
 
 import (
 	"crypto/sha256"
+	"math"
 	"sort"
 )
 
@@ -28,7 +29,8 @@ func NewMachine() *Machine { return &Machine{locks: make(map[string]Lock)} }
 // Apply applies one committed command and returns its result. It never
 // fails: a command that cannot take effect yields a result that says so.
 // Commands that do not pass Validate yield Noop, so a replica that somehow
-// sees one still stays identical to the others.
+// sees one still stays identical to the others. A Grant after token
+// math.MaxUint64 has been issued also yields Noop: tokens never wrap.
 func (m *Machine) Apply(c Command) Result {
 	if c.Validate() != nil {
 		return Result{Kind: ResultNoop}
@@ -41,6 +43,11 @@ func (m *Machine) Apply(c Command) Result {
 	case KindGrant:
 		if ok {
 			return Result{Kind: ResultGrantRejected, Token: held.Token}
+		}
+		if m.lastToken == math.MaxUint64 {
+			// The token space is exhausted. Wrapping would issue token 0
+			// and then reuse old tokens, so no further grant takes effect.
+			return Result{Kind: ResultNoop}
 		}
 		m.lastToken++
 		m.locks[c.Key] = Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS}
