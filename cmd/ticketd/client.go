@@ -1,0 +1,181 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/ticketd/ticketd/sdk"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+const defaultNATS = "nats://127.0.0.1:4222"
+
+type clientFlags struct {
+	fs      *pflag.FlagSet
+	url     *string
+	timeout *time.Duration
+}
+
+func newClientFlags(name string, stderr io.Writer) clientFlags {
+	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	return clientFlags{
+		fs:      fs,
+		url:     fs.String("nats", defaultNATS, "NATS URL of any node"),
+		timeout: fs.Duration("timeout", 10*time.Second, "give up after this long"),
+	}
+}
+
+// parse parses args and returns exactly want positional arguments.
+func (c clientFlags) parse(args []string, want int, stderr io.Writer) ([]string, int, bool) {
+	if err := c.fs.Parse(args); err != nil {
+		if errors.Is(err, pflag.ErrHelp) {
+			return nil, 0, false
+		}
+		return nil, exitUsage, false
+	}
+	if c.fs.NArg() != want {
+		fmt.Fprintf(stderr, "ticketd %s: want %d argument(s), got %d\n", c.fs.Name(), want, c.fs.NArg())
+		return nil, exitUsage, false
+	}
+	return c.fs.Args(), 0, true
+}
+
+func (c clientFlags) connect(ctx context.Context) (*sdk.Client, context.Context, context.CancelFunc, error) {
+	cl, err := sdk.Connect(*c.url)
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	ctx, cancel := context.WithTimeout(ctx, *c.timeout)
+	return cl, ctx, func() { cancel(); _ = cl.Close() }, nil
+}
+
+// fail prints the stable code and message on stderr and picks the exit
+// status.
+func fail(stderr io.Writer, err error) int {
+	code := sdk.CodeOf(err)
+	if code == "" {
+		code = "error"
+	}
+	fmt.Fprintf(stderr, "error: %s: %v\n", code, err)
+	if sdk.IsIndeterminate(err) {
+		return exitIndeterminate
+	}
+	return exitFailure
+}
+
+func printJSON(w io.Writer, v any) {
+	enc := json.NewEncoder(w)
+	_ = enc.Encode(v)
+}
+
+func lockAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cf := newClientFlags("lock acquire", stderr)
+	lease := cf.fs.Duration("lease", sdk.DefaultLease, "lease length")
+	owner := cf.fs.String("owner", "", "owner correlation id")
+	wait := cf.fs.Duration("wait", 0, "wait this long in the key's queue (0: try once)")
+	pos, code, ok := cf.parse(args, 1, stderr)
+	if !ok {
+		return code
+	}
+	if *wait > 0 && *cf.timeout < *wait+2*time.Second {
+		*cf.timeout = *wait + 2*time.Second
+	}
+	cl, ctx, done, err := cf.connect(ctx)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	defer done()
+	l, err := cl.Acquire(ctx, pos[0], sdk.WithLease(*lease), sdk.WithOwner(*owner), sdk.WithWait(*wait))
+	if err != nil {
+		return fail(stderr, err)
+	}
+	printJSON(stdout, map[string]any{
+		"key":      l.Key,
+		"token":    l.Token,
+		"owner":    l.Owner,
+		"lease_ms": l.Lease.Milliseconds(),
+		"index":    l.Index,
+		"deadline": l.Deadline().UTC().Format(time.RFC3339Nano),
+	})
+	return 0
+}
+
+func lockRelease(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cf := newClientFlags("lock release", stderr)
+	token := cf.fs.Uint64("token", 0, "fencing token the lock is held with")
+	pos, code, ok := cf.parse(args, 1, stderr)
+	if !ok {
+		return code
+	}
+	cl, ctx, done, err := cf.connect(ctx)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	defer done()
+	if err := cl.Release(ctx, pos[0], *token); err != nil {
+		return fail(stderr, err)
+	}
+	printJSON(stdout, map[string]any{"key": pos[0], "released": true, "token": *token})
+	return 0
+}
+
+func lockGet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cf := newClientFlags("lock get", stderr)
+	pos, code, ok := cf.parse(args, 1, stderr)
+	if !ok {
+		return code
+	}
+	cl, ctx, done, err := cf.connect(ctx)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	defer done()
+	h, err := cl.Get(ctx, pos[0])
+	if err != nil {
+		return fail(stderr, err)
+	}
+	out := map[string]any{"key": h.Key, "held": h.Held}
+	if h.Held {
+		out["token"] = h.Token
+		out["owner"] = h.Owner
+		out["lease_ms"] = h.Lease.Milliseconds()
+		out["remaining_ms"] = h.Remaining.Milliseconds()
+	}
+	printJSON(stdout, out)
+	return 0
+}
+
+func status(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cf := newClientFlags("status", stderr)
+	if _, code, ok := cf.parse(args, 0, stderr); !ok {
+		return code
+	}
+	cl, ctx, done, err := cf.connect(ctx)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	defer done()
+	st, err := cl.Status(ctx)
+	if err != nil {
+		return fail(stderr, err)
+	}
+	// Per-peer match indexes are known only to the leader: ask it.
+	if st.Leader != 0 && st.Leader != st.ID {
+		subj := fmt.Sprintf("%s.node.%d.status", protocol.SubjectPrefix, st.Leader)
+		if m, err := cl.Conn().RequestWithContext(ctx, subj, []byte("{}")); err == nil {
+			var ls protocol.StatusReply
+			if protocol.ParseReply(m.Data, &ls) == nil {
+				st = &ls
+			}
+		}
+	}
+	printJSON(stdout, st)
+	return 0
+}

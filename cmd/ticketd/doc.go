@@ -1,0 +1,19 @@
+// Command ticketd runs a ticketd node and talks to a running cluster.
+//
+//	ticketd serve [--config FILE] [flags]       run a node (embedded NATS by default)
+//	ticketd lock acquire KEY --lease 10s [--owner NAME] [--wait 5s]
+//	ticketd lock release KEY --token N
+//	ticketd lock get KEY
+//	ticketd status
+//	ticketd bench --clients 16 --keys 1000 --duration 10s [--json]
+//
+// Client commands take --nats URL (default nats://127.0.0.1:4222), print
+// one JSON object on stdout, and on failure print the stable error code and
+// message on stderr and exit non-zero (exit status 2 for usage errors, 3
+// for indeterminate outcomes, 1 otherwise).
+//
+// Configuration of serve comes from, in increasing precedence: built-in
+// defaults, a YAML file (--config), TICKETD_* environment variables
+// (TICKETD_NATS_LISTEN for nats-listen) and flags. Unknown keys are
+// rejected.
+package main

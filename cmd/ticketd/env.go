@@ -1,0 +1,5 @@
+package main
+
+import "os"
+
+func environ() []string { return os.Environ() }

@@ -1,0 +1,148 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"reflect"
+	"sort"
+	"strings"
+
+	"github.com/knadh/koanf/parsers/yaml"
+	"github.com/knadh/koanf/providers/env/v2"
+	"github.com/knadh/koanf/providers/file"
+	"github.com/knadh/koanf/providers/posflag"
+	"github.com/knadh/koanf/v2"
+	"github.com/spf13/pflag"
+
+	"github.com/ticketd/ticketd/daemon"
+)
+
+func serveFlags(stderr io.Writer) *pflag.FlagSet {
+	d := daemon.Defaults()
+	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.String("config", "", "YAML config file (flat keys, same names as the flags)")
+	fs.Uint64("id", d.ID, "raft id of this node")
+	fs.String("data", d.Data, "data directory")
+	fs.String("nats-listen", d.NATSListen, "client address of the embedded NATS server")
+	fs.String("nats-url", "", "use this existing NATS instead of the embedded server")
+	fs.String("nats-cluster-listen", "", "embedded NATS cluster (route) listen address")
+	fs.String("nats-routes", "", "comma-separated route addresses of the other nodes' embedded NATS")
+	fs.String("nats-cluster-name", d.NATSClusterName, "embedded NATS cluster name")
+	fs.String("peer-listen", "", "raft peer listen address (multi-node)")
+	fs.String("peer-secret", "", "cluster secret shared by all nodes (>= 16 bytes; prefer TICKETD_PEER_SECRET)")
+	fs.String("peer-tls-cert", "", "peer mutual TLS certificate (PEM)")
+	fs.String("peer-tls-key", "", "peer mutual TLS key (PEM)")
+	fs.String("peer-tls-ca", "", "peer mutual TLS CA (PEM)")
+	fs.String("initial-cluster", "", "initial members id=host:port,... (empty: single node)")
+	fs.String("metrics-listen", "", "HTTP address for /metrics, /healthz, /readyz")
+	fs.Int("tick-ms", d.TickMS, "raft tick in milliseconds")
+	fs.Int("election-ticks", d.ElectionTicks, "ticks without a heartbeat before an election")
+	fs.Int("heartbeat-ticks", d.HeartbeatTicks, "ticks between leader heartbeats")
+	fs.Uint64("snapshot-entries", d.SnapshotEntries, "applied entries between snapshots")
+	fs.Uint64("compact-keep", d.CompactKeep, "log entries kept behind a snapshot")
+	fs.Bool("unsafe-no-fsync", false, "do not fsync (benchmarks only: loses data on power failure)")
+	fs.String("log-level", d.LogLevel, "debug, info, warn or error")
+	fs.String("log-format", d.LogFormat, "text or json")
+	return fs
+}
+
+// loadConfig merges defaults, the config file, TICKETD_* env and flags.
+func loadConfig(args []string, environ []string, stderr io.Writer) (daemon.Config, error) {
+	fs := serveFlags(stderr)
+	if err := fs.Parse(args); err != nil {
+		return daemon.Config{}, err
+	}
+	if fs.NArg() > 0 {
+		return daemon.Config{}, fmt.Errorf("%w: unexpected arguments %v", daemon.ErrConfig, fs.Args())
+	}
+	k := koanf.New(".")
+	if path, _ := fs.GetString("config"); path != "" {
+		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
+			return daemon.Config{}, fmt.Errorf("%w: read %s: %v", daemon.ErrConfig, path, err)
+		}
+	}
+	if err := k.Load(env.Provider(".", env.Opt{
+		Prefix:        "TICKETD_",
+		EnvironFunc:   func() []string { return environ },
+		TransformFunc: envKey,
+	}), nil); err != nil {
+		return daemon.Config{}, fmt.Errorf("%w: environment: %v", daemon.ErrConfig, err)
+	}
+	if err := checkKeys(k.Keys()); err != nil {
+		return daemon.Config{}, err
+	}
+	if err := k.Load(posflag.Provider(fs, ".", k), nil); err != nil {
+		return daemon.Config{}, fmt.Errorf("%w: flags: %v", daemon.ErrConfig, err)
+	}
+	cfg := daemon.Defaults()
+	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf"}); err != nil {
+		return daemon.Config{}, fmt.Errorf("%w: %v", daemon.ErrConfig, err)
+	}
+	return cfg, cfg.Validate()
+}
+
+func envKey(k, v string) (string, any) {
+	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(k, "TICKETD_")), "_", "-"), v
+}
+
+// checkKeys rejects keys no field knows: a typo in a config file must not
+// silently fall back to a default.
+func checkKeys(keys []string) error {
+	known := map[string]bool{"config": true}
+	t := reflect.TypeOf(daemon.Config{})
+	for i := 0; i < t.NumField(); i++ {
+		known[t.Field(i).Tag.Get("koanf")] = true
+	}
+	var unknown []string
+	for _, key := range keys {
+		if !known[key] {
+			unknown = append(unknown, key)
+		}
+	}
+	if len(unknown) > 0 {
+		sort.Strings(unknown)
+		return fmt.Errorf("%w: unknown keys %s", daemon.ErrConfig, strings.Join(unknown, ", "))
+	}
+	return nil
+}
+
+func newLogger(cfg daemon.Config, w io.Writer) *slog.Logger {
+	var level slog.Level
+	_ = level.UnmarshalText([]byte(cfg.LogLevel))
+	opts := &slog.HandlerOptions{Level: level}
+	if cfg.LogFormat == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := loadConfig(args, environ(), stderr)
+	if errors.Is(err, pflag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "ticketd serve: %v\n", err)
+		return exitUsage
+	}
+	log := newLogger(cfg, stderr)
+	d, err := daemon.Start(ctx, cfg, daemon.Options{Logger: log})
+	if err != nil {
+		log.Error("start failed", "err", err)
+		return exitFailure
+	}
+	select {
+	case <-ctx.Done():
+		log.Info("signal received; shutting down")
+	case <-d.Done():
+		log.Error("raft loop stopped", "err", d.Node().Err())
+		d.Close()
+		return exitFailure
+	}
+	d.Close()
+	return 0
+}

@@ -1,0 +1,181 @@
+package daemon
+
+import (
+	"errors"
+	"fmt"
+	"net"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Config is one node's configuration. Field tags are the flat, kebab-case
+// keys used in config files, TICKETD_* variables (upper-case, '_' for '-')
+// and flags (--key).
+type Config struct {
+	ID   uint64 `koanf:"id"`
+	Data string `koanf:"data"`
+
+	NATSListen        string `koanf:"nats-listen"`
+	NATSURL           string `koanf:"nats-url"`
+	NATSClusterListen string `koanf:"nats-cluster-listen"`
+	NATSRoutes        string `koanf:"nats-routes"`
+	NATSClusterName   string `koanf:"nats-cluster-name"`
+
+	PeerListen     string `koanf:"peer-listen"`
+	PeerSecret     string `koanf:"peer-secret"`
+	PeerTLSCert    string `koanf:"peer-tls-cert"`
+	PeerTLSKey     string `koanf:"peer-tls-key"`
+	PeerTLSCA      string `koanf:"peer-tls-ca"`
+	InitialCluster string `koanf:"initial-cluster"`
+
+	MetricsListen string `koanf:"metrics-listen"`
+
+	TickMS          int    `koanf:"tick-ms"`
+	ElectionTicks   int    `koanf:"election-ticks"`
+	HeartbeatTicks  int    `koanf:"heartbeat-ticks"`
+	SnapshotEntries uint64 `koanf:"snapshot-entries"`
+	CompactKeep     uint64 `koanf:"compact-keep"`
+	NoSync          bool   `koanf:"unsafe-no-fsync"`
+
+	LogLevel  string `koanf:"log-level"`
+	LogFormat string `koanf:"log-format"`
+}
+
+// Defaults returns the configuration of a first run: one node, embedded
+// NATS on 127.0.0.1:4222, data in ./ticketd-data.
+func Defaults() Config {
+	return Config{
+		ID:              1,
+		Data:            "./ticketd-data",
+		NATSListen:      "127.0.0.1:4222",
+		NATSClusterName: "ticketd",
+		TickMS:          100,
+		ElectionTicks:   10,
+		HeartbeatTicks:  1,
+		SnapshotEntries: 10000,
+		CompactKeep:     5000,
+		LogLevel:        "info",
+		LogFormat:       "text",
+	}
+}
+
+// Limits on configuration values.
+const (
+	MaxMembers        = 9
+	MinPeerSecretLen  = 16
+	MaxTick           = 10 * time.Second
+	MaxElectionTicks  = 1000
+	MaxHeartbeatTicks = 100
+)
+
+// ErrConfig marks every configuration error.
+var ErrConfig = errors.New("daemon: invalid config")
+
+func configErr(format string, args ...any) error {
+	return fmt.Errorf("%w: %s", ErrConfig, fmt.Sprintf(format, args...))
+}
+
+// Member is one initial cluster member.
+type Member struct {
+	ID   uint64
+	Addr string
+}
+
+// Members parses InitialCluster ("1=127.0.0.1:7001,2=127.0.0.1:7002").
+// An empty list means a single-voter cluster of this node.
+func (c Config) Members() ([]Member, error) {
+	if strings.TrimSpace(c.InitialCluster) == "" {
+		return []Member{{ID: c.ID, Addr: c.PeerListen}}, nil
+	}
+	seen := map[uint64]bool{}
+	var out []Member
+	for _, part := range strings.Split(c.InitialCluster, ",") {
+		part = strings.TrimSpace(part)
+		id, addr, ok := strings.Cut(part, "=")
+		if !ok {
+			return nil, configErr("initial-cluster entry %q is not id=host:port", part)
+		}
+		n, err := strconv.ParseUint(id, 10, 64)
+		if err != nil || n == 0 {
+			return nil, configErr("initial-cluster id %q is not a positive integer", id)
+		}
+		if _, _, err := net.SplitHostPort(addr); err != nil {
+			return nil, configErr("initial-cluster address %q: %v", addr, err)
+		}
+		if seen[n] {
+			return nil, configErr("initial-cluster id %d appears twice", n)
+		}
+		seen[n] = true
+		out = append(out, Member{ID: n, Addr: addr})
+	}
+	if len(out) > MaxMembers {
+		return nil, configErr("initial-cluster has %d members, the limit is %d", len(out), MaxMembers)
+	}
+	sort.Slice(out, func(i, j int) bool { return out[i].ID < out[j].ID })
+	return out, nil
+}
+
+// Validate checks every field.
+func (c Config) Validate() error {
+	if c.ID == 0 {
+		return configErr("id must be a positive integer")
+	}
+	if c.Data == "" {
+		return configErr("data must name a directory")
+	}
+	if c.NATSURL == "" && c.NATSListen == "" {
+		return configErr("either nats-url or nats-listen is required")
+	}
+	if c.NATSListen != "" && c.NATSURL == "" {
+		if _, _, err := net.SplitHostPort(c.NATSListen); err != nil {
+			return configErr("nats-listen %q: %v", c.NATSListen, err)
+		}
+	}
+	if c.TickMS <= 0 || time.Duration(c.TickMS)*time.Millisecond > MaxTick {
+		return configErr("tick-ms %d is outside (0, %d]", c.TickMS, MaxTick.Milliseconds())
+	}
+	if c.ElectionTicks <= c.HeartbeatTicks || c.ElectionTicks > MaxElectionTicks {
+		return configErr("election-ticks %d must exceed heartbeat-ticks %d and be at most %d", c.ElectionTicks, c.HeartbeatTicks, MaxElectionTicks)
+	}
+	if c.HeartbeatTicks <= 0 || c.HeartbeatTicks > MaxHeartbeatTicks {
+		return configErr("heartbeat-ticks %d is outside [1, %d]", c.HeartbeatTicks, MaxHeartbeatTicks)
+	}
+	if c.SnapshotEntries == 0 {
+		return configErr("snapshot-entries must be positive")
+	}
+	members, err := c.Members()
+	if err != nil {
+		return err
+	}
+	if len(members) > 1 {
+		found := false
+		for _, m := range members {
+			found = found || m.ID == c.ID
+		}
+		if !found {
+			return configErr("id %d is not in initial-cluster", c.ID)
+		}
+		if c.PeerListen == "" {
+			return configErr("peer-listen is required in a multi-node cluster")
+		}
+		if len(c.PeerSecret) < MinPeerSecretLen {
+			return configErr("peer-secret must be at least %d bytes in a multi-node cluster", MinPeerSecretLen)
+		}
+	}
+	if (c.PeerTLSCert == "") != (c.PeerTLSKey == "") || (c.PeerTLSCert != "" && c.PeerTLSCA == "") {
+		return configErr("peer-tls-cert, peer-tls-key and peer-tls-ca go together")
+	}
+	switch c.LogLevel {
+	case "debug", "info", "warn", "error":
+	default:
+		return configErr("log-level %q is not debug, info, warn or error", c.LogLevel)
+	}
+	switch c.LogFormat {
+	case "text", "json":
+	default:
+		return configErr("log-format %q is not text or json", c.LogFormat)
+	}
+	return nil
+}

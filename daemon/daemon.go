@@ -1,0 +1,454 @@
+package daemon
+
+import (
+	"context"
+	"crypto/tls"
+	"crypto/x509"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/raftstore"
+	"github.com/ticketd/ticketd/server"
+	"github.com/ticketd/ticketd/transports/natsapi"
+	"github.com/ticketd/ticketd/transports/peer"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// StartTimeoutDefault bounds how long Start waits for the embedded NATS
+// server and the NATS connection.
+const StartTimeoutDefault = 10 * time.Second
+
+// Options are in-process hooks that have no config-file form.
+type Options struct {
+	Logger *slog.Logger
+	// Policy, if set, is asked before every Grant (plugins).
+	Policy server.Policy
+	// Now overrides the lease clock (tests).
+	Now func() time.Time
+}
+
+// Daemon is one running node.
+type Daemon struct {
+	cfg   Config
+	log   *slog.Logger
+	store *raftstore.Store
+	node  *raftstore.Node
+	srv   *server.Server
+	peers *peer.Transport
+	ns    *natsserver.Server
+	nc    *nats.Conn
+	api   *natsapi.Service
+	http  *http.Server
+	reg   *prometheus.Registry
+
+	nodeRef   atomic.Pointer[raftstore.Node]
+	members   map[uint64]string
+	closeOnce sync.Once
+}
+
+// Start brings up a node. On error everything already started is stopped.
+func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	log := opts.Logger
+	if log == nil {
+		log = slog.Default()
+	}
+	log = log.With("node", cfg.ID)
+	d = &Daemon{cfg: cfg, log: log, reg: prometheus.NewRegistry(), members: map[uint64]string{}}
+	defer func() {
+		if err != nil {
+			d.Close()
+			d = nil
+		}
+	}()
+	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	metrics := server.NewMetrics(d.reg)
+
+	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
+		return nil, fmt.Errorf("daemon: data dir: %w", err)
+	}
+	d.store, err = raftstore.Open(filepath.Join(cfg.Data, "raft"), raftstore.StoreOptions{
+		NoSync: cfg.NoSync,
+		Logger: log.With("component", "store"),
+		OnSync: func(dur time.Duration, entries int) {
+			metrics.FsyncLatency.Observe(dur.Seconds())
+			metrics.FsyncEntries.Observe(float64(entries))
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: open store: %w", err)
+	}
+
+	members, err := cfg.Members()
+	if err != nil {
+		return nil, err
+	}
+	var peerIDs []uint64
+	for _, m := range members {
+		peerIDs = append(peerIDs, m.ID)
+		d.members[m.ID] = m.Addr
+	}
+	var transport raftstore.Transport
+	if len(members) > 1 {
+		if err := d.startPeers(ctx, members); err != nil {
+			return nil, err
+		}
+		transport = d.peers
+	}
+
+	d.srv = server.New(server.Config{Logger: log.With("component", "server"), Metrics: metrics, Policy: opts.Policy, Now: opts.Now})
+	d.node, err = raftstore.NewNode(raftstore.Config{
+		ID:              cfg.ID,
+		Peers:           peerIDs,
+		Store:           d.store,
+		Transport:       transport,
+		Observer:        d.srv,
+		Logger:          log.With("component", "raftstore"),
+		TickInterval:    time.Duration(cfg.TickMS) * time.Millisecond,
+		ElectionTicks:   cfg.ElectionTicks,
+		HeartbeatTicks:  cfg.HeartbeatTicks,
+		SnapshotEntries: cfg.SnapshotEntries,
+		CompactKeep:     cfg.CompactKeep,
+		OnApplyBatch: func(dur time.Duration, n int) {
+			metrics.ApplyLatency.Observe(dur.Seconds())
+			metrics.ApplyEntries.Observe(float64(n))
+		},
+	})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: start raft node: %w", err)
+	}
+	d.nodeRef.Store(d.node)
+	d.srv.Attach(d.node)
+
+	if err := d.startNATS(ctx); err != nil {
+		return nil, err
+	}
+	d.api, err = natsapi.Start(natsapi.Config{Conn: d.nc, Server: d.srv, Status: d.Status, Logger: log.With("component", "natsapi"), Now: opts.Now})
+	if err != nil {
+		return nil, fmt.Errorf("daemon: start client service: %w", err)
+	}
+	if cfg.MetricsListen != "" {
+		if err := d.startHTTP(); err != nil {
+			return nil, err
+		}
+	}
+	log.Info("node started", "data", cfg.Data, "nats", d.ClientURL(), "members", len(members))
+	return d, nil
+}
+
+func (d *Daemon) startPeers(ctx context.Context, members []Member) error {
+	peers := make(map[uint64]string, len(members))
+	for _, m := range members {
+		if m.ID != d.cfg.ID {
+			peers[m.ID] = m.Addr
+		}
+	}
+	var tlsCfg *tls.Config
+	if d.cfg.PeerTLSCert != "" {
+		var err error
+		if tlsCfg, err = loadPeerTLS(d.cfg); err != nil {
+			return err
+		}
+	}
+	t, err := peer.New(peer.Config{
+		ID:     d.cfg.ID,
+		Listen: d.cfg.PeerListen,
+		Peers:  peers,
+		Secret: []byte(d.cfg.PeerSecret),
+		TLS:    tlsCfg,
+		Handler: func(ctx context.Context, m raftpb.Message) error {
+			n := d.nodeRef.Load()
+			if n == nil {
+				return errors.New("node not started")
+			}
+			return n.Step(ctx, m)
+		},
+		Reporter: reporter{d},
+		Logger:   d.log.With("component", "peer"),
+	})
+	if err != nil {
+		return fmt.Errorf("daemon: peer transport: %w", err)
+	}
+	if err := t.Start(ctx); err != nil {
+		return fmt.Errorf("daemon: peer transport: %w", err)
+	}
+	d.peers = t
+	return nil
+}
+
+type reporter struct{ d *Daemon }
+
+func (r reporter) ReportUnreachable(id uint64) {
+	if n := r.d.nodeRef.Load(); n != nil {
+		n.ReportUnreachable(id)
+	}
+}
+
+func (r reporter) ReportSnapshot(id uint64, status raft.SnapshotStatus) {
+	if n := r.d.nodeRef.Load(); n != nil {
+		n.ReportSnapshot(id, status)
+	}
+}
+
+func loadPeerTLS(cfg Config) (*tls.Config, error) {
+	cert, err := tls.LoadX509KeyPair(cfg.PeerTLSCert, cfg.PeerTLSKey)
+	if err != nil {
+		return nil, configErr("peer TLS key pair: %v", err)
+	}
+	caPEM, err := os.ReadFile(cfg.PeerTLSCA)
+	if err != nil {
+		return nil, configErr("peer TLS CA: %v", err)
+	}
+	pool := x509.NewCertPool()
+	if !pool.AppendCertsFromPEM(caPEM) {
+		return nil, configErr("peer TLS CA %s holds no certificate", cfg.PeerTLSCA)
+	}
+	return &tls.Config{
+		Certificates: []tls.Certificate{cert},
+		RootCAs:      pool,
+		ClientCAs:    pool,
+		ClientAuth:   tls.RequireAndVerifyClientCert,
+		MinVersion:   tls.VersionTLS13,
+	}, nil
+}
+
+func (d *Daemon) startNATS(ctx context.Context) error {
+	url := d.cfg.NATSURL
+	opts := []nats.Option{
+		nats.Name(fmt.Sprintf("ticketd-%d", d.cfg.ID)),
+		// A reply published while disconnected must fail at once, so the
+		// lost-reply path can release its grant, not sit in a buffer.
+		nats.ReconnectBufSize(-1),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(100 * time.Millisecond),
+	}
+	if url == "" {
+		ns, err := d.embeddedNATS()
+		if err != nil {
+			return err
+		}
+		d.ns = ns
+		url = ns.ClientURL()
+		opts = append(opts, nats.InProcessServer(ns))
+	}
+	nc, err := nats.Connect(url, opts...)
+	if err != nil {
+		return fmt.Errorf("daemon: connect to NATS %s: %w", url, err)
+	}
+	d.nc = nc
+	return nil
+}
+
+func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
+	host, portStr, _ := net.SplitHostPort(d.cfg.NATSListen)
+	port, err := strconv.Atoi(portStr)
+	if err != nil {
+		return nil, configErr("nats-listen port %q: %v", portStr, err)
+	}
+	if port == 0 {
+		port = natsserver.RANDOM_PORT
+	}
+	o := &natsserver.Options{
+		ServerName: fmt.Sprintf("ticketd-%d", d.cfg.ID),
+		Host:       host,
+		Port:       port,
+		NoSigs:     true,
+		NoLog:      true,
+		MaxPayload: 1 << 20,
+	}
+	if d.cfg.NATSClusterListen != "" {
+		ch, cp, err := net.SplitHostPort(d.cfg.NATSClusterListen)
+		if err != nil {
+			return nil, configErr("nats-cluster-listen %q: %v", d.cfg.NATSClusterListen, err)
+		}
+		cport, err := strconv.Atoi(cp)
+		if err != nil {
+			return nil, configErr("nats-cluster-listen port %q: %v", cp, err)
+		}
+		o.Cluster = natsserver.ClusterOpts{Name: d.cfg.NATSClusterName, Host: ch, Port: cport}
+		for _, r := range strings.Split(d.cfg.NATSRoutes, ",") {
+			r = strings.TrimSpace(r)
+			if r == "" || r == d.cfg.NATSClusterListen {
+				continue
+			}
+			u, err := url.Parse("nats://" + r)
+			if err != nil {
+				return nil, configErr("nats-routes entry %q: %v", r, err)
+			}
+			o.Routes = append(o.Routes, u)
+		}
+	}
+	ns, err := natsserver.NewServer(o)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: embedded NATS: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(StartTimeoutDefault) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("daemon: embedded NATS did not start on %s", d.cfg.NATSListen)
+	}
+	return ns, nil
+}
+
+func (d *Daemon) startHTTP() error {
+	mux := http.NewServeMux()
+	mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
+	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
+		if err := d.node.Err(); err != nil {
+			http.Error(w, "raft loop stopped: "+err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ok\n"))
+	})
+	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
+		if err := d.Ready(); err != nil {
+			http.Error(w, err.Error(), http.StatusServiceUnavailable)
+			return
+		}
+		_, _ = w.Write([]byte("ready\n"))
+	})
+	ln, err := net.Listen("tcp", d.cfg.MetricsListen)
+	if err != nil {
+		return fmt.Errorf("daemon: metrics listen: %w", err)
+	}
+	d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+	go func() { _ = d.http.Serve(ln) }()
+	return nil
+}
+
+// Ready reports nil when the node can serve clients: its loop runs, it
+// knows a leader, and NATS is connected.
+func (d *Daemon) Ready() error {
+	switch {
+	case d.node.Err() != nil:
+		return fmt.Errorf("raft loop stopped: %w", d.node.Err())
+	case d.node.Leader() == 0:
+		return errors.New("no leader known")
+	case d.node.IsLeader() && !d.node.LeaderReady():
+		return errors.New("leader still applying earlier terms")
+	case !d.nc.IsConnected():
+		return errors.New("NATS not connected")
+	}
+	return nil
+}
+
+// Status is this node's view of the cluster.
+func (d *Daemon) Status(ctx context.Context) protocol.StatusReply {
+	st := d.node.Status()
+	out := protocol.StatusReply{
+		ID:           d.cfg.ID,
+		Leader:       st.Lead,
+		Term:         st.Term,
+		State:        st.RaftState.String(),
+		CommitIndex:  st.Commit,
+		AppliedIndex: d.node.AppliedIndex(),
+	}
+	d.node.View(func(m *core.Machine) {
+		out.Locks = m.Len()
+		out.LastToken = m.LastToken()
+		sum := m.Digest()
+		out.Digest = hex.EncodeToString(sum[:])
+	})
+	cs := d.node.ConfState()
+	add := func(id uint64, voter bool) {
+		m := protocol.Member{ID: id, Voter: voter, Address: d.members[id]}
+		if pr, ok := st.Progress[id]; ok {
+			m.Match, m.Next = pr.Match, pr.Next
+		}
+		out.Members = append(out.Members, m)
+	}
+	for _, id := range cs.Voters {
+		add(id, true)
+	}
+	for _, id := range cs.Learners {
+		add(id, false)
+	}
+	return out
+}
+
+// ClientURL is the NATS URL clients use to reach this node.
+func (d *Daemon) ClientURL() string {
+	if d.ns != nil {
+		return d.ns.ClientURL()
+	}
+	return d.cfg.NATSURL
+}
+
+// PeerAddr is the bound peer listener address ("" for a single node).
+func (d *Daemon) PeerAddr() string {
+	if d.peers == nil {
+		return ""
+	}
+	return d.peers.Addr().String()
+}
+
+// Node, Server, Peers and Registry expose the parts for tests and tools.
+func (d *Daemon) Node() *raftstore.Node          { return d.node }
+func (d *Daemon) Server() *server.Server         { return d.srv }
+func (d *Daemon) Peers() *peer.Transport         { return d.peers }
+func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
+
+// Done is closed if the raft loop stops on a fatal error.
+func (d *Daemon) Done() <-chan struct{} { return d.node.Done() }
+
+// Close stops everything in reverse start order. It is safe to call more
+// than once and on a partly started daemon.
+func (d *Daemon) Close() {
+	d.closeOnce.Do(func() {
+		if d.http != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = d.http.Shutdown(ctx)
+			cancel()
+		}
+		if d.api != nil {
+			if err := d.api.Stop(); err != nil {
+				d.log.Warn("stop client service", "err", err)
+			}
+		}
+		if d.srv != nil {
+			d.srv.Close()
+		}
+		if d.node != nil {
+			d.node.Stop()
+		}
+		if d.peers != nil {
+			_ = d.peers.Close()
+		}
+		if d.nc != nil {
+			d.nc.Close()
+		}
+		if d.ns != nil {
+			d.ns.Shutdown()
+			d.ns.WaitForShutdown()
+		}
+		if d.store != nil {
+			if err := d.store.Close(); err != nil {
+				d.log.Warn("close store", "err", err)
+			}
+		}
+		d.log.Info("node stopped")
+	})
+}

@@ -1,0 +1,628 @@
+package raftstore
+
+import (
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+// Errors returned by Node. Callers map them to client error codes.
+var (
+	// ErrNotLeader: this node is not the leader; the command was certainly
+	// not proposed.
+	ErrNotLeader = errors.New("raftstore: not the leader")
+	// ErrIndeterminate: the command was handed to raft but its outcome is
+	// unknown (leadership changed or the caller gave up before it applied).
+	ErrIndeterminate = errors.New("raftstore: outcome unknown")
+	// ErrStopped: the node is shutting down.
+	ErrStopped = errors.New("raftstore: node stopped")
+)
+
+// Defaults of Config; tests shorten them.
+const (
+	TickIntervalDefault    = 100 * time.Millisecond
+	ElectionTicksDefault   = 10
+	HeartbeatTicksDefault  = 1
+	SnapshotEntriesDefault = 10000
+	CompactKeepDefault     = 5000
+	MaxSizePerMsgDefault   = 1 << 20
+	MaxInflightDefault     = 256
+)
+
+// Transport carries raft messages to peers. Send must not block.
+type Transport interface {
+	Send(msgs []raftpb.Message)
+}
+
+// Applied describes one applied log entry.
+type Applied struct {
+	Index   uint64
+	Term    uint64
+	Command core.Command
+	Result  core.Result
+}
+
+// Observer hears what the node did, in log order, after it is durable.
+// Calls come from the Ready loop: they must be quick and must not call
+// back into Node methods that wait for the loop (Propose, ReadIndex).
+type Observer interface {
+	// OnApplied is called for every applied lock command.
+	OnApplied(a Applied)
+	// OnLeaderReady is called when this node, as leader of term, has
+	// applied every entry before its term: the lock table is complete.
+	OnLeaderReady(term uint64)
+	// OnLeadershipLost is called when this node stops being leader.
+	OnLeadershipLost()
+	// OnRestored is called after a received snapshot replaced the state.
+	OnRestored(index uint64)
+	// OnConfChange is called after a membership change was applied.
+	OnConfChange(cc raftpb.ConfChangeV2, cs raftpb.ConfState)
+}
+
+// Config configures a Node.
+type Config struct {
+	ID uint64
+	// Peers are the initial voters, used only when the store is empty.
+	Peers []uint64
+	Store *Store
+	// Transport may be nil for a single-voter node.
+	Transport       Transport
+	Observer        Observer
+	Logger          *slog.Logger
+	TickInterval    time.Duration
+	ElectionTicks   int
+	HeartbeatTicks  int
+	SnapshotEntries uint64
+	CompactKeep     uint64
+	// OnApplyBatch, if set, receives the time spent applying each Ready's
+	// committed entries and how many there were (metrics).
+	OnApplyBatch func(d time.Duration, entries int)
+}
+
+func (c *Config) withDefaults() {
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	if c.TickInterval <= 0 {
+		c.TickInterval = TickIntervalDefault
+	}
+	if c.ElectionTicks <= 0 {
+		c.ElectionTicks = ElectionTicksDefault
+	}
+	if c.HeartbeatTicks <= 0 {
+		c.HeartbeatTicks = HeartbeatTicksDefault
+	}
+	if c.SnapshotEntries == 0 {
+		c.SnapshotEntries = SnapshotEntriesDefault
+	}
+	if c.CompactKeep == 0 {
+		c.CompactKeep = CompactKeepDefault
+	}
+}
+
+type proposalResult struct {
+	applied Applied
+	err     error
+}
+
+// Node is one raft member running ticketd's lock state machine.
+type Node struct {
+	cfg  Config
+	log  *slog.Logger
+	raft raft.Node
+
+	// mu guards machine; the Ready loop holds it for writing from apply
+	// until the batch is durable, so readers never see undurable state.
+	mu      sync.RWMutex
+	machine *core.Machine
+
+	applied   atomic.Uint64
+	leader    atomic.Uint64
+	term      atomic.Uint64
+	isLeader  atomic.Bool
+	ready     atomic.Bool // leader of the current term and caught up
+	confState atomic.Pointer[raftpb.ConfState]
+
+	reqBase uint64
+	reqSeq  atomic.Uint64
+
+	pmu       sync.Mutex
+	proposals map[uint64]chan proposalResult
+	reads     map[string]chan uint64
+	appliedW  []appliedWaiter
+
+	snapIndex uint64
+
+	stopc chan struct{}
+	donec chan struct{}
+	errc  chan error
+	once  sync.Once
+}
+
+type appliedWaiter struct {
+	index uint64
+	ch    chan struct{}
+}
+
+// NewNode opens the raft node over an open Store and starts its loop.
+func NewNode(cfg Config) (*Node, error) {
+	cfg.withDefaults()
+	if cfg.ID == 0 {
+		return nil, fmt.Errorf("raftstore: node id must be non-zero")
+	}
+	if cfg.Store == nil {
+		return nil, fmt.Errorf("raftstore: store is required")
+	}
+	applied, machine, cs, err := cfg.Store.LoadMachine()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: load state: %w", err)
+	}
+	var seed [8]byte
+	if _, err := rand.Read(seed[:]); err != nil {
+		return nil, fmt.Errorf("raftstore: request id seed: %w", err)
+	}
+	n := &Node{
+		cfg:       cfg,
+		log:       cfg.Logger.With("node", cfg.ID),
+		machine:   machine,
+		reqBase:   binary.LittleEndian.Uint64(seed[:]),
+		proposals: make(map[uint64]chan proposalResult),
+		reads:     make(map[string]chan uint64),
+		stopc:     make(chan struct{}),
+		donec:     make(chan struct{}),
+		errc:      make(chan error, 1),
+	}
+	n.applied.Store(applied)
+	n.confState.Store(&cs)
+	snap, err := cfg.Store.Snapshot()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: read snapshot: %w", err)
+	}
+	n.snapIndex = snap.Metadata.Index
+
+	rc := &raft.Config{
+		ID:                        cfg.ID,
+		ElectionTick:              cfg.ElectionTicks,
+		HeartbeatTick:             cfg.HeartbeatTicks,
+		Storage:                   cfg.Store,
+		Applied:                   applied,
+		MaxSizePerMsg:             MaxSizePerMsgDefault,
+		MaxInflightMsgs:           MaxInflightDefault,
+		MaxUncommittedEntriesSize: 64 << 20,
+		CheckQuorum:               true,
+		PreVote:                   true,
+		ReadOnlyOption:            raft.ReadOnlySafe,
+		DisableProposalForwarding: true,
+		StepDownOnRemoval:         true,
+		Logger:                    raftLogger{l: n.log.With("component", "raft")},
+	}
+	hs, _, err := cfg.Store.InitialState()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: initial state: %w", err)
+	}
+	last, err := cfg.Store.LastIndex()
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: last index: %w", err)
+	}
+	if raft.IsEmptyHardState(hs) && last == 0 {
+		if len(cfg.Peers) == 0 {
+			return nil, fmt.Errorf("raftstore: empty store and no initial peers")
+		}
+		peers := make([]raft.Peer, len(cfg.Peers))
+		for i, id := range cfg.Peers {
+			peers[i] = raft.Peer{ID: id}
+		}
+		n.raft = raft.StartNode(rc, peers)
+	} else {
+		n.raft = raft.RestartNode(rc)
+	}
+	go n.run()
+	return n, nil
+}
+
+// Stop stops the loop and waits for it. It does not close the Store.
+func (n *Node) Stop() {
+	n.once.Do(func() {
+		close(n.stopc)
+		<-n.donec
+		n.raft.Stop()
+		// In-flight proposals may still have been committed by the others.
+		n.failAll(fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped))
+	})
+}
+
+// Done is closed when the loop has exited (after Stop or a fatal error).
+func (n *Node) Done() <-chan struct{} { return n.donec }
+
+// Err returns the fatal error that stopped the loop, if any.
+func (n *Node) Err() error {
+	select {
+	case err := <-n.errc:
+		n.errc <- err
+		return err
+	default:
+		return nil
+	}
+}
+
+// ID is this node's raft id.
+func (n *Node) ID() uint64 { return n.cfg.ID }
+
+// Leader is the raft id of the current leader (0 if unknown).
+func (n *Node) Leader() uint64 { return n.leader.Load() }
+
+// IsLeader reports whether this node is the leader.
+func (n *Node) IsLeader() bool { return n.isLeader.Load() }
+
+// LeaderReady reports whether this node is leader and has applied every
+// entry of earlier terms.
+func (n *Node) LeaderReady() bool { return n.ready.Load() }
+
+// AppliedIndex is the highest applied (and durable) index.
+func (n *Node) AppliedIndex() uint64 { return n.applied.Load() }
+
+// Term is the current raft term as last seen by the loop.
+func (n *Node) Term() uint64 { return n.term.Load() }
+
+// ConfState is the current membership.
+func (n *Node) ConfState() raftpb.ConfState { return *n.confState.Load() }
+
+// Status is raft's own status (progress of peers on a leader).
+func (n *Node) Status() raft.Status { return n.raft.Status() }
+
+// View runs f with read access to the applied state machine. f must not
+// keep m.
+func (n *Node) View(f func(m *core.Machine)) {
+	n.mu.RLock()
+	defer n.mu.RUnlock()
+	f(n.machine)
+}
+
+// Step delivers a message from a peer.
+func (n *Node) Step(ctx context.Context, m raftpb.Message) error {
+	return n.raft.Step(ctx, m)
+}
+
+// ReportUnreachable tells raft a peer could not be reached.
+func (n *Node) ReportUnreachable(id uint64) { n.raft.ReportUnreachable(id) }
+
+// ReportSnapshot tells raft how sending a snapshot to a peer went.
+func (n *Node) ReportSnapshot(id uint64, status raft.SnapshotStatus) {
+	n.raft.ReportSnapshot(id, status)
+}
+
+// ProposeConfChange proposes a membership change.
+func (n *Node) ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) error {
+	return n.raft.ProposeConfChange(ctx, cc)
+}
+
+// Propose proposes one lock command and waits until it is applied.
+//
+// ErrNotLeader means it was certainly not proposed. Once raft has accepted
+// it, any failure to learn the result (ctx done, leadership lost, stop) is
+// ErrIndeterminate: the entry may still commit.
+func (n *Node) Propose(ctx context.Context, cmd core.Command) (Applied, error) {
+	if err := cmd.Validate(); err != nil {
+		return Applied{}, err
+	}
+	if !n.isLeader.Load() {
+		return Applied{}, ErrNotLeader
+	}
+	id := n.reqBase + n.reqSeq.Add(1)
+	ch := make(chan proposalResult, 1)
+	n.pmu.Lock()
+	n.proposals[id] = ch
+	n.pmu.Unlock()
+	data := core.EncodeEntry(core.Entry{RequestID: id, Command: cmd})
+	if err := n.raft.Propose(ctx, data); err != nil {
+		n.pmu.Lock()
+		delete(n.proposals, id)
+		n.pmu.Unlock()
+		if errors.Is(err, raft.ErrProposalDropped) {
+			return Applied{}, ErrNotLeader
+		}
+		if errors.Is(err, raft.ErrStopped) {
+			return Applied{}, ErrStopped
+		}
+		// Propose returns ctx errors only before handing the entry over.
+		return Applied{}, fmt.Errorf("raftstore: propose: %w", err)
+	}
+	select {
+	case r := <-ch:
+		return r.applied, r.err
+	case <-ctx.Done():
+		n.pmu.Lock()
+		delete(n.proposals, id)
+		n.pmu.Unlock()
+		return Applied{}, fmt.Errorf("%w: %w", ErrIndeterminate, ctx.Err())
+	}
+}
+
+// ReadIndex returns once the applied state includes every write committed
+// before the call (raft ReadIndex, safe mode). Only the leader serves it.
+func (n *Node) ReadIndex(ctx context.Context) error {
+	if !n.isLeader.Load() {
+		return ErrNotLeader
+	}
+	var rctx [8]byte
+	binary.BigEndian.PutUint64(rctx[:], n.reqBase+n.reqSeq.Add(1))
+	key := string(rctx[:])
+	ch := make(chan uint64, 1)
+	n.pmu.Lock()
+	n.reads[key] = ch
+	n.pmu.Unlock()
+	defer func() {
+		n.pmu.Lock()
+		delete(n.reads, key)
+		n.pmu.Unlock()
+	}()
+	if err := n.raft.ReadIndex(ctx, rctx[:]); err != nil {
+		return fmt.Errorf("raftstore: read index: %w", err)
+	}
+	var index uint64
+	select {
+	case index = <-ch:
+	case <-ctx.Done():
+		return fmt.Errorf("raftstore: read index: %w", ctx.Err())
+	case <-n.stopc:
+		return ErrStopped
+	}
+	return n.WaitApplied(ctx, index)
+}
+
+// WaitApplied waits until the applied index reaches index.
+func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
+	if n.applied.Load() >= index {
+		return nil
+	}
+	ch := make(chan struct{})
+	n.pmu.Lock()
+	if n.applied.Load() >= index {
+		n.pmu.Unlock()
+		return nil
+	}
+	n.appliedW = append(n.appliedW, appliedWaiter{index: index, ch: ch})
+	n.pmu.Unlock()
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("raftstore: wait applied %d: %w", index, ctx.Err())
+	case <-n.stopc:
+		return ErrStopped
+	}
+}
+
+func (n *Node) run() {
+	defer close(n.donec)
+	ticker := time.NewTicker(n.cfg.TickInterval)
+	defer ticker.Stop()
+	for {
+		select {
+		case <-ticker.C:
+			n.raft.Tick()
+		case rd := <-n.raft.Ready():
+			if err := n.handleReady(rd); err != nil {
+				n.log.Error("ready loop stopped", "err", err)
+				n.errc <- err
+				n.isLeader.Store(false)
+				n.ready.Store(false)
+				n.failAll(ErrIndeterminate)
+				return
+			}
+			n.raft.Advance()
+		case <-n.stopc:
+			return
+		}
+	}
+}
+
+func (n *Node) handleReady(rd raft.Ready) error {
+	if rd.SoftState != nil {
+		n.leader.Store(rd.SoftState.Lead)
+		wasLeader := n.isLeader.Load()
+		nowLeader := rd.SoftState.RaftState == raft.StateLeader
+		n.isLeader.Store(nowLeader)
+		if wasLeader && !nowLeader {
+			n.ready.Store(false)
+			// Our in-flight proposals may or may not commit under the
+			// new leader: their callers must not guess.
+			n.failAll(ErrIndeterminate)
+			if n.cfg.Observer != nil {
+				n.cfg.Observer.OnLeadershipLost()
+			}
+		}
+	}
+	if !raft.IsEmptyHardState(rd.HardState) {
+		n.term.Store(rd.HardState.Term)
+	}
+
+	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot}
+	var (
+		events      []Applied
+		results     []proposalResult
+		resultIDs   []uint64
+		leaderReady bool
+		restored    bool
+		confChanges []raftpb.ConfChangeV2
+	)
+
+	n.mu.Lock()
+	applied := n.applied.Load()
+	cs := n.ConfState()
+	start := time.Now()
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		if err := n.machine.Restore(rd.Snapshot.Data); err != nil {
+			n.mu.Unlock()
+			return fmt.Errorf("restore snapshot at %d: %w", rd.Snapshot.Metadata.Index, err)
+		}
+		applied = rd.Snapshot.Metadata.Index
+		cs = rd.Snapshot.Metadata.ConfState
+		restored = true
+	}
+	var as AppliedState
+	for _, e := range rd.CommittedEntries {
+		if e.Index <= applied {
+			continue
+		}
+		switch e.Type {
+		case raftpb.EntryNormal:
+			if len(e.Data) == 0 {
+				if n.isLeader.Load() && e.Term == n.term.Load() {
+					leaderReady = true
+				}
+				break
+			}
+			ent, err := core.DecodeEntry(e.Data)
+			if err != nil {
+				// Every replica rejects the same bytes the same way, so
+				// skipping keeps them identical.
+				n.log.Error("undecodable log entry skipped", "index", e.Index, "err", err)
+				break
+			}
+			res := n.machine.Apply(ent.Command)
+			if l, ok := n.machine.Get(ent.Command.Key); ok {
+				as.Put = append(as.Put, l)
+			} else {
+				as.Delete = append(as.Delete, ent.Command.Key)
+			}
+			a := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res}
+			events = append(events, a)
+			results = append(results, proposalResult{applied: a})
+			resultIDs = append(resultIDs, ent.RequestID)
+		case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
+			cc, err := decodeConfChange(e)
+			if err != nil {
+				n.mu.Unlock()
+				return fmt.Errorf("conf change at %d: %w", e.Index, err)
+			}
+			cs = *n.raft.ApplyConfChange(cc)
+			as.ConfState = &cs
+			confChanges = append(confChanges, cc)
+		}
+		applied = e.Index
+	}
+	if len(rd.CommittedEntries) > 0 || restored {
+		as.Index = applied
+		as.LastToken = n.machine.LastToken()
+		w.Applied = &as
+	}
+	if err := n.cfg.Store.Write(w); err != nil {
+		n.mu.Unlock()
+		return fmt.Errorf("persist ready: %w", err)
+	}
+	n.applied.Store(applied)
+	n.confState.Store(&cs)
+	n.mu.Unlock()
+	if n.cfg.OnApplyBatch != nil && len(rd.CommittedEntries) > 0 {
+		n.cfg.OnApplyBatch(time.Since(start), len(rd.CommittedEntries))
+	}
+
+	// Durable: now the messages may go out.
+	if n.cfg.Transport != nil && len(rd.Messages) > 0 {
+		n.cfg.Transport.Send(rd.Messages)
+	}
+
+	obs := n.cfg.Observer
+	if restored && obs != nil {
+		obs.OnRestored(applied)
+	}
+	for _, cc := range confChanges {
+		if obs != nil {
+			obs.OnConfChange(cc, cs)
+		}
+	}
+	for _, a := range events {
+		if obs != nil {
+			obs.OnApplied(a)
+		}
+	}
+	n.pmu.Lock()
+	for i, id := range resultIDs {
+		if ch, ok := n.proposals[id]; ok {
+			delete(n.proposals, id)
+			ch <- results[i]
+		}
+	}
+	for _, rs := range rd.ReadStates {
+		if ch, ok := n.reads[string(rs.RequestCtx)]; ok {
+			ch <- rs.Index
+		}
+	}
+	kept := n.appliedW[:0]
+	for _, aw := range n.appliedW {
+		if aw.index <= applied {
+			close(aw.ch)
+		} else {
+			kept = append(kept, aw)
+		}
+	}
+	n.appliedW = kept
+	n.pmu.Unlock()
+
+	if leaderReady && !n.ready.Load() {
+		n.ready.Store(true)
+		if obs != nil {
+			obs.OnLeaderReady(n.term.Load())
+		}
+	}
+	return n.maybeSnapshot(applied, cs)
+}
+
+// maybeSnapshot records a snapshot every SnapshotEntries applied entries
+// and compacts the log behind it, keeping CompactKeep entries so that a
+// slightly lagging follower catches up from the log, not a snapshot.
+func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState) error {
+	if applied-n.snapIndex < n.cfg.SnapshotEntries {
+		return nil
+	}
+	n.mu.RLock()
+	data := n.machine.Snapshot()
+	n.mu.RUnlock()
+	if err := n.cfg.Store.CreateSnapshot(applied, cs, data); err != nil {
+		return fmt.Errorf("create snapshot at %d: %w", applied, err)
+	}
+	n.snapIndex = applied
+	if applied > n.cfg.CompactKeep {
+		if err := n.cfg.Store.Compact(applied - n.cfg.CompactKeep); err != nil && !errors.Is(err, raft.ErrCompacted) {
+			return fmt.Errorf("compact to %d: %w", applied-n.cfg.CompactKeep, err)
+		}
+	}
+	n.log.Debug("snapshot taken", "index", applied, "bytes", len(data))
+	return nil
+}
+
+func (n *Node) failAll(err error) {
+	n.pmu.Lock()
+	defer n.pmu.Unlock()
+	for id, ch := range n.proposals {
+		delete(n.proposals, id)
+		ch <- proposalResult{err: err}
+	}
+}
+
+func decodeConfChange(e raftpb.Entry) (raftpb.ConfChangeV2, error) {
+	if e.Type == raftpb.EntryConfChange {
+		var cc raftpb.ConfChange
+		if err := cc.Unmarshal(e.Data); err != nil {
+			return raftpb.ConfChangeV2{}, err
+		}
+		return cc.AsV2(), nil
+	}
+	var cc raftpb.ConfChangeV2
+	if err := cc.Unmarshal(e.Data); err != nil {
+		return raftpb.ConfChangeV2{}, err
+	}
+	return cc, nil
+}

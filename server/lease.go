@@ -1,0 +1,105 @@
+package server
+
+import (
+	"container/heap"
+	"time"
+)
+
+// leaseItem is one held lock's timer on the leader.
+type leaseItem struct {
+	key      string
+	token    uint64
+	lease    time.Duration
+	deadline time.Time // on the local monotonic clock
+	index    int       // heap position
+}
+
+// leaseHeap orders held locks by deadline, one item per key.
+type leaseHeap struct {
+	items []*leaseItem
+	byKey map[string]*leaseItem
+}
+
+func newLeaseHeap() *leaseHeap { return &leaseHeap{byKey: make(map[string]*leaseItem)} }
+
+func (h *leaseHeap) Len() int           { return len(h.items) }
+func (h *leaseHeap) Less(i, j int) bool { return h.items[i].deadline.Before(h.items[j].deadline) }
+func (h *leaseHeap) Swap(i, j int) {
+	h.items[i], h.items[j] = h.items[j], h.items[i]
+	h.items[i].index = i
+	h.items[j].index = j
+}
+func (h *leaseHeap) Push(x any) {
+	it := x.(*leaseItem)
+	it.index = len(h.items)
+	h.items = append(h.items, it)
+}
+func (h *leaseHeap) Pop() any {
+	old := h.items
+	it := old[len(old)-1]
+	old[len(old)-1] = nil
+	h.items = old[:len(old)-1]
+	it.index = -1
+	return it
+}
+
+// arm sets key's timer to now+lease for token. An existing timer for the
+// same token is only ever moved later, never earlier.
+func (h *leaseHeap) arm(key string, token uint64, lease time.Duration, now time.Time) {
+	deadline := now.Add(lease)
+	if it, ok := h.byKey[key]; ok {
+		if it.token == token {
+			if deadline.After(it.deadline) {
+				it.deadline = deadline
+				heap.Fix(h, it.index)
+			}
+			return
+		}
+		heap.Remove(h, it.index)
+	}
+	it := &leaseItem{key: key, token: token, lease: lease, deadline: deadline}
+	heap.Push(h, it)
+	h.byKey[key] = it
+}
+
+// remove drops key's timer if it belongs to token.
+func (h *leaseHeap) remove(key string, token uint64) {
+	if it, ok := h.byKey[key]; ok && it.token == token {
+		heap.Remove(h, it.index)
+		delete(h.byKey, key)
+	}
+}
+
+// get returns key's timer.
+func (h *leaseHeap) get(key string) (*leaseItem, bool) {
+	it, ok := h.byKey[key]
+	return it, ok
+}
+
+// due returns the items whose deadline is at or before now. Each one is
+// pushed back by retry, so that if its Expire does not apply (the proposal
+// was lost) it comes due again; pushing a deadline later never shortens a
+// lease.
+func (h *leaseHeap) due(now time.Time, retry time.Duration) []leaseItem {
+	var out []leaseItem
+	for len(h.items) > 0 && !h.items[0].deadline.After(now) {
+		it := h.items[0]
+		out = append(out, *it)
+		it.deadline = now.Add(retry)
+		heap.Fix(h, 0)
+	}
+	return out
+}
+
+// next returns the earliest deadline; ok is false when nothing is held.
+func (h *leaseHeap) next() (time.Time, bool) {
+	if len(h.items) == 0 {
+		return time.Time{}, false
+	}
+	return h.items[0].deadline, true
+}
+
+func (h *leaseHeap) reset() {
+	h.items = nil
+	h.byKey = make(map[string]*leaseItem)
+}

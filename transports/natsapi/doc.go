@@ -1,0 +1,27 @@
+// Package natsapi serves ticketd's client protocol (package protocol) as a
+// nats.go/micro service, so `nats micro ls|info|stats ticketd` discovers
+// it and every endpoint answers $SRV.PING/INFO/STATS.
+//
+// # Routing
+//
+// Every node registers the lock endpoints in one queue group, so each
+// request reaches exactly one node. The leader serves it; a follower
+// forwards the untouched request to the leader's forward subject keeping
+// the client's reply subject, so the leader answers the client directly
+// and a follower never answers a lock request from its own, possibly
+// stale, state. When the leader is unknown the follower answers
+// `unavailable`; when the forward finds no leader subscribed, NATS answers
+// "no responders". Both are safe to retry.
+//
+// # Lost replies
+//
+// A granted acquire whose reply cannot be written (the publish fails) is
+// released with its exact token through server.ReleaseAbandoned. Connect
+// the server's NATS connection with nats.ReconnectBufSize(-1) so a reply
+// during a disconnect fails at once instead of sitting in a buffer.
+//
+// # Control
+//
+// Control requests never travel on the client port: anything sent to
+// ticketd.v1.control.> is refused with control_refused.
+package natsapi

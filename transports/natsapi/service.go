@@ -1,0 +1,336 @@
+package natsapi
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/micro"
+
+	"github.com/ticketd/ticketd/server"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// MaxInflightDefault bounds requests handled at once by one node.
+const MaxInflightDefault = 10000
+
+// ErrorCodeHeader carries the stable error code beside micro's own
+// Nats-Service-Error-Code header (which holds the same value).
+const ErrorCodeHeader = micro.ErrorCodeHeader
+
+// Config configures the service.
+type Config struct {
+	Conn   *nats.Conn
+	Server *server.Server
+	// Status builds this node's status reply.
+	Status      func(ctx context.Context) protocol.StatusReply
+	Logger      *slog.Logger
+	MaxInflight int
+	// Now is the local monotonic clock; nil means time.Now.
+	Now func() time.Time
+}
+
+// Service is the running NATS endpoint set of one node.
+type Service struct {
+	cfg  Config
+	log  *slog.Logger
+	svc  micro.Service
+	fwd  *nats.Subscription
+	sem  chan struct{}
+	wg   sync.WaitGroup
+	ctx  context.Context
+	stop context.CancelFunc
+}
+
+// request abstracts a micro request and a forwarded *nats.Msg.
+type request struct {
+	op       string
+	data     []byte
+	reply    string
+	header   nats.Header
+	received time.Time
+	ok       func(body []byte) error
+	fail     func(e *protocol.Error) error
+}
+
+// Start registers the service on cfg.Conn.
+func Start(cfg Config) (*Service, error) {
+	if cfg.Conn == nil || cfg.Server == nil {
+		return nil, errors.New("natsapi: Conn and Server are required")
+	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.MaxInflight <= 0 {
+		cfg.MaxInflight = MaxInflightDefault
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s := &Service{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel}
+	id := cfg.Server.ID()
+	svc, err := micro.AddService(cfg.Conn, micro.Config{
+		Name:        protocol.ServiceName,
+		Version:     protocol.ServiceVersion,
+		Description: "ticketd distributed lock service",
+		QueueGroup:  protocol.QueueGroup,
+		Metadata:    map[string]string{"node_id": fmt.Sprint(id)},
+	})
+	if err != nil {
+		cancel()
+		return nil, fmt.Errorf("natsapi: add service: %w", err)
+	}
+	s.svc = svc
+	lock := svc.AddGroup(protocol.SubjectPrefix + ".lock")
+	for _, op := range []string{"acquire", "release", "get"} {
+		if err := lock.AddEndpoint(op, s.microHandler(op)); err != nil {
+			_ = svc.Stop()
+			cancel()
+			return nil, fmt.Errorf("natsapi: add endpoint %s: %w", op, err)
+		}
+	}
+	if err := svc.AddEndpoint("status", s.microHandler("status"), micro.WithEndpointSubject(protocol.SubjectStatus)); err != nil {
+		_ = svc.Stop()
+		cancel()
+		return nil, fmt.Errorf("natsapi: add status endpoint: %w", err)
+	}
+	if err := svc.AddEndpoint("node_status", s.microHandler("status"),
+		micro.WithEndpointSubject(fmt.Sprintf("%s.node.%d.status", protocol.SubjectPrefix, id)),
+		micro.WithEndpointQueueGroupDisabled()); err != nil {
+		_ = svc.Stop()
+		cancel()
+		return nil, fmt.Errorf("natsapi: add node status endpoint: %w", err)
+	}
+	if err := svc.AddEndpoint("control_refused", micro.HandlerFunc(func(r micro.Request) {
+		e := protocol.Errorf(protocol.CodeControlRefused, "control requests are not accepted on the client port")
+		_ = r.Error(string(e.Code), e.Message, errorBody(e))
+	}), micro.WithEndpointSubject(protocol.SubjectPrefix+".control.>")); err != nil {
+		_ = svc.Stop()
+		cancel()
+		return nil, fmt.Errorf("natsapi: add control guard: %w", err)
+	}
+	fwd, err := cfg.Conn.Subscribe(protocol.ForwardSubject(id, "*"), s.forwardHandler)
+	if err != nil {
+		_ = svc.Stop()
+		cancel()
+		return nil, fmt.Errorf("natsapi: subscribe forward subject: %w", err)
+	}
+	s.fwd = fwd
+	return s, nil
+}
+
+// Stop unregisters the endpoints and waits for in-flight requests.
+func (s *Service) Stop() error {
+	err := s.svc.Stop()
+	if uerr := s.fwd.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) {
+		err = errors.Join(err, uerr)
+	}
+	s.stop()
+	s.wg.Wait()
+	return err
+}
+
+func (s *Service) microHandler(op string) micro.Handler {
+	return micro.HandlerFunc(func(r micro.Request) {
+		req := &request{
+			op:       op,
+			data:     r.Data(),
+			reply:    r.Reply(),
+			header:   nats.Header(r.Headers()),
+			received: s.cfg.Now(),
+			ok:       func(body []byte) error { return r.Respond(body) },
+			fail: func(e *protocol.Error) error {
+				return r.Error(string(e.Code), oneLine(e.Message), errorBody(e))
+			},
+		}
+		s.dispatch(req, false)
+	})
+}
+
+func (s *Service) forwardHandler(m *nats.Msg) {
+	op := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
+	req := &request{
+		op:       op,
+		data:     m.Data,
+		reply:    m.Reply,
+		header:   m.Header,
+		received: s.cfg.Now(),
+		ok:       func(body []byte) error { return m.Respond(body) },
+		fail: func(e *protocol.Error) error {
+			out := nats.NewMsg(m.Reply)
+			out.Header.Set(micro.ErrorHeader, oneLine(e.Message))
+			out.Header.Set(micro.ErrorCodeHeader, string(e.Code))
+			out.Data = errorBody(e)
+			return m.RespondMsg(out)
+		},
+	}
+	s.dispatch(req, true)
+}
+
+// dispatch runs a request on its own goroutine (acquires may wait) under
+// the in-flight bound.
+func (s *Service) dispatch(req *request, forwarded bool) {
+	if req.reply == "" {
+		return // a publish without a reply subject asks nothing
+	}
+	select {
+	case s.sem <- struct{}{}:
+	default:
+		_ = req.fail(protocol.Errorf(protocol.CodeUnavailable, "node overloaded: %d requests in flight", cap(s.sem)))
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		defer func() { <-s.sem }()
+		s.handle(req, forwarded)
+	}()
+}
+
+func (s *Service) handle(req *request, forwarded bool) {
+	srv := s.cfg.Server
+	if req.op == "status" {
+		ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
+		defer cancel()
+		s.reply(req, s.cfg.Status(ctx))
+		return
+	}
+	if !srv.IsLeader() {
+		if forwarded {
+			// Never forward twice: the sender believed we lead, we do not.
+			s.replyErr(req, protocol.Errorf(protocol.CodeNotLeader, "node %d is not the leader", srv.ID()))
+			return
+		}
+		leader := srv.Leader()
+		if leader == 0 || leader == srv.ID() {
+			s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "no leader is known; retry"))
+			return
+		}
+		m := &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Reply: req.reply, Data: req.data, Header: req.header}
+		if err := s.cfg.Conn.PublishMsg(m); err != nil {
+			s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "forward to leader %d: %v", leader, err))
+		}
+		return
+	}
+	switch req.op {
+	case "acquire":
+		s.acquire(req)
+	case "release":
+		s.release(req)
+	case "get":
+		s.get(req)
+	default:
+		s.replyErr(req, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", req.op))
+	}
+}
+
+func (s *Service) acquire(req *request) {
+	ar, err := protocol.DecodeAcquire(req.data)
+	if err != nil {
+		s.replyErr(req, asProto(err))
+		return
+	}
+	lease, wait, timeout, _ := ar.Validate()
+	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout))
+	defer cancel()
+	g, err := s.cfg.Server.Acquire(ctx, server.AcquireParams{
+		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.received, Timeout: timeout,
+	})
+	if err != nil {
+		s.replyErr(req, asProto(err))
+		return
+	}
+	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index})
+	if err := req.ok(body); err != nil {
+		// The reply never left this node: nobody can hold this token.
+		s.log.Warn("acquire reply could not be written; releasing", "key", g.Key, "token", g.Token, "err", err)
+		s.cfg.Server.Metrics().Abandoned.Inc()
+		s.cfg.Server.ReleaseAbandoned(g.Key, g.Token)
+	}
+}
+
+func (s *Service) release(req *request) {
+	rr, err := protocol.DecodeRelease(req.data)
+	if err != nil {
+		s.replyErr(req, asProto(err))
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, protocol.DefaultReplyMargin*2)
+	defer cancel()
+	if err := s.cfg.Server.Release(ctx, rr.Key, rr.Token); err != nil {
+		s.replyErr(req, asProto(err))
+		return
+	}
+	s.reply(req, protocol.ReleaseReply{Key: rr.Key, Released: true})
+}
+
+func (s *Service) get(req *request) {
+	gr, err := protocol.DecodeGet(req.data)
+	if err != nil {
+		s.replyErr(req, asProto(err))
+		return
+	}
+	ctx, cancel := context.WithTimeout(s.ctx, protocol.DefaultReplyMargin*2)
+	defer cancel()
+	h, err := s.cfg.Server.Get(ctx, gr.Key)
+	if err != nil {
+		s.replyErr(req, asProto(err))
+		return
+	}
+	out := protocol.GetReply{Key: gr.Key, Held: h.Held}
+	if h.Held {
+		out.Token = h.Lock.Token
+		out.Owner = h.Lock.Owner
+		out.LeaseMS = int64(h.Lock.LeaseMS)
+		out.RemainingMS = h.Remaining.Milliseconds()
+		out.GrantedAtMS = int64(h.Lock.GrantedAtMS)
+	}
+	s.reply(req, out)
+}
+
+func (s *Service) reply(req *request, v any) {
+	body, err := json.Marshal(v)
+	if err != nil {
+		s.replyErr(req, protocol.Errorf(protocol.CodeInternal, "encode reply: %v", err))
+		return
+	}
+	if err := req.ok(body); err != nil {
+		s.log.Debug("reply not written", "op", req.op, "err", err)
+	}
+}
+
+func (s *Service) replyErr(req *request, e *protocol.Error) {
+	if err := req.fail(e); err != nil {
+		s.log.Debug("error reply not written", "op", req.op, "code", e.Code, "err", err)
+	}
+}
+
+func asProto(err error) *protocol.Error {
+	var pe *protocol.Error
+	if errors.As(err, &pe) {
+		return pe
+	}
+	return protocol.Errorf(protocol.CodeInternal, "%v", err)
+}
+
+func errorBody(e *protocol.Error) []byte {
+	b, _ := json.Marshal(protocol.ErrorReply{Error: e})
+	return b
+}
+
+// oneLine keeps header values on one line.
+func oneLine(s string) string {
+	s = strings.ReplaceAll(s, "\r", " ")
+	s = strings.ReplaceAll(s, "\n", " ")
+	if s == "" {
+		s = "error"
+	}
+	return s
+}

@@ -1,0 +1,318 @@
+package protocol
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+// Subjects of the client service.
+const (
+	ServiceName    = "ticketd"
+	ServiceVersion = "0.1.0"
+	QueueGroup     = "ticketd"
+
+	SubjectPrefix  = "ticketd.v1"
+	SubjectAcquire = SubjectPrefix + ".lock.acquire"
+	SubjectRelease = SubjectPrefix + ".lock.release"
+	SubjectGet     = SubjectPrefix + ".lock.get"
+	SubjectStatus  = SubjectPrefix + ".status"
+)
+
+// ForwardSubject is where a follower forwards a client request for op
+// ("acquire", "release", "get") to the leader with the given raft id. The
+// original reply subject is kept, so the leader answers the client
+// directly; if the leader is gone NATS answers "no responders", which the
+// client may safely retry.
+func ForwardSubject(leader uint64, op string) string {
+	return fmt.Sprintf("%s.fwd.%d.%s", SubjectPrefix, leader, op)
+}
+
+// Limits of the protocol.
+const (
+	// MaxRequestSize bounds a request body.
+	MaxRequestSize = 8 << 10
+	// MaxWait is the longest a client may wait in a key's queue.
+	MaxWait = 5 * time.Minute
+	// MaxTimeout is the longest reply timeout a client may declare.
+	MaxTimeout = MaxWait + time.Minute
+	// DefaultReplyMargin is added to wait_ms when a request does not say how
+	// long its requester waits for the reply.
+	DefaultReplyMargin = 2 * time.Second
+)
+
+// Code is a stable error code. Codes never change meaning or spelling.
+type Code string
+
+// Error codes on the wire.
+const (
+	CodeInvalidArgument Code = "invalid_argument" // a field is outside its limits; nothing changed
+	CodeMalformed       Code = "malformed"        // the body is not the expected JSON; nothing changed
+	CodeTooLarge        Code = "too_large"        // the body exceeds MaxRequestSize; nothing changed
+	CodeHeld            Code = "held"             // the key is held by another token (try-only acquire)
+	CodeNotFound        Code = "not_found"        // no lock with that key and token
+	CodeNotLeader       Code = "not_leader"       // this node cannot serve; nothing changed; retry
+	CodeUnavailable     Code = "unavailable"      // no leader known right now; nothing changed; retry
+	CodeIndeterminate   Code = "indeterminate"    // the outcome is unknown; a grant may exist and will expire within its lease
+	CodeTimeout         Code = "timeout"          // the wait ran out before the key was free; nothing granted
+	CodeDenied          Code = "denied"           // a policy plugin denied the grant; nothing proposed
+	CodeShuttingDown    Code = "shutting_down"    // the node is stopping; nothing changed; retry elsewhere
+	CodeInternal        Code = "internal"         // a bug or storage failure on the node
+	CodeControlRefused  Code = "control_refused"  // a control request arrived on the client port
+)
+
+// Retryable reports whether a request that failed with c certainly had no
+// effect and may be sent again as is.
+func (c Code) Retryable() bool {
+	switch c {
+	case CodeNotLeader, CodeUnavailable, CodeShuttingDown:
+		return true
+	}
+	return false
+}
+
+// Error is the error body of a failed request: {"error":{"code":..., "message":...}}.
+type Error struct {
+	Code    Code   `json:"code"`
+	Message string `json:"message"`
+	// Leader is the raft id of the leader when known (not_leader).
+	Leader uint64 `json:"leader,omitempty"`
+}
+
+func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Code, e.Message) }
+
+// Is matches any *Error with the same code.
+func (e *Error) Is(target error) bool {
+	var t *Error
+	return errors.As(target, &t) && t.Code == e.Code && t.Message == ""
+}
+
+// Errorf builds an *Error.
+func Errorf(code Code, format string, args ...any) *Error {
+	return &Error{Code: code, Message: fmt.Sprintf(format, args...)}
+}
+
+// ErrorReply is the body of every failed reply.
+type ErrorReply struct {
+	Error *Error `json:"error"`
+}
+
+// AcquireRequest asks for a lock.
+type AcquireRequest struct {
+	Key   string `json:"key"`
+	Owner string `json:"owner,omitempty"`
+	// LeaseMS is the lease length in milliseconds (core.MinLeaseMS..core.MaxLeaseMS).
+	LeaseMS int64 `json:"lease_ms"`
+	// WaitMS is 0 to try once, or how long to wait in the key's FIFO queue.
+	WaitMS int64 `json:"wait_ms,omitempty"`
+	// TimeoutMS is how long the requester waits for the reply, counted from
+	// when it sent the request. A grant applied after that is released by
+	// the leader. 0 means WaitMS + DefaultReplyMargin.
+	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+}
+
+// AcquireReply is a granted lock.
+type AcquireReply struct {
+	Key     string `json:"key"`
+	Token   uint64 `json:"token"`
+	Owner   string `json:"owner,omitempty"`
+	LeaseMS int64  `json:"lease_ms"`
+	// Index is the raft log index of the Grant.
+	Index uint64 `json:"index"`
+}
+
+// ReleaseRequest gives a lock back.
+type ReleaseRequest struct {
+	Key   string `json:"key"`
+	Token uint64 `json:"token"`
+}
+
+// ReleaseReply confirms a release.
+type ReleaseReply struct {
+	Key      string `json:"key"`
+	Released bool   `json:"released"`
+}
+
+// GetRequest asks who holds a key.
+type GetRequest struct {
+	Key string `json:"key"`
+}
+
+// GetReply describes the current holder of a key, read linearizably.
+type GetReply struct {
+	Key         string `json:"key"`
+	Held        bool   `json:"held"`
+	Token       uint64 `json:"token,omitempty"`
+	Owner       string `json:"owner,omitempty"`
+	LeaseMS     int64  `json:"lease_ms,omitempty"`
+	RemainingMS int64  `json:"remaining_ms,omitempty"`
+	GrantedAtMS int64  `json:"granted_at_ms,omitempty"`
+}
+
+// StatusReply is one node's view of the cluster.
+type StatusReply struct {
+	ID           uint64            `json:"id"`
+	Leader       uint64            `json:"leader"`
+	Term         uint64            `json:"term"`
+	State        string            `json:"state"`
+	CommitIndex  uint64            `json:"commit_index"`
+	AppliedIndex uint64            `json:"applied_index"`
+	Locks        int               `json:"locks"`
+	LastToken    uint64            `json:"last_token"`
+	Digest       string            `json:"digest"`
+	Members      []Member          `json:"members"`
+	Plugins      []PluginInfo      `json:"plugins,omitempty"`
+	Extra        map[string]string `json:"extra,omitempty"`
+}
+
+// Member is one raft member as this node sees it.
+type Member struct {
+	ID      uint64 `json:"id"`
+	Voter   bool   `json:"voter"`
+	Match   uint64 `json:"match,omitempty"`
+	Next    uint64 `json:"next,omitempty"`
+	Address string `json:"address,omitempty"`
+}
+
+// PluginInfo identifies a loaded plugin.
+type PluginInfo struct {
+	Name   string `json:"name"`
+	SHA256 string `json:"sha256"`
+}
+
+// Validate checks an acquire request and returns its lease, wait and
+// reply timeout.
+func (r *AcquireRequest) Validate() (lease, wait, timeout time.Duration, err error) {
+	if err := core.ValidateKey(r.Key); err != nil {
+		return 0, 0, 0, fromCore(err)
+	}
+	if err := core.ValidateOwner(r.Owner); err != nil {
+		return 0, 0, 0, fromCore(err)
+	}
+	if r.LeaseMS <= 0 {
+		return 0, 0, 0, Errorf(CodeInvalidArgument, "lease_ms must be positive, got %d", r.LeaseMS)
+	}
+	if err := core.ValidateLeaseMS(uint64(r.LeaseMS)); err != nil {
+		return 0, 0, 0, fromCore(err)
+	}
+	if r.WaitMS < 0 || time.Duration(r.WaitMS) > MaxWait/time.Millisecond {
+		return 0, 0, 0, Errorf(CodeInvalidArgument, "wait_ms %d is outside [0, %d]", r.WaitMS, MaxWait.Milliseconds())
+	}
+	if r.TimeoutMS < 0 || time.Duration(r.TimeoutMS) > MaxTimeout/time.Millisecond {
+		return 0, 0, 0, Errorf(CodeInvalidArgument, "timeout_ms %d is outside [0, %d]", r.TimeoutMS, MaxTimeout.Milliseconds())
+	}
+	lease = time.Duration(r.LeaseMS) * time.Millisecond
+	wait = time.Duration(r.WaitMS) * time.Millisecond
+	timeout = time.Duration(r.TimeoutMS) * time.Millisecond
+	if timeout == 0 {
+		timeout = wait + DefaultReplyMargin
+	}
+	return lease, wait, timeout, nil
+}
+
+// Validate checks a release request.
+func (r *ReleaseRequest) Validate() error {
+	if err := core.ValidateKey(r.Key); err != nil {
+		return fromCore(err)
+	}
+	if r.Token == 0 {
+		return Errorf(CodeInvalidArgument, "token must be positive")
+	}
+	return nil
+}
+
+// Validate checks a get request.
+func (r *GetRequest) Validate() error { return fromCore(core.ValidateKey(r.Key)) }
+
+// Decode strictly decodes a JSON request body into v: at most
+// MaxRequestSize bytes, one JSON object, no unknown fields, nothing after
+// it.
+func Decode(data []byte, v any) error {
+	if len(data) > MaxRequestSize {
+		return Errorf(CodeTooLarge, "request is %d bytes, the limit is %d", len(data), MaxRequestSize)
+	}
+	trimmed := bytes.TrimSpace(data)
+	if len(trimmed) == 0 || trimmed[0] != '{' {
+		return Errorf(CodeMalformed, "request must be a JSON object")
+	}
+	dec := json.NewDecoder(bytes.NewReader(trimmed))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return Errorf(CodeMalformed, "bad request JSON: %v", err)
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return Errorf(CodeMalformed, "unexpected data after the JSON object")
+	}
+	return nil
+}
+
+// DecodeAcquire decodes and validates an acquire request.
+func DecodeAcquire(data []byte) (AcquireRequest, error) {
+	var r AcquireRequest
+	if err := Decode(data, &r); err != nil {
+		return AcquireRequest{}, err
+	}
+	if _, _, _, err := r.Validate(); err != nil {
+		return AcquireRequest{}, err
+	}
+	return r, nil
+}
+
+// DecodeRelease decodes and validates a release request.
+func DecodeRelease(data []byte) (ReleaseRequest, error) {
+	var r ReleaseRequest
+	if err := Decode(data, &r); err != nil {
+		return ReleaseRequest{}, err
+	}
+	return r, r.Validate()
+}
+
+// DecodeGet decodes and validates a get request.
+func DecodeGet(data []byte) (GetRequest, error) {
+	var r GetRequest
+	if err := Decode(data, &r); err != nil {
+		return GetRequest{}, err
+	}
+	return r, r.Validate()
+}
+
+// fromCore maps a core validation error to a protocol error.
+func fromCore(err error) error {
+	if err == nil {
+		return nil
+	}
+	var ce *core.Error
+	if errors.As(err, &ce) {
+		return &Error{Code: CodeInvalidArgument, Message: ce.Detail}
+	}
+	return Errorf(CodeInvalidArgument, "%v", err)
+}
+
+// ParseReply decodes a reply body: an *Error if it carries one, otherwise
+// it fills v.
+func ParseReply(data []byte, v any) error {
+	var probe struct {
+		Error *Error `json:"error"`
+	}
+	if err := json.Unmarshal(data, &probe); err != nil {
+		return Errorf(CodeMalformed, "bad reply JSON: %v", err)
+	}
+	if probe.Error != nil {
+		if probe.Error.Code == "" {
+			probe.Error.Code = CodeInternal
+		}
+		return probe.Error
+	}
+	if v == nil {
+		return nil
+	}
+	if err := json.Unmarshal(data, v); err != nil {
+		return Errorf(CodeMalformed, "bad reply JSON: %v", err)
+	}
+	return nil
+}
