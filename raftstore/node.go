@@ -228,6 +228,12 @@ func NewNode(cfg Config) (*Node, error) {
 		n.raft = raft.RestartNode(rc)
 	}
 	go n.run()
+	// A sole voter need not wait out an election timeout to lead.
+	if cs := n.ConfState(); len(cs.Voters) == 1 && cs.Voters[0] == cfg.ID || len(cs.Voters) == 0 && len(cfg.Peers) == 1 && cfg.Peers[0] == cfg.ID {
+		if err := n.raft.Campaign(context.Background()); err != nil {
+			n.log.Warn("campaign as sole voter", "err", err)
+		}
+	}
 	return n, nil
 }
 
