@@ -442,3 +442,22 @@ func gaugeValue(t testing.TB, d *Daemon, name string) float64 {
 }
 
 type serverVerdict = server.Verdict
+
+// histogramMean is sum/count of a histogram metric.
+func histogramMean(t testing.TB, d *Daemon, name string) float64 {
+	t.Helper()
+	mfs, err := d.Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name && len(mf.Metric) > 0 && mf.Metric[0].Histogram != nil {
+			h := mf.Metric[0].Histogram
+			if h.GetSampleCount() == 0 {
+				return 0
+			}
+			return h.GetSampleSum() / float64(h.GetSampleCount())
+		}
+	}
+	return 0
+}

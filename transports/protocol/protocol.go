@@ -110,9 +110,11 @@ type AcquireRequest struct {
 	LeaseMS int64 `json:"lease_ms"`
 	// WaitMS is 0 to try once, or how long to wait in the key's FIFO queue.
 	WaitMS int64 `json:"wait_ms,omitempty"`
-	// TimeoutMS is how long the requester waits for the reply, counted from
-	// when it sent the request. A grant applied after that is released by
-	// the leader. 0 means WaitMS + DefaultReplyMargin.
+	// TimeoutMS is how long the requester waits for the reply (at least
+	// WaitMS). The leader counts it from when it received the request, less
+	// a small margin; a grant applied after that is released by the leader.
+	// A grant applied in the transit gap is not released but expires within
+	// its lease. 0 means WaitMS + DefaultReplyMargin.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
 }
 
@@ -205,6 +207,9 @@ func (r *AcquireRequest) Validate() (lease, wait, timeout time.Duration, err err
 	}
 	if r.TimeoutMS < 0 || time.Duration(r.TimeoutMS) > MaxTimeout/time.Millisecond {
 		return 0, 0, 0, Errorf(CodeInvalidArgument, "timeout_ms %d is outside [0, %d]", r.TimeoutMS, MaxTimeout.Milliseconds())
+	}
+	if r.TimeoutMS != 0 && r.TimeoutMS < r.WaitMS {
+		return 0, 0, 0, Errorf(CodeInvalidArgument, "timeout_ms %d is shorter than wait_ms %d", r.TimeoutMS, r.WaitMS)
 	}
 	lease = time.Duration(r.LeaseMS) * time.Millisecond
 	wait = time.Duration(r.WaitMS) * time.Millisecond
@@ -300,7 +305,7 @@ func ParseReply(data []byte, v any) error {
 		Error *Error `json:"error"`
 	}
 	if err := json.Unmarshal(data, &probe); err != nil {
-		return Errorf(CodeMalformed, "bad reply JSON: %v", err)
+		return fmt.Errorf("%w: %v", ErrUnreadableReply, err)
 	}
 	if probe.Error != nil {
 		if probe.Error.Code == "" {
@@ -312,7 +317,12 @@ func ParseReply(data []byte, v any) error {
 		return nil
 	}
 	if err := json.Unmarshal(data, v); err != nil {
-		return Errorf(CodeMalformed, "bad reply JSON: %v", err)
+		return fmt.Errorf("%w: %v", ErrUnreadableReply, err)
 	}
 	return nil
 }
+
+// ErrUnreadableReply is returned by ParseReply for a reply that is not
+// ticketd JSON. It is not a server verdict: for an acquire or release the
+// outcome is unknown.
+var ErrUnreadableReply = errors.New("protocol: unreadable reply")

@@ -1,0 +1,458 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// Defaults of the client options.
+const (
+	// DefaultRequestTimeout is how long one request waits for its reply
+	// (for an acquire that waits in the queue: on top of the wait).
+	DefaultRequestTimeout = 5 * time.Second
+	// MinRequestTimeout is the shortest request timeout New accepts.
+	MinRequestTimeout = 10 * time.Millisecond
+	// DefaultBackoffMin and DefaultBackoffMax bound the pause between two
+	// attempts of a retried request.
+	DefaultBackoffMin = 25 * time.Millisecond
+	DefaultBackoffMax = time.Second
+	// DefaultRetryBudget bounds how long an operation keeps retrying when
+	// its context has no deadline.
+	DefaultRetryBudget = 30 * time.Second
+)
+
+// replyGrace is how much longer than the timeout_ms it declares the SDK
+// waits for an acquire reply, so that a grant applied just before the
+// server's deadline still reaches us (capped at half the request timeout).
+const replyGrace = 100 * time.Millisecond
+
+// minReplyMargin is the least time between the end of the wait and the
+// reply deadline that the SDK leaves the server for committing a grant
+// (capped just below half the request timeout). When the context deadline is too
+// close for the requested wait plus this margin, the wait is shortened.
+const minReplyMargin = 250 * time.Millisecond
+
+// Clock tells the time. Lock uses it for Deadline, Valid and Remaining;
+// tests may replace it with WithClock. Its Now must carry a monotonic
+// reading (time.Now does) for deadlines to be immune to wall-clock jumps.
+type Clock interface {
+	Now() time.Time
+}
+
+type realClock struct{}
+
+func (realClock) Now() time.Time { return time.Now() }
+
+type config struct {
+	requestTimeout time.Duration
+	backoffMin     time.Duration
+	backoffMax     time.Duration
+	retryBudget    time.Duration
+	logger         *slog.Logger
+	clock          Clock
+	natsOpts       []nats.Option
+	// attemptHook, when set, is called after every attempt (tests).
+	attemptHook func(op string, attempt int, err error)
+}
+
+// Option configures a Client.
+type Option func(*config)
+
+// WithRequestTimeout sets how long one request waits for its reply
+// (default DefaultRequestTimeout, at least MinRequestTimeout). For an acquire with WithWait(w) the SDK
+// waits w plus this for the reply, and declares slightly less than that
+// as timeout_ms. A context deadline that comes earlier wins.
+func WithRequestTimeout(d time.Duration) Option {
+	return func(c *config) { c.requestTimeout = d }
+}
+
+// WithRetryBackoff sets the bounds of the exponential backoff between two
+// attempts of a retried request: the n-th pause is drawn uniformly from
+// [min, min(max, min·2ⁿ)].
+func WithRetryBackoff(min, max time.Duration) Option {
+	return func(c *config) { c.backoffMin, c.backoffMax = min, max }
+}
+
+// WithRetryBudget bounds how long one operation keeps retrying when its
+// context has no deadline (default DefaultRetryBudget; 0 means retry
+// until the context is done). With a context deadline, the deadline alone
+// bounds the retries.
+func WithRetryBudget(d time.Duration) Option {
+	return func(c *config) { c.retryBudget = d }
+}
+
+// WithLogger sets the logger for retries (Debug) and indeterminate
+// outcomes (Warn). The default discards everything.
+func WithLogger(l *slog.Logger) Option {
+	return func(c *config) { c.logger = l }
+}
+
+// WithClock replaces the clock behind Lock.Deadline, Valid and Remaining.
+func WithClock(clk Clock) Option {
+	return func(c *config) { c.clock = clk }
+}
+
+// WithNATSOptions passes options to nats.Connect; only Connect uses them.
+func WithNATSOptions(opts ...nats.Option) Option {
+	return func(c *config) { c.natsOpts = append(c.natsOpts, opts...) }
+}
+
+// withAttemptHook observes every attempt; for tests.
+func withAttemptHook(f func(op string, attempt int, err error)) Option {
+	return func(c *config) { c.attemptHook = f }
+}
+
+// Client talks to a ticketd cluster over NATS. It is safe for concurrent
+// use.
+type Client struct {
+	nc        *nats.Conn
+	owned     bool
+	cfg       config
+	closeOnce sync.Once
+}
+
+// New returns a client that sends its requests over nc. The caller keeps
+// ownership of nc: Close does not close it.
+func New(nc *nats.Conn, opts ...Option) (*Client, error) {
+	if nc == nil {
+		return nil, errors.New("ticketd: nil NATS connection")
+	}
+	cfg := config{
+		requestTimeout: DefaultRequestTimeout,
+		backoffMin:     DefaultBackoffMin,
+		backoffMax:     DefaultBackoffMax,
+		retryBudget:    DefaultRetryBudget,
+		clock:          realClock{},
+	}
+	for _, o := range opts {
+		o(&cfg)
+	}
+	switch {
+	case cfg.requestTimeout < MinRequestTimeout:
+		return nil, fmt.Errorf("ticketd: request timeout must be at least %v, got %v", MinRequestTimeout, cfg.requestTimeout)
+	case cfg.backoffMin <= 0 || cfg.backoffMax < cfg.backoffMin:
+		return nil, fmt.Errorf("ticketd: retry backoff needs 0 < min <= max, got %v, %v", cfg.backoffMin, cfg.backoffMax)
+	case cfg.retryBudget < 0:
+		return nil, fmt.Errorf("ticketd: retry budget must not be negative, got %v", cfg.retryBudget)
+	case cfg.clock == nil:
+		return nil, errors.New("ticketd: nil clock")
+	}
+	if cfg.logger == nil {
+		cfg.logger = slog.New(slog.DiscardHandler)
+	}
+	return &Client{nc: nc, cfg: cfg}, nil
+}
+
+// Connect dials NATS at url (a comma-separated list is allowed) and
+// returns a client that owns the connection: Close closes it.
+func Connect(url string, opts ...Option) (*Client, error) {
+	var cfg config
+	for _, o := range opts {
+		o(&cfg)
+	}
+	natsOpts := append([]nats.Option{nats.Name("ticketd-sdk")}, cfg.natsOpts...)
+	nc, err := nats.Connect(url, natsOpts...)
+	if err != nil {
+		return nil, fmt.Errorf("ticketd: connect to %s: %w", url, err)
+	}
+	c, err := New(nc, opts...)
+	if err != nil {
+		nc.Close()
+		return nil, err
+	}
+	c.owned = true
+	return c, nil
+}
+
+// Conn returns the client's NATS connection.
+func (c *Client) Conn() *nats.Conn { return c.nc }
+
+// Close closes the NATS connection if the client owns it (Connect), and
+// does nothing otherwise (New). Locks still held are not released: they
+// expire within their leases.
+func (c *Client) Close() error {
+	if c.owned {
+		c.closeOnce.Do(c.nc.Close)
+	}
+	return nil
+}
+
+// request is one logical operation, sent as one or more attempts.
+type request struct {
+	op, key, subject string
+	// readOnly operations (get, status) may be retried after a lost reply.
+	readOnly bool
+	// build returns the body of attempt n (0-based), prepared at now, and
+	// how long to wait for its reply; ok is false when the context leaves
+	// no time for another attempt.
+	build func(n int, now time.Time) (body []byte, wait time.Duration, ok bool)
+}
+
+// reply is the body of a successful reply and when its request was sent.
+type reply struct {
+	data []byte
+	sent time.Time
+}
+
+// do runs r until it gets a definite reply, a non-retryable failure or the
+// context (or retry budget) runs out. It retries only when the previous
+// attempt certainly had no effect, or when r is read-only. See the package
+// documentation for the rules.
+func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
+	var retryUntil time.Time
+	if _, ok := ctx.Deadline(); !ok && c.cfg.retryBudget > 0 {
+		retryUntil = time.Now().Add(c.cfg.retryBudget)
+	}
+	var last *Error // the last failure after which a retry is safe
+	for n := 0; ; n++ {
+		if n > 0 {
+			pause := c.backoff(n - 1)
+			if !retryUntil.IsZero() && time.Now().Add(pause).After(retryUntil) {
+				return nil, c.giveUp(r, last, errRetryBudget)
+			}
+			c.cfg.logger.Debug("ticketd: retrying", "op", r.op, "key", r.key, "attempt", n+1, "after", pause, "err", last)
+			if err := sleepCtx(ctx, pause); err != nil {
+				return nil, c.giveUp(r, last, err)
+			}
+		}
+		if err := ctx.Err(); err != nil {
+			return nil, c.giveUp(r, last, err)
+		}
+		if c.nc.IsClosed() {
+			return nil, c.newError(r, protocol.CodeUnavailable, "the NATS connection is closed", nats.ErrConnectionClosed)
+		}
+		if c.nc.IsDraining() {
+			return nil, c.newError(r, protocol.CodeUnavailable, "the NATS connection is draining", nats.ErrConnectionDraining)
+		}
+		if !c.nc.IsConnected() {
+			// Nothing is published while we are not connected, so a
+			// request buffered for reconnection cannot surprise us later.
+			last = c.newError(r, protocol.CodeUnavailable, "not connected to NATS: "+c.nc.Status().String(), nil)
+			c.hook(r.op, n, last)
+			continue
+		}
+		body, wait, ok := r.build(n, time.Now())
+		if !ok {
+			return nil, c.giveUp(r, last, context.DeadlineExceeded)
+		}
+		sent := c.cfg.clock.Now()
+		actx, cancel := context.WithTimeout(ctx, wait)
+		msg, err := c.nc.RequestWithContext(actx, r.subject, body)
+		cancel()
+		if err != nil {
+			retry, ferr := c.classifySendError(ctx, r, err)
+			c.hook(r.op, n, ferr)
+			if !retry {
+				return nil, ferr
+			}
+			last = ferr
+			continue
+		}
+		perr, bad := parseReply(msg)
+		switch {
+		case bad != nil && r.readOnly:
+			e := c.newError(r, protocol.CodeMalformed, "unreadable reply: "+bad.Error(), nil)
+			c.hook(r.op, n, e)
+			return nil, e
+		case bad != nil:
+			e := c.indeterminate(r, "unreadable reply: "+bad.Error(), nil)
+			c.hook(r.op, n, e)
+			c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", r.key, "err", e)
+			return nil, e
+		case perr != nil:
+			e := c.fromProtocol(r, perr)
+			c.hook(r.op, n, e)
+			if perr.Code == protocol.CodeIndeterminate {
+				c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", r.key, "err", e)
+			}
+			if !perr.Code.Retryable() {
+				return nil, e
+			}
+			last = e
+			continue
+		}
+		c.hook(r.op, n, nil)
+		return &reply{data: msg.Data, sent: sent}, nil
+	}
+}
+
+var errRetryBudget = errors.New("retry budget exhausted")
+
+// classifySendError decides what a failed RequestWithContext means: retry
+// reports whether the request certainly had no effect (or is read-only)
+// and may be sent again.
+func (c *Client) classifySendError(ctx context.Context, r *request, err error) (retry bool, _ *Error) {
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		// Nobody was subscribed: no node, or the leader a follower
+		// forwarded to is gone. Nothing received the request.
+		return true, c.newError(r, protocol.CodeUnavailable, "no ticketd node answered (no responders)", err)
+	case errors.Is(err, nats.ErrReconnectBufExceeded):
+		// Rejected before it was written anywhere.
+		return true, c.newError(r, protocol.CodeUnavailable, "not connected to NATS", err)
+	case errors.Is(err, nats.ErrMaxPayload):
+		return false, c.newError(r, protocol.CodeTooLarge, "request exceeds the NATS max payload", err)
+	case errors.Is(err, nats.ErrConnectionDraining):
+		return false, c.newError(r, protocol.CodeUnavailable, "the NATS connection is draining", err)
+	case errors.Is(err, nats.ErrBadSubject), errors.Is(err, nats.ErrInvalidConnection),
+		errors.Is(err, nats.ErrHeadersNotSupported), errors.Is(err, nats.ErrInvalidContext):
+		return false, c.newError(r, protocol.CodeInternal, "request not sent", err)
+	}
+	// Anything else (reply timeout, context done, disconnect or close
+	// while waiting, a write error) happened after the request may have
+	// been published: its outcome is unknown.
+	if r.readOnly {
+		return true, c.newError(r, protocol.CodeUnavailable, "no reply", err)
+	}
+	e := c.indeterminate(r, "no reply received; the request may have taken effect", err)
+	c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", r.key, "err", e, "parent_ctx_err", ctx.Err())
+	return false, e
+}
+
+// giveUp is the error when no further attempt is made: the last retryable
+// failure (which had no effect) joined with why we stopped, or, if no
+// attempt was made, the reason itself.
+func (c *Client) giveUp(r *request, last *Error, why error) error {
+	if last == nil {
+		if r.key != "" {
+			return fmt.Errorf("ticketd: %s %q: %w", r.op, r.key, why)
+		}
+		return fmt.Errorf("ticketd: %s: %w", r.op, why)
+	}
+	e := *last
+	e.Err = errors.Join(last.Err, fmt.Errorf("gave up: %w", why))
+	return &e
+}
+
+func (c *Client) newError(r *request, code protocol.Code, msg string, cause error) *Error {
+	return &Error{Code: code, Message: msg, Op: r.op, Key: r.key, Err: cause}
+}
+
+func (c *Client) indeterminate(r *request, msg string, cause error) *Error {
+	return c.newError(r, protocol.CodeIndeterminate, msg, cause)
+}
+
+func (c *Client) fromProtocol(r *request, pe *protocol.Error) *Error {
+	return &Error{Code: pe.Code, Message: pe.Message, Op: r.op, Key: r.key, Leader: pe.Leader}
+}
+
+func (c *Client) hook(op string, n int, err *Error) {
+	if c.cfg.attemptHook == nil {
+		return
+	}
+	if err == nil {
+		c.cfg.attemptHook(op, n, nil) // not a typed nil
+		return
+	}
+	c.cfg.attemptHook(op, n, err)
+}
+
+// backoff is the pause before retry n+1: uniform in [min, min(max, min·2ⁿ)].
+func (c *Client) backoff(n int) time.Duration {
+	lo, hi := c.cfg.backoffMin, c.cfg.backoffMax
+	d := lo
+	for i := 0; i < n && d < hi; i++ {
+		d *= 2
+	}
+	if d > hi {
+		d = hi
+	}
+	if d <= lo {
+		return lo
+	}
+	return lo + rand.N(d-lo+1)
+}
+
+// requestWait is how long a non-acquire attempt waits for its reply:
+// the request timeout, cut by the context deadline.
+func (c *Client) requestWait(ctx context.Context, now time.Time) (time.Duration, bool) {
+	w := c.cfg.requestTimeout
+	if dl, ok := ctx.Deadline(); ok {
+		if rem := dl.Sub(now); rem < w {
+			w = rem
+		}
+	}
+	return w, w >= time.Millisecond
+}
+
+// acquireTimes computes one acquire attempt prepared at now with a wanted
+// queue wait: the wait to ask for, the timeout_ms to declare, and how long
+// the SDK waits for the reply. Always wait <= timeout < replyWait. ok is
+// false when the context leaves no time.
+func (c *Client) acquireTimes(ctx context.Context, now time.Time, want time.Duration) (wait, timeout, replyWait time.Duration, ok bool) {
+	rt := c.cfg.requestTimeout
+	margin := min(minReplyMargin, rt/2-time.Millisecond)
+	total := want + rt
+	if dl, has := ctx.Deadline(); has {
+		if rem := dl.Sub(now) - time.Millisecond; rem < total {
+			total = rem
+		}
+	}
+	grace := min(replyGrace, rt/2, total/2)
+	timeout = (total - grace).Truncate(time.Millisecond)
+	timeout = min(timeout, protocol.MaxTimeout)
+	if timeout < time.Millisecond {
+		return 0, 0, 0, false
+	}
+	wait = min(want, timeout-margin)
+	wait = max(wait, 0).Truncate(time.Millisecond)
+	return wait, timeout, timeout + grace, true
+}
+
+func sleepCtx(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// Header names the server sets on an error reply (NATS micro convention).
+const (
+	HeaderServiceError     = "Nats-Service-Error"
+	HeaderServiceErrorCode = "Nats-Service-Error-Code"
+)
+
+// parseReply reads a reply: perr is the server's error if the reply is
+// one; bad is non-nil when the body is not a JSON object we can read (so
+// its meaning is unknown, unlike a server's "malformed" code, which
+// speaks about the request).
+func parseReply(m *nats.Msg) (perr *protocol.Error, bad error) {
+	hdrCode := protocol.Code(m.Header.Get(HeaderServiceErrorCode))
+	var probe struct {
+		Error *protocol.Error `json:"error"`
+	}
+	if err := json.Unmarshal(m.Data, &probe); err != nil {
+		if hdrCode != "" {
+			return &protocol.Error{Code: hdrCode, Message: m.Header.Get(HeaderServiceError)}, nil
+		}
+		return nil, err
+	}
+	if probe.Error != nil {
+		if probe.Error.Code == "" {
+			probe.Error.Code = hdrCode
+		}
+		if probe.Error.Code == "" {
+			probe.Error.Code = protocol.CodeInternal
+		}
+		return probe.Error, nil
+	}
+	if hdrCode != "" {
+		// An error header on a body without an error: trust the header.
+		return &protocol.Error{Code: hdrCode, Message: m.Header.Get(HeaderServiceError)}, nil
+	}
+	return nil, nil
+}

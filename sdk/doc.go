@@ -1,0 +1,99 @@
+// Package sdk is the Go client of ticketd, the distributed lock service.
+//
+// # What it owns
+//
+// The client side of the NATS request-reply protocol of package
+// transports/protocol (described for every language in docs/protocol.md):
+// Acquire (try once, or wait in the key's FIFO queue), Release, Get (the
+// current holder) and Status, typed errors with the protocol's stable
+// codes, and the retry rules below. It holds no lock state of its own and
+// never renews a lease behind the caller's back.
+//
+//	c, err := sdk.Connect("nats://127.0.0.1:4222")
+//	lock, err := c.Acquire(ctx, "orders/42", sdk.WithLease(10*time.Second), sdk.WithOwner("worker-1"))
+//	// ... use lock.Token as the fencing token, stop before lock.Deadline() ...
+//	err = lock.Release(ctx)
+//
+// # Errors
+//
+// Every request failure is an *Error carrying the stable code
+// (CodeOf(err)), the operation and the key. errors.Is matches the sentinel
+// of its code: ErrHeld, ErrNotFound, ErrTimeout, ErrDenied,
+// ErrInvalidArgument, ErrMalformed, ErrTooLarge, ErrControlRefused,
+// ErrInternal, ErrIndeterminate, and ErrUnavailable, which also matches
+// the other retryable codes (ErrNotLeader, ErrShuttingDown). When the SDK
+// gave up retrying because the context ended, the error also matches
+// context.Canceled or context.DeadlineExceeded. A context that was done
+// before anything was sent gives the context error, wrapped, with no code.
+// A code unknown to this SDK (a newer server) gives an *Error with that
+// code, matching no sentinel.
+//
+// Only ErrIndeterminate leaves the outcome unknown. ErrInternal and
+// unknown codes say nothing either way; treat them like ErrIndeterminate.
+// Every other error means the request changed nothing.
+//
+// # Retry semantics
+//
+// A request is sent again (a fresh NATS request with a new reply inbox,
+// after an exponential backoff with jitter, see WithRetryBackoff) only
+// when the previous attempt certainly had no effect:
+//
+//	failure                                    acquire          release          get, status
+//	nats.ErrNoResponders (no node, or the      retry            retry            retry
+//	  leader a follower forwarded to is gone)
+//	reply code not_leader, unavailable,        retry            retry            retry
+//	  shutting_down (Code.Retryable)
+//	not connected / reconnect buffer full      retry            retry            retry
+//	  (nothing was published)
+//	no reply (timeout, ctx done, disconnect    ErrIndeterminate ErrIndeterminate retry
+//	  after publishing)
+//	unreadable reply                           ErrIndeterminate ErrIndeterminate ErrMalformed
+//	reply code indeterminate                   ErrIndeterminate ErrIndeterminate (n/a)
+//	reply code timeout                         ErrTimeout (nothing granted)
+//	any other reply code                       returned as is, never retried
+//
+// Retries stop when the context is done, or, for a context without a
+// deadline, when the retry budget (WithRetryBudget) is spent; the error is
+// then the last retryable failure (matching ErrUnavailable) joined with
+// the reason.
+//
+// An acquire whose reply did not arrive is never retried and never
+// re-sent with the same owner: the server may have granted it. If the
+// grant was applied after the deadline the request declared (timeout_ms),
+// the leader releases it itself; otherwise it expires within its lease.
+// Either way no one is left holding a lock they do not know about past
+// its lease. Do not loop on ErrIndeterminate with the same expectations;
+// a later Acquire may have to wait for that lease.
+//
+// A release whose reply did not arrive is ErrIndeterminate too, but the
+// caller may simply call Release again: releasing with the same token
+// twice is harmless (the second yields ErrNotFound).
+//
+// Get and Status are read-only, so a lost reply is retried like the
+// rest.
+//
+// # Timeouts
+//
+// A request waits WithRequestTimeout for its reply. An acquire with
+// WithWait(w) waits w plus the request timeout, and declares to the
+// server, as timeout_ms, slightly less than the time the SDK will actually
+// wait (never less than wait_ms): the server then releases a grant that
+// could only be applied after the SDK stopped listening. A context
+// deadline that comes earlier shortens both, and the wait if needed.
+//
+// # The Lock deadline rule
+//
+// Acquire records the time just before it sends the request that
+// succeeds; Lock.Deadline is that time plus the granted lease, on the
+// monotonic clock. The server's lease cannot have started before that
+// send, so until Deadline the lock is still yours (only a committed Expire
+// or Release removes a lock, and the leader never expires a lock before
+// its lease has passed on its own clock). After Deadline the holder must
+// assume it has lost the lock: stop writing to the protected resource.
+// Check Lock.Valid or Lock.Remaining before each protected step, and
+// always pass Lock.Token to the resource, which must reject any token
+// lower than the highest it has accepted: that, not the deadline, is what
+// stops a paused or partitioned old holder. Time queued with WithWait
+// counts against Deadline, so choose a lease comfortably longer than the
+// work, and check Valid right after a waiting Acquire returns.
+package sdk

@@ -1,0 +1,307 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"time"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// DefaultLease is the lease of an Acquire without WithLease.
+const DefaultLease = 10 * time.Second
+
+// AcquireOption configures one Acquire.
+type AcquireOption func(*acquireOptions)
+
+type acquireOptions struct {
+	lease time.Duration
+	wait  time.Duration
+	owner string
+}
+
+// WithLease sets the lease (default DefaultLease), between core.MinLease
+// and core.MaxLease; it is sent in whole milliseconds (rounded down).
+func WithLease(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.lease = d }
+}
+
+// WithOwner sets the owner, a correlation id of at most core.MaxOwnerLen
+// bytes that ticketd records and reports (Get, audit) but never checks:
+// it is not an authority, the token is.
+func WithOwner(owner string) AcquireOption {
+	return func(o *acquireOptions) { o.owner = owner }
+}
+
+// WithWait makes Acquire wait up to d (at most protocol.MaxWait) in the
+// key's FIFO queue when the key is held. 0, the default, tries once and
+// fails with ErrHeld if the key is held. A context deadline earlier than
+// the wait plus the reply margin shortens the wait.
+func WithWait(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.wait = d }
+}
+
+// Lock is a granted lock. Its fields are read-only.
+type Lock struct {
+	Key string
+	// Token is the fencing token: strictly increasing per key for the
+	// cluster's whole life. Pass it to the resource the lock protects,
+	// which must reject a token lower than the highest it has seen.
+	Token uint64
+	Owner string
+	// Lease is the granted lease.
+	Lease time.Duration
+	// Index is the raft log index of the Grant.
+	Index uint64
+
+	deadline time.Time
+	client   *Client
+}
+
+// Deadline is the local moment after which the holder must assume it has
+// lost the lock: the time the successful request was sent plus the lease,
+// on the monotonic clock. The server's lease started no earlier than that
+// send, so the lock cannot have expired before Deadline (apart from clock
+// rate drift, which is tiny against any sane lease). Time spent queued
+// with WithWait counts against it.
+func (l *Lock) Deadline() time.Time { return l.deadline }
+
+// Valid reports whether Deadline has not yet passed.
+func (l *Lock) Valid() bool { return l.now().Before(l.deadline) }
+
+// Remaining is how long until Deadline, or 0 once it has passed.
+func (l *Lock) Remaining() time.Duration {
+	return max(l.deadline.Sub(l.now()), 0)
+}
+
+func (l *Lock) now() time.Time {
+	if l.client == nil {
+		return time.Now()
+	}
+	return l.client.cfg.clock.Now()
+}
+
+// Release releases the lock; see Client.Release.
+func (l *Lock) Release(ctx context.Context) error {
+	if l.client == nil {
+		return &Error{Code: protocol.CodeInvalidArgument, Message: "lock has no client", Op: "release", Key: l.Key}
+	}
+	return l.client.Release(ctx, l.Key, l.Token)
+}
+
+func (l *Lock) String() string {
+	return fmt.Sprintf("lock %q token %d owner %q lease %v", l.Key, l.Token, l.Owner, l.Lease)
+}
+
+// Acquire takes the lock on key. It returns the Lock, or an error
+// matching one of the sentinels: ErrHeld (try-only, the key is held),
+// ErrTimeout (the wait ran out), ErrDenied (a policy plugin said no),
+// ErrInvalidArgument, ErrIndeterminate (the reply was lost: a grant may
+// exist, and it expires within its lease; do not retry with the same
+// owner expecting the same lock), ErrUnavailable (no leader within the
+// context or retry budget; nothing was granted), and others. Only
+// not_leader, unavailable, shutting_down, "no responders" and
+// not-connected failures are retried, each with a fresh request.
+func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
+	o := acquireOptions{lease: DefaultLease}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	bad := func(format string, args ...any) (*Lock, error) {
+		return nil, &Error{Code: protocol.CodeInvalidArgument, Message: fmt.Sprintf(format, args...), Op: "acquire", Key: key}
+	}
+	lease := o.lease.Truncate(time.Millisecond)
+	if err := core.ValidateKey(key); err != nil {
+		return bad("%s", detail(err))
+	}
+	if err := core.ValidateOwner(o.owner); err != nil {
+		return bad("%s", detail(err))
+	}
+	if lease < core.MinLease || lease > core.MaxLease {
+		return bad("lease %v is outside [%v, %v]", o.lease, core.MinLease, core.MaxLease)
+	}
+	if o.wait < 0 || o.wait > protocol.MaxWait {
+		return bad("wait %v is outside [0, %v]", o.wait, protocol.MaxWait)
+	}
+	start := time.Now()
+	r := &request{op: "acquire", key: key, subject: protocol.SubjectAcquire}
+	r.build = func(n int, now time.Time) ([]byte, time.Duration, bool) {
+		want := o.wait
+		if n > 0 {
+			// Retries share the caller's wait: time spent on earlier
+			// attempts is not waited again.
+			want = max(want-now.Sub(start), 0)
+		}
+		wait, timeout, replyWait, ok := c.acquireTimes(ctx, now, want)
+		if !ok {
+			return nil, 0, false
+		}
+		body, err := json.Marshal(protocol.AcquireRequest{
+			Key:       key,
+			Owner:     o.owner,
+			LeaseMS:   lease.Milliseconds(),
+			WaitMS:    wait.Milliseconds(),
+			TimeoutMS: timeout.Milliseconds(),
+		})
+		if err != nil { // cannot happen: plain strings and integers
+			panic(err)
+		}
+		return body, replyWait, true
+	}
+	rep, err := c.do(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	var ar protocol.AcquireReply
+	if err := json.Unmarshal(rep.data, &ar); err != nil || ar.Token == 0 || (ar.Key != "" && ar.Key != key) {
+		// A success reply we cannot trust: the server may have granted.
+		msg := fmt.Sprintf("invalid acquire reply %.200q", rep.data)
+		if err != nil {
+			msg = fmt.Sprintf("%s: %v", msg, err)
+		}
+		e := c.indeterminate(r, msg, nil)
+		c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", key, "err", e)
+		return nil, e
+	}
+	granted := lease
+	if ar.LeaseMS > 0 {
+		granted = min(granted, time.Duration(ar.LeaseMS)*time.Millisecond)
+	}
+	owner := o.owner
+	if ar.Owner != "" {
+		owner = ar.Owner
+	}
+	return &Lock{
+		Key:      key,
+		Token:    ar.Token,
+		Owner:    owner,
+		Lease:    granted,
+		Index:    ar.Index,
+		deadline: rep.sent.Add(granted),
+		client:   c,
+	}, nil
+}
+
+// Release releases key if it is held with token. It returns nil when the
+// lock was released, ErrNotFound when no lock with that key and token
+// exists (already released, expired, or a wrong token; nothing changed),
+// and ErrIndeterminate when the reply was lost. Releasing again with the
+// same token is harmless (it yields ErrNotFound), so a caller may retry
+// after ErrIndeterminate; otherwise the lock expires within its lease.
+// Like Acquire, only failures that certainly had no effect are retried
+// automatically.
+func (c *Client) Release(ctx context.Context, key string, token uint64) error {
+	bad := func(format string, args ...any) error {
+		return &Error{Code: protocol.CodeInvalidArgument, Message: fmt.Sprintf(format, args...), Op: "release", Key: key}
+	}
+	if err := core.ValidateKey(key); err != nil {
+		return bad("%s", detail(err))
+	}
+	if token == 0 {
+		return bad("token must be positive")
+	}
+	body, err := json.Marshal(protocol.ReleaseRequest{Key: key, Token: token})
+	if err != nil {
+		panic(err)
+	}
+	r := &request{op: "release", key: key, subject: protocol.SubjectRelease}
+	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
+		w, ok := c.requestWait(ctx, now)
+		return body, w, ok
+	}
+	rep, err := c.do(ctx, r)
+	if err != nil {
+		return err
+	}
+	var rr protocol.ReleaseReply
+	if err := json.Unmarshal(rep.data, &rr); err != nil {
+		return c.indeterminate(r, fmt.Sprintf("invalid release reply %.200q: %v", rep.data, err), nil)
+	}
+	if !rr.Released {
+		return c.newError(r, protocol.CodeNotFound, fmt.Sprintf("no lock on the key with token %d", token), nil)
+	}
+	return nil
+}
+
+// Holder is the current state of a key as the leader sees it.
+type Holder struct {
+	Key   string
+	Held  bool
+	Token uint64
+	Owner string
+	Lease time.Duration
+	// Remaining is the lease left on the leader's clock when it answered.
+	// It is informational: only the holder's own Lock.Deadline is safe to
+	// act on.
+	Remaining time.Duration
+	// GrantedAt is the leader's wall-clock time of the grant, for
+	// information only (clocks never decide lock state).
+	GrantedAt time.Time
+}
+
+// Get returns the current holder of key (Held is false if none). It is
+// read-only, so a lost reply is retried too, within the context and the
+// retry budget.
+func (c *Client) Get(ctx context.Context, key string) (Holder, error) {
+	if err := core.ValidateKey(key); err != nil {
+		return Holder{}, &Error{Code: protocol.CodeInvalidArgument, Message: detail(err), Op: "get", Key: key}
+	}
+	body, err := json.Marshal(protocol.GetRequest{Key: key})
+	if err != nil {
+		panic(err)
+	}
+	r := &request{op: "get", key: key, subject: protocol.SubjectGet, readOnly: true}
+	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
+		w, ok := c.requestWait(ctx, now)
+		return body, w, ok
+	}
+	rep, err := c.do(ctx, r)
+	if err != nil {
+		return Holder{}, err
+	}
+	var gr protocol.GetReply
+	if err := json.Unmarshal(rep.data, &gr); err != nil {
+		return Holder{}, c.newError(r, protocol.CodeMalformed, fmt.Sprintf("unreadable get reply: %v", err), nil)
+	}
+	h := Holder{
+		Key:       key,
+		Held:      gr.Held,
+		Token:     gr.Token,
+		Owner:     gr.Owner,
+		Lease:     time.Duration(gr.LeaseMS) * time.Millisecond,
+		Remaining: time.Duration(gr.RemainingMS) * time.Millisecond,
+	}
+	if gr.GrantedAtMS > 0 {
+		h.GrantedAt = time.UnixMilli(gr.GrantedAtMS)
+	}
+	return h, nil
+}
+
+// Status asks one node (whichever the queue group picks) for its view of
+// the cluster. It is read-only and retried like Get.
+func (c *Client) Status(ctx context.Context) (*protocol.StatusReply, error) {
+	r := &request{op: "status", subject: protocol.SubjectStatus, readOnly: true}
+	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
+		w, ok := c.requestWait(ctx, now)
+		return []byte("{}"), w, ok
+	}
+	rep, err := c.do(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	var st protocol.StatusReply
+	if err := json.Unmarshal(rep.data, &st); err != nil {
+		return nil, c.newError(r, protocol.CodeMalformed, fmt.Sprintf("unreadable status reply: %v", err), nil)
+	}
+	return &st, nil
+}
+
+// detail is a core validation error without its "core: code:" prefix.
+func detail(err error) string {
+	if ce, ok := err.(*core.Error); ok {
+		return ce.Detail
+	}
+	return err.Error()
+}
