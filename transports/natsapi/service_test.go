@@ -1,0 +1,81 @@
+package natsapi
+
+import (
+	"context"
+	"errors"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/raftstore"
+	"github.com/ticketd/ticketd/server"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// singleNode runs a one-voter raft node with its lock server, no NATS.
+func singleNode(t *testing.T) *server.Server {
+	t.Helper()
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	st, err := raftstore.Open(t.TempDir(), raftstore.StoreOptions{NoSync: true, Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := server.New(server.Config{Logger: log})
+	n, err := raftstore.NewNode(raftstore.Config{ID: 1, Peers: []uint64{1}, Store: st, Observer: srv, Logger: log, TickInterval: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv.Attach(n)
+	t.Cleanup(func() { srv.Close(); n.Stop(); _ = st.Close() })
+	deadline := time.Now().Add(10 * time.Second)
+	for !srv.IsLeader() {
+		if time.Now().After(deadline) {
+			t.Fatal("no leader")
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	return srv
+}
+
+// TestUnwritableReplyReleasesGrant: when the granted reply cannot be
+// written at all, nobody can hold the token, so the leader releases it
+// with that exact token (SPEC §4.4).
+func TestUnwritableReplyReleasesGrant(t *testing.T) {
+	srv := singleNode(t)
+	s := &Service{cfg: Config{Server: srv, Now: time.Now}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), ctx: context.Background()}
+	var failed *protocol.Error
+	req := &request{
+		op:       "acquire",
+		data:     []byte(`{"key":"k","lease_ms":60000,"timeout_ms":5000}`),
+		reply:    "_INBOX.gone",
+		received: time.Now(),
+		ok:       func([]byte) error { return errors.New("nats: connection closed") },
+		fail:     func(e *protocol.Error) error { failed = e; return nil },
+	}
+	s.acquire(req)
+	if failed != nil {
+		t.Fatalf("acquire failed: %v", failed)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		h, err := srv.Get(ctx, "k")
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !h.Held {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("grant with unwritable reply still held: %+v", h)
+		}
+		time.Sleep(2 * time.Millisecond)
+	}
+	// The token was consumed and released: the next grant gets a larger one.
+	g, err := srv.Acquire(ctx, server.AcquireParams{Key: "k", Lease: time.Second, Timeout: 5 * time.Second})
+	if err != nil || g.Token != 2 {
+		t.Fatalf("next grant %+v %v, want token 2", g, err)
+	}
+}

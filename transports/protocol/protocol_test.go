@@ -1,0 +1,138 @@
+package protocol
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestDecodeAcquire(t *testing.T) {
+	cases := []struct {
+		name string
+		body string
+		code Code // "" = accepted
+	}{
+		{"minimal", `{"key":"a","lease_ms":100}`, ""},
+		{"full", `{"key":"a","owner":"w","lease_ms":1000,"wait_ms":500,"timeout_ms":2000}`, ""},
+		{"whitespace", " \n{\"key\":\"a\",\"lease_ms\":100}\n ", ""},
+		{"empty", ``, CodeMalformed},
+		{"null", `null`, CodeMalformed},
+		{"array", `[]`, CodeMalformed},
+		{"truncated", `{"key":"a"`, CodeMalformed},
+		{"trailing object", `{"key":"a","lease_ms":100}{}`, CodeMalformed},
+		{"unknown field", `{"key":"a","lease_ms":100,"x":1}`, CodeMalformed},
+		{"wrong type", `{"key":1,"lease_ms":100}`, CodeMalformed},
+		{"float lease", `{"key":"a","lease_ms":1.5}`, CodeMalformed},
+		{"huge lease", `{"key":"a","lease_ms":99999999999999999999}`, CodeMalformed},
+		{"empty key", `{"key":"","lease_ms":100}`, CodeInvalidArgument},
+		{"lease 99", `{"key":"a","lease_ms":99}`, CodeInvalidArgument},
+		{"lease negative", `{"key":"a","lease_ms":-5}`, CodeInvalidArgument},
+		{"lease over a day", `{"key":"a","lease_ms":86400001}`, CodeInvalidArgument},
+		{"wait negative", `{"key":"a","lease_ms":100,"wait_ms":-1}`, CodeInvalidArgument},
+		{"wait too long", `{"key":"a","lease_ms":100,"wait_ms":300001}`, CodeInvalidArgument},
+		{"timeout below wait", `{"key":"a","lease_ms":100,"wait_ms":1000,"timeout_ms":999}`, CodeInvalidArgument},
+		{"timeout negative", `{"key":"a","lease_ms":100,"timeout_ms":-1}`, CodeInvalidArgument},
+		{"key NUL", `{"key":"a\u0000b","lease_ms":100}`, CodeInvalidArgument},
+		{"too large", `{"key":"` + strings.Repeat("k", MaxRequestSize) + `","lease_ms":100}`, CodeTooLarge},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := DecodeAcquire([]byte(tc.body))
+			if tc.code == "" {
+				if err != nil {
+					t.Fatalf("rejected: %v", err)
+				}
+				return
+			}
+			var pe *Error
+			if !errors.As(err, &pe) || pe.Code != tc.code {
+				t.Fatalf("got %v, want code %s", err, tc.code)
+			}
+		})
+	}
+}
+
+func TestAcquireDefaults(t *testing.T) {
+	r := AcquireRequest{Key: "a", LeaseMS: 1000, WaitMS: 3000}
+	lease, wait, timeout, err := r.Validate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lease != time.Second || wait != 3*time.Second || timeout != 3*time.Second+DefaultReplyMargin {
+		t.Fatalf("lease %v wait %v timeout %v", lease, wait, timeout)
+	}
+}
+
+func TestDecodeReleaseAndGet(t *testing.T) {
+	if _, err := DecodeRelease([]byte(`{"key":"a","token":3}`)); err != nil {
+		t.Fatal(err)
+	}
+	for _, body := range []string{`{"key":"a","token":0}`, `{"key":"a"}`, `{"key":"","token":1}`} {
+		if _, err := DecodeRelease([]byte(body)); !errors.Is(err, &Error{Code: CodeInvalidArgument}) {
+			t.Errorf("%s: got %v, want invalid_argument", body, err)
+		}
+	}
+	if _, err := DecodeRelease([]byte(`{"key":"a","token":-1}`)); !errors.Is(err, &Error{Code: CodeMalformed}) {
+		t.Errorf("negative token: got %v", err)
+	}
+	if _, err := DecodeGet([]byte(`{"key":"a"}`)); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := DecodeGet([]byte(`{"key":"a","token":1}`)); !errors.Is(err, &Error{Code: CodeMalformed}) {
+		t.Errorf("unknown field on get: got %v", err)
+	}
+}
+
+func TestParseReply(t *testing.T) {
+	var ar AcquireReply
+	if err := ParseReply([]byte(`{"key":"a","token":5,"lease_ms":100,"index":9}`), &ar); err != nil || ar.Token != 5 {
+		t.Fatalf("%+v %v", ar, err)
+	}
+	err := ParseReply([]byte(`{"error":{"code":"held","message":"x"}}`), &ar)
+	var pe *Error
+	if !errors.As(err, &pe) || pe.Code != CodeHeld {
+		t.Fatalf("got %v", err)
+	}
+	if err := ParseReply([]byte(`not json`), &ar); !errors.Is(err, ErrUnreadableReply) {
+		t.Fatalf("got %v, want ErrUnreadableReply", err)
+	}
+	if c := CodeNotLeader; !c.Retryable() || CodeIndeterminate.Retryable() || CodeHeld.Retryable() {
+		t.Fatal("retryable classification wrong")
+	}
+}
+
+// FuzzDecodeRequests: no payload panics a decoder, and an accepted one is
+// within every limit.
+func FuzzDecodeRequests(f *testing.F) {
+	for _, s := range []string{
+		`{"key":"a","lease_ms":100}`,
+		`{"key":"a","owner":"w","lease_ms":1000,"wait_ms":500,"timeout_ms":2000}`,
+		`{"key":"a","token":3}`,
+		`{"key":"\u00e9\u4e16","lease_ms":86400000}`,
+		`{"key":"a","lease_ms":1e3}`,
+		`{"key":"a","lease_ms":100}   `,
+		`{}`, `[]`, `null`, ``, `{"key":`,
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if r, err := DecodeAcquire(data); err == nil {
+			lease, wait, timeout, err := r.Validate()
+			if err != nil || lease < 100*time.Millisecond || lease > 24*time.Hour || wait < 0 || wait > MaxWait || timeout < wait || timeout > MaxTimeout+DefaultReplyMargin {
+				t.Fatalf("accepted out-of-limit acquire %+v", r)
+			}
+		} else {
+			var pe *Error
+			if !errors.As(err, &pe) || pe.Code == "" || pe.Message == "" {
+				t.Fatalf("untyped rejection %v", err)
+			}
+		}
+		if r, err := DecodeRelease(data); err == nil && (r.Token == 0 || r.Key == "") {
+			t.Fatalf("accepted bad release %+v", r)
+		}
+		if r, err := DecodeGet(data); err == nil && r.Key == "" {
+			t.Fatalf("accepted bad get %+v", r)
+		}
+	})
+}
