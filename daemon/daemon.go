@@ -142,6 +142,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error)
 	}
 	d.nodeRef.Store(d.node)
 	d.srv.Attach(d.node)
+	d.node.Start()
 
 	if err := d.startNATS(ctx); err != nil {
 		return nil, err

@@ -148,6 +148,8 @@ type Node struct {
 	donec chan struct{}
 	errc  chan error
 	once  sync.Once
+
+	startOnce sync.Once
 }
 
 type appliedWaiter struct {
@@ -155,7 +157,7 @@ type appliedWaiter struct {
 	ch    chan struct{}
 }
 
-// NewNode opens the raft node over an open Store and starts its loop.
+// NewNode opens the raft node over an open Store. Call Start to run it.
 func NewNode(cfg Config) (*Node, error) {
 	cfg.withDefaults()
 	if cfg.ID == 0 {
@@ -227,19 +229,28 @@ func NewNode(cfg Config) (*Node, error) {
 	} else {
 		n.raft = raft.RestartNode(rc)
 	}
-	go n.run()
-	// A sole voter need not wait out an election timeout to lead.
-	if cs := n.ConfState(); len(cs.Voters) == 1 && cs.Voters[0] == cfg.ID || len(cs.Voters) == 0 && len(cfg.Peers) == 1 && cfg.Peers[0] == cfg.ID {
-		if err := n.raft.Campaign(context.Background()); err != nil {
-			n.log.Warn("campaign as sole voter", "err", err)
-		}
-	}
 	return n, nil
+}
+
+// Start runs the Ready loop. Observer calls begin only after Start, so the
+// observer can be wired to the node between NewNode and Start.
+func (n *Node) Start() {
+	n.startOnce.Do(func() {
+		go n.run()
+		// A sole voter need not wait out an election timeout to lead.
+		cs := n.ConfState()
+		if len(cs.Voters) == 1 && cs.Voters[0] == n.cfg.ID || len(cs.Voters) == 0 && len(n.cfg.Peers) == 1 && n.cfg.Peers[0] == n.cfg.ID {
+			if err := n.raft.Campaign(context.Background()); err != nil {
+				n.log.Warn("campaign as sole voter", "err", err)
+			}
+		}
+	})
 }
 
 // Stop stops the loop and waits for it. It does not close the Store.
 func (n *Node) Stop() {
 	n.once.Do(func() {
+		n.startOnce.Do(func() { close(n.donec) }) // never started: no loop to wait for
 		close(n.stopc)
 		<-n.donec
 		n.raft.Stop()

@@ -27,6 +27,7 @@ func singleNode(t *testing.T) *server.Server {
 		t.Fatal(err)
 	}
 	srv.Attach(n)
+	n.Start()
 	t.Cleanup(func() { srv.Close(); n.Stop(); _ = st.Close() })
 	deadline := time.Now().Add(10 * time.Second)
 	for !srv.IsLeader() {
