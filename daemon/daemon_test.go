@@ -461,3 +461,7 @@ func histogramMean(t testing.TB, d *Daemon, name string) float64 {
 	}
 	return 0
 }
+
+func acquireParams(key string, lease time.Duration) server.AcquireParams {
+	return server.AcquireParams{Key: key, Lease: lease, Timeout: 5 * time.Second}
+}

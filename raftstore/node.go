@@ -487,8 +487,12 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		applied = rd.Snapshot.Metadata.Index
 		cs = rd.Snapshot.Metadata.ConfState
 		restored = true
+		// The installed snapshot is now the store's latest one.
+		n.snapIndex = applied
 	}
 	var as AppliedState
+	touched := make(map[string]struct{})
+	var touchedOrder []string
 	for _, e := range rd.CommittedEntries {
 		if e.Index <= applied {
 			continue
@@ -509,10 +513,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 				break
 			}
 			res := n.machine.Apply(ent.Command)
-			if l, ok := n.machine.Get(ent.Command.Key); ok {
-				as.Put = append(as.Put, l)
-			} else {
-				as.Delete = append(as.Delete, ent.Command.Key)
+			if _, ok := touched[ent.Command.Key]; !ok {
+				touched[ent.Command.Key] = struct{}{}
+				touchedOrder = append(touchedOrder, ent.Command.Key)
 			}
 			a := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res}
 			events = append(events, a)
@@ -529,6 +532,14 @@ func (n *Node) handleReady(rd raft.Ready) error {
 			confChanges = append(confChanges, cc)
 		}
 		applied = e.Index
+	}
+	// The store wants the net change of the batch: one row per key.
+	for _, key := range touchedOrder {
+		if l, ok := n.machine.Get(key); ok {
+			as.Put = append(as.Put, l)
+		} else {
+			as.Delete = append(as.Delete, key)
+		}
 	}
 	if len(rd.CommittedEntries) > 0 || restored {
 		as.Index = applied

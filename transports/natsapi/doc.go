@@ -6,12 +6,13 @@
 //
 // Every node registers the lock endpoints in one queue group, so each
 // request reaches exactly one node. The leader serves it; a follower
-// forwards the untouched request to the leader's forward subject keeping
-// the client's reply subject, so the leader answers the client directly
-// and a follower never answers a lock request from its own, possibly
-// stale, state. When the leader is unknown the follower answers
-// `unavailable`; when the forward finds no leader subscribed, NATS answers
-// "no responders". Both are safe to retry.
+// proxies the untouched request to the leader's forward subject and
+// relays the leader's reply, so a follower never answers a lock request
+// from its own, possibly stale, state. When the leader is unknown, or the
+// forward finds nobody subscribed (NATS "no responders"), the follower
+// answers `unavailable`: nothing happened, retry. When the leader does not
+// answer in time the follower answers `indeterminate` for acquire and
+// release: the leader may have applied it.
 //
 // # Lost replies
 //

@@ -20,6 +20,10 @@ import (
 // MaxInflightDefault bounds requests handled at once by one node.
 const MaxInflightDefault = 10000
 
+// ForwardTimeoutDefault bounds a follower's wait for the leader's answer
+// to a forwarded release or get.
+const ForwardTimeoutDefault = 5 * time.Second
+
 // ErrorCodeHeader carries the stable error code beside micro's own
 // Nats-Service-Error-Code header (which holds the same value).
 const ErrorCodeHeader = micro.ErrorCodeHeader
@@ -57,6 +61,7 @@ type request struct {
 	received time.Time
 	ok       func(body []byte) error
 	fail     func(e *protocol.Error) error
+	relay    func(body []byte, hdr nats.Header) error
 }
 
 // Start registers the service on cfg.Conn.
@@ -149,6 +154,9 @@ func (s *Service) microHandler(op string) micro.Handler {
 			fail: func(e *protocol.Error) error {
 				return r.Error(string(e.Code), oneLine(e.Message), errorBody(e))
 			},
+			relay: func(body []byte, hdr nats.Header) error {
+				return r.Respond(body, micro.WithHeaders(micro.Headers(hdr)))
+			},
 		}
 		s.dispatch(req, false)
 	})
@@ -169,6 +177,9 @@ func (s *Service) forwardHandler(m *nats.Msg) {
 			out.Header.Set(micro.ErrorCodeHeader, string(e.Code))
 			out.Data = errorBody(e)
 			return m.RespondMsg(out)
+		},
+		relay: func(body []byte, hdr nats.Header) error {
+			return m.RespondMsg(&nats.Msg{Subject: m.Reply, Data: body, Header: hdr})
 		},
 	}
 	s.dispatch(req, true)
@@ -208,15 +219,7 @@ func (s *Service) handle(req *request, forwarded bool) {
 			s.replyErr(req, protocol.Errorf(protocol.CodeNotLeader, "node %d is not the leader", srv.ID()))
 			return
 		}
-		leader := srv.Leader()
-		if leader == 0 || leader == srv.ID() {
-			s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "no leader is known; retry"))
-			return
-		}
-		m := &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Reply: req.reply, Data: req.data, Header: req.header}
-		if err := s.cfg.Conn.PublishMsg(m); err != nil {
-			s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "forward to leader %d: %v", leader, err))
-		}
+		s.forward(req)
 		return
 	}
 	switch req.op {
@@ -228,6 +231,46 @@ func (s *Service) handle(req *request, forwarded bool) {
 		s.get(req)
 	default:
 		s.replyErr(req, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", req.op))
+	}
+}
+
+// forward proxies a request to the leader and relays its reply. The
+// follower never answers from its own state: it relays what the leader
+// said, or says why it could not reach it.
+func (s *Service) forward(req *request) {
+	srv := s.cfg.Server
+	leader := srv.Leader()
+	if leader == 0 || leader == srv.ID() {
+		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "no leader is known; retry"))
+		return
+	}
+	timeout := ForwardTimeoutDefault
+	if req.op == "acquire" {
+		ar, err := protocol.DecodeAcquire(req.data)
+		if err != nil {
+			s.replyErr(req, asProto(err))
+			return
+		}
+		_, _, timeout, _ = ar.Validate()
+	}
+	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout))
+	defer cancel()
+	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Data: req.data, Header: req.header})
+	switch {
+	case errors.Is(err, nats.ErrNoResponders):
+		// Nobody received it: certainly no effect.
+		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leader %d is not reachable; retry", leader))
+		return
+	case err != nil && req.op == "get":
+		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leader %d did not answer: %v", leader, err))
+		return
+	case err != nil:
+		// The leader may have applied it: do not guess.
+		s.replyErr(req, protocol.Errorf(protocol.CodeIndeterminate, "leader %d did not answer in time: %v", leader, err))
+		return
+	}
+	if err := req.relay(m.Data, m.Header); err != nil {
+		s.log.Debug("relayed reply not written", "op", req.op, "err", err)
 	}
 }
 
