@@ -59,10 +59,16 @@ type proc struct {
 
 func startServe(t *testing.T, bin string, args ...string) *proc {
 	t.Helper()
+	return startServeEnv(t, bin, nil, args...)
+}
+
+func startServeEnv(t *testing.T, bin string, env []string, args ...string) *proc {
+	t.Helper()
 	var log bytes.Buffer
 	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
-	cmd.Stdout = &log
-	cmd.Stderr = &log
+	cmd.Env = append(os.Environ(), env...)
+	cmd.Stdout = &lockedWriter{w: &log}
+	cmd.Stderr = cmd.Stdout
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -202,4 +208,16 @@ func TestCLISessionSurvivesKill9(t *testing.T) {
 			t.Fatalf("%v: exit %d stderr %q, want invalid_argument", args[:3], code, stderr)
 		}
 	}
+}
+
+// lockedWriter lets a process's stdout and stderr share one buffer.
+type lockedWriter struct {
+	mu sync.Mutex
+	w  *bytes.Buffer
+}
+
+func (l *lockedWriter) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.w.Write(p)
 }
