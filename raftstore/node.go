@@ -465,7 +465,10 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.term.Store(rd.HardState.Term)
 	}
 
-	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot}
+	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
+	// be on disk before messages go out; applied state of entries already
+	// durable in the log may ride without its own fsync.
+	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot, MaySkipSync: !rd.MustSync}
 	var (
 		events      []Applied
 		results     []proposalResult

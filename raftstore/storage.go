@@ -40,10 +40,11 @@ type StoreOptions struct {
 	NoSync bool
 	// Logger receives the store's and Pebble's logs; nil = slog.Default().
 	Logger *slog.Logger
-	// OnSync, if set, is called after every committed Write with its
-	// duration (the fsync included unless NoSync) and the number of raft
-	// entries it carried (for metrics). A Write with nothing to persist
-	// commits nothing and does not call it. It is called with no lock held.
+	// OnSync, if set, is called after every Write committed with fsync (or,
+	// with NoSync, every committed Write) with its duration and the number
+	// of raft entries it carried (for metrics). A Write with nothing to
+	// persist, or a MaySkipSync write, does not call it. It is called with
+	// no lock held.
 	OnSync func(d time.Duration, entries int)
 }
 
@@ -120,6 +121,14 @@ type ReadyWrite struct {
 	Snapshot raftpb.Snapshot
 	// Applied is the applied state to persist; nil => nothing applied.
 	Applied *AppliedState
+	// MaySkipSync says the write carries nothing raft needs on disk before
+	// messages go out (no entries, no term or vote change, no snapshot):
+	// typically the applied state of already-durable log entries. Such a
+	// write is committed without fsync; Pebble's WAL is ordered, so a
+	// crash loses it only together with every later write, and the
+	// entries are re-applied from the durable log on restart. It is
+	// ignored (the write syncs) when Entries or Snapshot are non-empty.
+	MaySkipSync bool
 }
 
 // Open opens (creating if needed) the store in dir. An empty store behaves
@@ -539,7 +548,12 @@ func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 		return 0, -1, fmt.Errorf("raftstore: write: %w: applied %d, commit %d, last index %d out of order",
 			ErrInvariant, st.applied, st.commit, st.last)
 	}
-	d, err := s.commit(b)
+	wo := s.wo
+	synced := wo.Sync
+	if w.MaySkipSync && len(w.Entries) == 0 && !hasSnap {
+		wo, synced = pebble.NoSync, false
+	}
+	d, err := s.commitWith(b, wo)
 	if err != nil {
 		return 0, -1, fmt.Errorf("raftstore: write: %w", err)
 	}
@@ -547,6 +561,9 @@ func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 	if hasSnap {
 		s.log.Info("installed snapshot", "index", w.Snapshot.Metadata.Index, "term", w.Snapshot.Metadata.Term,
 			"last_token", st.lastToken)
+	}
+	if !synced && s.wo.Sync {
+		return d, -1, nil // an allowed unsynced write: no fsync to report
 	}
 	return d, len(w.Entries), nil
 }
@@ -876,8 +893,12 @@ func (s *Store) Compact(compactIndex uint64) error {
 
 // commit commits b with the store's write options and times it.
 func (s *Store) commit(b *pebble.Batch) (time.Duration, error) {
+	return s.commitWith(b, s.wo)
+}
+
+func (s *Store) commitWith(b *pebble.Batch, wo *pebble.WriteOptions) (time.Duration, error) {
 	start := time.Now()
-	if err := b.Commit(s.wo); err != nil {
+	if err := b.Commit(wo); err != nil {
 		return 0, fmt.Errorf("commit batch: %w", err)
 	}
 	return time.Since(start), nil

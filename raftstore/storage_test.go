@@ -793,6 +793,19 @@ func TestStorageOnSync(t *testing.T) {
 	if calls != 3 || entries != 7 || total <= 0 {
 		t.Fatalf("OnSync: %d calls, %d entries, %v; want 3 calls, 7 entries, >0", calls, entries, total)
 	}
+	// Applied state of durable entries may skip the fsync; entries never do.
+	mustWrite(t, s, ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 7}, MaySkipSync: true,
+		Applied: &AppliedState{Index: 3, LastToken: 0}})
+	if calls != 3 {
+		t.Fatalf("a MaySkipSync write was fsynced (OnSync called)")
+	}
+	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 8, 8), MaySkipSync: true})
+	if calls != 4 {
+		t.Fatalf("a write carrying entries skipped its fsync")
+	}
+	if s.AppliedIndex() != 3 {
+		t.Fatalf("applied %d, want 3", s.AppliedIndex())
+	}
 }
 
 func TestStorageClosed(t *testing.T) {
