@@ -293,14 +293,35 @@ func TestIsolatedFollowerNeverAnswers(t *testing.T) {
 	heal()
 	c.converged(10 * time.Second)
 
-	// Now cut off the leader: CheckQuorum makes it step down.
+	// Now cut off the leader: CheckQuorum makes it step down, and a waiter
+	// queued on it gets a retryable error at once, not a silent hang.
 	lead = c.leader(5 * time.Second)
+	waiterErr := make(chan error, 1)
+	leaderSrv := c.nodes[lead].Server()
+	go func() {
+		p := acquireParams("k", time.Second)
+		p.Wait, p.Timeout = 20*time.Second, 25*time.Second
+		_, err := leaderSrv.Acquire(ctx, p)
+		waiterErr <- err
+	}()
+	waitFor(t, 5*time.Second, "waiter queued on the leader", func() bool {
+		return gaugeValue(t, c.nodes[lead], "ticketd_waiters") == 1
+	})
 	isolate(lead)
 	cutAt := time.Now()
 	waitFor(t, 10*electionTimeout, "isolated leader steps down", func() bool {
 		return !c.nodes[lead].Server().IsLeader()
 	})
 	t.Logf("isolated leader stepped down after %v", time.Since(cutAt))
+	select {
+	case err := <-waiterErr:
+		var pe *protocol.Error
+		if !errors.As(err, &pe) || !pe.Code.Retryable() {
+			t.Fatalf("queued waiter got %v, want a retryable error", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("queued waiter still hanging after its leader stepped down")
+	}
 	if _, err := c.nodes[lead].Server().Acquire(ctx, acquireParams("x", time.Second)); err == nil {
 		t.Fatal("deposed leader granted a lock")
 	}

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"testing"
 	"time"
@@ -464,4 +465,46 @@ func histogramMean(t testing.TB, d *Daemon, name string) float64 {
 
 func acquireParams(key string, lease time.Duration) server.AcquireParams {
 	return server.AcquireParams{Key: key, Lease: lease, Timeout: 5 * time.Second}
+}
+
+func TestMetricsAndHealthEndpoints(t *testing.T) {
+	cfg := Defaults()
+	cfg.Data = t.TempDir()
+	cfg.NATSListen = "127.0.0.1:0"
+	cfg.MetricsListen = freeAddr(t)
+	cfg.TickMS = 20
+	d, err := Start(context.Background(), cfg, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Server().IsLeader() })
+	_, cl := connect(t, d)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if _, err := cl.Acquire(ctx, "m", sdk.WithLease(time.Second)); err != nil {
+		t.Fatal(err)
+	}
+	get := func(path string) (int, string) {
+		resp, err := http.Get("http://" + cfg.MetricsListen + path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, string(b)
+	}
+	if code, _ := get("/healthz"); code != http.StatusOK {
+		t.Fatalf("/healthz %d", code)
+	}
+	if code, body := get("/readyz"); code != http.StatusOK {
+		t.Fatalf("/readyz %d %s", code, body)
+	}
+	code, body := get("/metrics")
+	for _, want := range []string{"ticketd_grants_total 1", "ticketd_fsync_seconds_bucket", "ticketd_apply_batch_seconds_count",
+		"ticketd_proposals_total{kind=\"grant\"} 1", "ticketd_is_leader 1", "ticketd_leader_changes_total", "ticketd_waiters 0"} {
+		if code != http.StatusOK || !strings.Contains(body, want) {
+			t.Fatalf("/metrics (%d) lacks %q", code, want)
+		}
+	}
 }

@@ -18,15 +18,17 @@ const maxSamples = 4 << 20
 
 // BenchResult is what `ticketd bench` reports.
 type BenchResult struct {
-	Clients      int       `json:"clients"`
-	Keys         int       `json:"keys"`
-	DurationS    float64   `json:"duration_s"`
-	Cycles       int       `json:"cycles"`
-	CyclesPerSec float64   `json:"cycles_per_s"`
-	Held         int       `json:"held"`
-	Errors       int       `json:"errors"`
-	Acquire      Latencies `json:"acquire_ms"`
-	Release      Latencies `json:"release_ms"`
+	Clients      int     `json:"clients"`
+	Keys         int     `json:"keys"`
+	DurationS    float64 `json:"duration_s"`
+	Cycles       int     `json:"cycles"`
+	CyclesPerSec float64 `json:"cycles_per_s"`
+	Held         int     `json:"held"`
+	Errors       int     `json:"errors"`
+	// ErrorCodes counts the errors by stable code.
+	ErrorCodes map[string]int `json:"error_codes,omitempty"`
+	Acquire    Latencies      `json:"acquire_ms"`
+	Release    Latencies      `json:"release_ms"`
 }
 
 // Latencies are percentiles in milliseconds.
@@ -61,6 +63,9 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fmt.Fprintf(stdout, "clients=%d keys=%d duration=%.1fs cycles=%d (%.0f cycles/s) held=%d errors=%d\n",
 		res.Clients, res.Keys, res.DurationS, res.Cycles, res.CyclesPerSec, res.Held, res.Errors)
+	if len(res.ErrorCodes) > 0 {
+		fmt.Fprintf(stdout, "errors by code: %v\n", res.ErrorCodes)
+	}
 	fmt.Fprintf(stdout, "acquire ms: p50=%.2f p90=%.2f p99=%.2f max=%.2f\n", res.Acquire.P50, res.Acquire.P90, res.Acquire.P99, res.Acquire.Max)
 	fmt.Fprintf(stdout, "release ms: p50=%.2f p90=%.2f p99=%.2f max=%.2f\n", res.Release.P50, res.Release.P90, res.Release.P99, res.Release.Max)
 	return 0
@@ -83,14 +88,22 @@ func runBench(ctx context.Context, url string, clients, keys int, duration, leas
 			_ = c.Close()
 		}
 	}()
-	ctx, cancel := context.WithTimeout(ctx, duration)
-	defer cancel()
+	end := time.Now().Add(duration)
 	var (
 		mu                 sync.Mutex
 		acq, rel           []time.Duration
 		cycles, held, errs int
+		codes              = map[string]int{}
 		wg                 sync.WaitGroup
 	)
+	countErr := func(err error) { // mu held
+		errs++
+		code := string(sdk.CodeOf(err))
+		if code == "" {
+			code = err.Error()
+		}
+		codes[code]++
+	}
 	start := time.Now()
 	for i, c := range conns {
 		wg.Add(1)
@@ -98,30 +111,33 @@ func runBench(ctx context.Context, url string, clients, keys int, duration, leas
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 42))
 			owner := fmt.Sprintf("bench-%d", i)
-			for ctx.Err() == nil {
+			// Each operation has its own deadline, not the run's: a request
+			// must not be cut short (and turned indeterminate) by the end of
+			// the run.
+			for ctx.Err() == nil && time.Now().Before(end) {
 				key := fmt.Sprintf("bench/%d", rng.IntN(keys))
 				t0 := time.Now()
-				l, err := c.Acquire(ctx, key, sdk.WithLease(lease), sdk.WithOwner(owner))
+				actx, acancel := context.WithTimeout(ctx, 10*time.Second)
+				l, err := c.Acquire(actx, key, sdk.WithLease(lease), sdk.WithOwner(owner))
+				acancel()
 				t1 := time.Now()
 				if err != nil {
 					mu.Lock()
 					if errors.Is(err, sdk.ErrHeld) {
 						held++
-					} else if ctx.Err() == nil {
-						errs++
+					} else {
+						countErr(err)
 					}
 					mu.Unlock()
 					continue
 				}
-				// Release with a context of its own so the last cycle of
-				// the run does not leave its lock behind.
-				rctx, rcancel := context.WithTimeout(context.Background(), 5*time.Second)
+				rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
 				err = c.Release(rctx, key, l.Token)
 				rcancel()
 				t2 := time.Now()
 				mu.Lock()
 				if err != nil {
-					errs++
+					countErr(err)
 				} else {
 					cycles++
 					if len(acq) < maxSamples {
@@ -143,6 +159,7 @@ func runBench(ctx context.Context, url string, clients, keys int, duration, leas
 		CyclesPerSec: float64(cycles) / elapsed.Seconds(),
 		Held:         held,
 		Errors:       errs,
+		ErrorCodes:   codes,
 		Acquire:      percentiles(acq),
 		Release:      percentiles(rel),
 	}, nil
