@@ -41,6 +41,11 @@ type Config struct {
 
 	LogLevel  string `koanf:"log-level"`
 	LogFormat string `koanf:"log-format"`
+
+	// Plugins is a comma-separated list of WebAssembly modules.
+	Plugins             string `koanf:"plugins"`
+	PluginMemoryPages   uint32 `koanf:"plugin-memory-pages"`
+	PluginCallTimeoutMS int    `koanf:"plugin-call-timeout-ms"`
 }
 
 // Defaults returns the configuration of a first run: one node, embedded
@@ -58,6 +63,7 @@ func Defaults() Config {
 		CompactKeep:     5000,
 		LogLevel:        "info",
 		LogFormat:       "text",
+		// Zero plugin limits take the plugins package defaults.
 	}
 }
 
@@ -166,6 +172,9 @@ func (c Config) Validate() error {
 	}
 	if (c.PeerTLSCert == "") != (c.PeerTLSKey == "") || (c.PeerTLSCert != "" && c.PeerTLSCA == "") {
 		return configErr("peer-tls-cert, peer-tls-key and peer-tls-ca go together")
+	}
+	if c.PluginCallTimeoutMS < 0 || c.PluginCallTimeoutMS > 10000 {
+		return configErr("plugin-call-timeout-ms %d is outside [0, 10000]", c.PluginCallTimeoutMS)
 	}
 	switch c.LogLevel {
 	case "debug", "info", "warn", "error":

@@ -28,6 +28,7 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/server"
 	"github.com/ticketd/ticketd/transports/natsapi"
@@ -61,6 +62,9 @@ type Daemon struct {
 	api   *natsapi.Service
 	http  *http.Server
 	reg   *prometheus.Registry
+
+	plugins *plugins.Set
+	audit   *auditor
 
 	nodeRef   atomic.Pointer[raftstore.Node]
 	members   map[uint64]string
@@ -119,7 +123,18 @@ func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error)
 		transport = d.peers
 	}
 
-	d.srv = server.New(server.Config{Logger: log.With("component", "server"), Metrics: metrics, Policy: opts.Policy, Now: opts.Now})
+	scfg := server.Config{Logger: log.With("component", "server"), Metrics: metrics, Policy: opts.Policy, Now: opts.Now}
+	if d.plugins, err = loadPlugins(ctx, cfg, log.With("component", "plugins")); err != nil {
+		return nil, err
+	}
+	if d.plugins != nil {
+		if scfg.Policy == nil {
+			scfg.Policy = policyAdapter{d.plugins}
+		}
+		d.audit = newAuditor(d.plugins, cfg.ID, log.With("component", "audit"), d.reg)
+		scfg.Applied = d.audit.offer
+	}
+	d.srv = server.New(scfg)
 	d.node, err = raftstore.NewNode(raftstore.Config{
 		ID:              cfg.ID,
 		Peers:           peerIDs,
@@ -146,6 +161,9 @@ func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error)
 
 	if err := d.startNATS(ctx); err != nil {
 		return nil, err
+	}
+	if d.audit != nil {
+		d.audit.start(d.nc)
 	}
 	d.api, err = natsapi.Start(natsapi.Config{Conn: d.nc, Server: d.srv, Status: d.Status, Logger: log.With("component", "natsapi"), Now: opts.Now})
 	if err != nil {
@@ -373,6 +391,11 @@ func (d *Daemon) Status(ctx context.Context) protocol.StatusReply {
 		sum := m.Digest()
 		out.Digest = hex.EncodeToString(sum[:])
 	})
+	if d.plugins != nil {
+		for _, p := range d.plugins.Plugins() {
+			out.Plugins = append(out.Plugins, protocol.PluginInfo{Name: p.Name(), SHA256: p.SHA256()})
+		}
+	}
 	cs := d.node.ConfState()
 	add := func(id uint64, voter bool) {
 		m := protocol.Member{ID: id, Voter: voter, Address: d.members[id]}
@@ -437,6 +460,12 @@ func (d *Daemon) Close() {
 		}
 		if d.peers != nil {
 			_ = d.peers.Close()
+		}
+		if d.audit != nil && d.audit.nc != nil {
+			d.audit.close()
+		}
+		if d.plugins != nil {
+			_ = d.plugins.Close(context.Background())
 		}
 		if d.nc != nil {
 			d.nc.Close()

@@ -47,6 +47,9 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.Bool("unsafe-no-fsync", false, "do not fsync (benchmarks only: loses data on power failure)")
 	fs.String("log-level", d.LogLevel, "debug, info, warn or error")
 	fs.String("log-format", d.LogFormat, "text or json")
+	fs.String("plugins", "", "comma-separated WebAssembly plugin modules (policy and/or audit)")
+	fs.Uint32("plugin-memory-pages", 0, "memory limit per plugin instance in 64 KiB pages (0: plugins default)")
+	fs.Int("plugin-call-timeout-ms", 0, "deadline of one plugin call (0: plugins default)")
 	return fs
 }
 

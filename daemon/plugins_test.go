@@ -1,0 +1,114 @@
+package daemon
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ticketd/ticketd/sdk"
+)
+
+// buildExample builds an example plugin from source into dir.
+func buildExample(t *testing.T, name, dir string) string {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("building wasm plugins is skipped in -short mode")
+	}
+	gobin := filepath.Join(runtime.GOROOT(), "bin", "go")
+	out := filepath.Join(dir, name+".wasm")
+	cmd := exec.Command(gobin, "build", "-buildmode=c-shared", "-o", out, "../examples/plugins/"+name)
+	// A -race test run must still build a plain wasm guest.
+	cmd.Env = append(os.Environ(), "GOOS=wasip1", "GOARCH=wasm", "GOFLAGS=")
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	if err := cmd.Run(); err != nil {
+		t.Fatalf("build %s: %v\n%s", name, err, stderr.String())
+	}
+	return out
+}
+
+// TestPluginsPolicyAndAudit: an owner-prefix policy denies before the log
+// (no index, no token consumed), and the audit plugin's events reach a
+// plain NATS subscriber with their log index.
+func TestPluginsPolicyAndAudit(t *testing.T) {
+	dir := t.TempDir()
+	policy := buildExample(t, "ownerprefix", dir)
+	audit := buildExample(t, "audit", dir)
+
+	cfg := Defaults()
+	cfg.Data = t.TempDir()
+	cfg.NATSListen = "127.0.0.1:0"
+	cfg.TickMS = 20
+	cfg.Plugins = policy + "," + audit
+	d, err := Start(context.Background(), cfg, Options{Logger: quietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Server().IsLeader() })
+	nc, cl := connect(t, d)
+	events := make(chan *nats.Msg, 64)
+	sub, err := nc.ChanSubscribe(AuditSubjectPrefix+".>", events)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer sub.Unsubscribe()
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+
+	appliedBefore, _, lastBefore := digest(d)
+	_, err = cl.Acquire(ctx, "payments/42", sdk.WithLease(time.Second), sdk.WithOwner("intruder"))
+	if !errors.Is(err, sdk.ErrDenied) || !strings.Contains(err.Error(), "svc-payments-") {
+		t.Fatalf("got %v, want ErrDenied naming the required owner prefix", err)
+	}
+	if appliedAfter, _, lastAfter := digest(d); appliedAfter != appliedBefore || lastAfter != lastBefore {
+		t.Fatalf("a denied grant reached the log: applied %d->%d, last token %d->%d", appliedBefore, appliedAfter, lastBefore, lastAfter)
+	}
+	l, err := cl.Acquire(ctx, "payments/42", sdk.WithLease(time.Minute), sdk.WithOwner("svc-payments-7"))
+	if err != nil {
+		t.Fatalf("allowed owner: %v", err)
+	}
+	if l.Token != lastBefore+1 {
+		t.Fatalf("token %d, want %d: the denied request consumed a token", l.Token, lastBefore+1)
+	}
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]bool{"lock.granted": false, "lock.released": false}
+	deadline := time.After(10 * time.Second)
+	for !want["lock.granted"] || !want["lock.released"] {
+		select {
+		case m := <-events:
+			var ev AuditEvent
+			if err := json.Unmarshal(m.Data, &ev); err != nil {
+				t.Fatalf("audit body %q: %v", m.Data, err)
+			}
+			if m.Subject != AuditSubjectPrefix+"."+ev.Type || ev.Index == 0 || m.Header.Get(nats.MsgIdHdr) == "" {
+				t.Fatalf("bad audit event %s %s %v", m.Subject, m.Data, m.Header)
+			}
+			if ev.Type == "lock.granted" && !bytes.Contains(ev.Data, []byte(`"svc-payments-7"`)) {
+				t.Fatalf("granted event lacks the owner: %s", ev.Data)
+			}
+			want[ev.Type] = true
+		case <-deadline:
+			t.Fatalf("audit events not received: %v", want)
+		}
+	}
+	st := d.Status(ctx)
+	if len(st.Plugins) != 2 || len(st.Plugins[0].SHA256) != 64 {
+		t.Fatalf("status plugins %+v, want two with sha256", st.Plugins)
+	}
+}
