@@ -14,9 +14,9 @@ const (
 	KindGrant   Kind = 1
 	KindRelease Kind = 2
 	KindExpire  Kind = 3
-	// KindControl is reserved for membership control (SPEC §2 Control).
-	// The decoder rejects it with CodeUnsupported until the control plane
-	// defines its payload.
+	// KindControl carries a ControlRequest (SPEC §2 Control): bootstrap,
+	// join credentials, admission, promotion, replacement and retirement.
+	// See control.go.
 	KindControl Kind = 4
 )
 
@@ -34,14 +34,16 @@ func (k Kind) String() string {
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
 
-// Command is one replicated lock command. Which fields are meaningful
-// depends on Kind:
+// Command is one replicated command. Which fields are meaningful depends
+// on Kind; every other field must be zero:
 //
 //	Grant:   Key, LeaseMS, Owner, GrantedAtMS
 //	Release: Key, Token
 //	Expire:  Key, Token
+//	Control: Control
 //
-// A Grant never carries a token: Apply assigns it.
+// A Grant never carries a token: Apply assigns it. Command is comparable,
+// so a decoded command can be checked against the proposed one with ==.
 type Command struct {
 	Kind        Kind
 	Key         string
@@ -49,6 +51,7 @@ type Command struct {
 	LeaseMS     uint64
 	GrantedAtMS uint64
 	Token       uint64
+	Control     ControlRequest
 }
 
 // Grant builds a Grant command.
@@ -68,9 +71,21 @@ func Expire(key string, token uint64) Command {
 
 // Validate checks a command against the limits in limits.go. Transports
 // call it before proposing; the entry decoder calls it on every entry.
-func (c Command) Validate() error {
+func (c Command) Validate() error { return c.validate() }
+
+// validate is Validate without copying the command (Apply's hot path).
+func (c *Command) validate() error {
+	if c.Kind == KindControl {
+		if c.Key != "" || c.Owner != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 || c.Token != 0 {
+			return invalidf("control carries only a control request")
+		}
+		return c.Control.Validate()
+	}
 	if err := ValidateKey(c.Key); err != nil {
 		return err
+	}
+	if !c.Control.isZero() {
+		return invalidf("%s must not carry a control request", c.Kind)
 	}
 	switch c.Kind {
 	case KindGrant:
@@ -90,8 +105,6 @@ func (c Command) Validate() error {
 		if c.Owner != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 {
 			return invalidf("%s carries only key and token", c.Kind)
 		}
-	case KindControl:
-		return &Error{Code: CodeUnsupported, Detail: "control commands are not implemented yet"}
 	default:
 		return invalidf("unknown command kind %d", uint8(c.Kind))
 	}
@@ -148,6 +161,13 @@ const (
 	ResultReleased      ResultKind = 3
 	ResultNotFound      ResultKind = 4
 	ResultExpired       ResultKind = 5
+
+	// Control results (SPEC §3).
+	ResultBootstrapRecorded   ResultKind = 6
+	ResultReplacementPrepared ResultKind = 7
+	ResultAdmissionAccepted   ResultKind = 8
+	ResultControlApplied      ResultKind = 9
+	ResultControlRejected     ResultKind = 10
 )
 
 func (r ResultKind) String() string {
@@ -164,19 +184,39 @@ func (r ResultKind) String() string {
 		return "not_found"
 	case ResultExpired:
 		return "expired"
+	case ResultBootstrapRecorded:
+		return "bootstrap_recorded"
+	case ResultReplacementPrepared:
+		return "replacement_prepared"
+	case ResultAdmissionAccepted:
+		return "admission_accepted"
+	case ResultControlApplied:
+		return "control_applied"
+	case ResultControlRejected:
+		return "control_rejected"
 	}
 	return fmt.Sprintf("result(%d)", uint8(r))
 }
 
-// Result is what applying one command produced.
+// Result is what applying one command produced. It is comparable.
 //
-//	Granted:       Token is the fencing token issued.
-//	GrantRejected: Token is the token the key is held with.
-//	Expired:       Existed tells whether a lock was removed.
+//	Granted:             Token is the fencing token issued.
+//	GrantRejected:       Token is the token the key is held with.
+//	Expired:             Existed tells whether a lock was removed.
+//	BootstrapRecorded:   NodeID, Incarnation of the first voter.
+//	AdmissionAccepted:   NodeID, Incarnation issued to the new learner.
+//	ReplacementPrepared: NodeID, Incarnation issued to the replacement learner.
+//	ControlApplied:      NodeID, Incarnation of the node the transition was
+//	                     about (the promoted, retired or new replacement
+//	                     node); zero for MintJoin.
+//	ControlRejected:     Reason says which invariant did not hold.
 type Result struct {
-	Kind    ResultKind
-	Token   uint64
-	Existed bool
+	Kind        ResultKind
+	Token       uint64
+	Existed     bool
+	NodeID      uint64
+	Incarnation uint64
+	Reason      ControlReason
 }
 
 func (r Result) String() string {
@@ -185,6 +225,10 @@ func (r Result) String() string {
 		return fmt.Sprintf("%s{token:%d}", r.Kind, r.Token)
 	case ResultExpired:
 		return fmt.Sprintf("expired{existed:%t}", r.Existed)
+	case ResultBootstrapRecorded, ResultReplacementPrepared, ResultAdmissionAccepted, ResultControlApplied:
+		return fmt.Sprintf("%s{node:%d,incarnation:%d}", r.Kind, r.NodeID, r.Incarnation)
+	case ResultControlRejected:
+		return fmt.Sprintf("control_rejected{reason:%s}", r.Reason)
 	}
 	return r.Kind.String()
 }

@@ -2,10 +2,24 @@
 //
 // # What it owns
 //
-// The replicated commands of SPEC §2 (Grant, Release, Expire; Control is
-// reserved for the control-plane work), their results (SPEC §3), the lock
-// table, the fencing-token counter, and the versioned binary encodings of
-// log entries and lock-table snapshots.
+// The replicated commands of SPEC §2 (Grant, Release, Expire, Control),
+// their results (SPEC §3), the lock table, the fencing-token counter, the
+// replicated control state (control.go), and the versioned binary encodings
+// of log entries, snapshots, lock records and the control record.
+//
+// # Control
+//
+// A Control command carries one ControlRequest: Bootstrap, MintJoin,
+// Admit, Promote, PrepareReplacement, CompleteReplacement,
+// AbortReplacement or Retire. The leader authenticates the caller and
+// proposes it (SPEC §4.5); Apply checks only the replicated invariants and
+// answers BootstrapRecorded, AdmissionAccepted, ReplacementPrepared,
+// ControlApplied, or ControlRejected with a stable ControlReason. A
+// rejection changes nothing. NodeIDs and incarnations come from counters
+// that only grow, every identity ever issued stays in the issued set, and
+// a retired NodeID is never a member again; Machine.CheckIdentity lets the
+// peer transport refuse a node that comes back with a retired or stale
+// identity.
 //
 // # Rules
 //
@@ -22,8 +36,9 @@
 //
 // # Hostile input
 //
-// Decoders (DecodeEntry, DecodeSnapshot, DecodeLockRecord) accept only
-// their known versions, enforce the limits in limits.go, reject trailing
+// Decoders (DecodeEntry, DecodeSnapshot, DecodeSnapshotState,
+// DecodeLockRecord, DecodeControlState) accept only their known versions
+// (snapshots: 2, and 1 from before the control state), enforce the limits in limits.go, reject trailing
 // bytes, and return *Error values with stable codes. They are fuzzed; see
 // fuzz_test.go and testdata/fuzz.
 package core

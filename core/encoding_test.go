@@ -7,7 +7,9 @@ import (
 	"fmt"
 	"hash/crc32"
 	"math"
+	"reflect"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 
@@ -28,7 +30,25 @@ func seal(body []byte) []byte {
 }
 
 func snapHeader(lastToken, count uint64) []byte {
-	return cat([]byte("TKS"), []byte{core.SnapshotVersion}, uv(lastToken), uv(count))
+	return snapHeaderV(core.SnapshotVersion, lastToken, count)
+}
+
+func snapHeaderV(version byte, lastToken, count uint64) []byte {
+	return cat([]byte("TKS"), []byte{version}, uv(lastToken), uv(count))
+}
+
+// ctl0 is the empty control section of a version 2 snapshot: flags 0, both
+// counters 0, four empty lists.
+var ctl0 = []byte{0, 0, 0, 0, 0, 0, 0}
+
+// snapshotV1 hand-encodes a version 1 snapshot, the format written before
+// the control state existed.
+func snapshotV1(lastToken uint64, locks []core.Lock) []byte {
+	b := snapHeaderV(core.SnapshotVersion1, lastToken, uint64(len(locks)))
+	for _, l := range locks {
+		b = cat(b, rawLock(l.Key, l.Token, l.Owner, l.LeaseMS, l.GrantedAtMS))
+	}
+	return seal(b)
 }
 
 func rawLock(key string, token uint64, owner string, leaseMS, grantedAtMS uint64) []byte {
@@ -126,11 +146,12 @@ func TestSnapshotGolden(t *testing.T) {
 		{Key: "a", Token: 1, Owner: "o", LeaseMS: 100},
 		{Key: "b", Token: 3, LeaseMS: 200, GrantedAtMS: 9},
 	}
-	// "TKS" | 01 version | 03 last token | 02 count
+	// "TKS" | 02 version | 03 last token | 02 count
 	// | 01 'a' 01 token 01 'o' 64 lease 100 00 granted_at
 	// | 01 'b' 03 token 00 owner c8 01 lease 200 09 granted_at
-	// | cff6cc36 crc32c
-	const golden = "544b53010302" + "016101016f6400" + "01620300c80109" + "cff6cc36"
+	// | 00 flags 00 last node 00 last incarnation 00 members 00 issued 00 retired 00 credentials
+	// | 2f473a6b crc32c
+	const golden = "544b53020302" + "016101016f6400" + "01620300c80109" + "00000000000000" + "2f473a6b"
 	want := mustHex(t, golden)
 	if got := core.EncodeSnapshot(3, locks); !bytes.Equal(got, want) {
 		t.Fatalf("EncodeSnapshot = %x, want %s", got, golden)
@@ -145,9 +166,55 @@ func TestSnapshotGolden(t *testing.T) {
 		t.Fatalf("DecodeSnapshot = %d, %+v, %v", last, got, err)
 	}
 
-	const emptyGolden = "544b53010000" + "1473047e"
+	const emptyGolden = "544b53020000" + "00000000000000" + "c80f3667"
 	if got := core.NewMachine().Snapshot(); !bytes.Equal(got, mustHex(t, emptyGolden)) {
 		t.Fatalf("empty snapshot = %x, want %s", got, emptyGolden)
+	}
+}
+
+// Version 1 snapshots, written before the control state existed, still
+// decode and restore (with an empty control state); the golden bytes are
+// the ones version 1 pinned.
+func TestSnapshotV1StillDecodes(t *testing.T) {
+	locks := []core.Lock{
+		{Key: "a", Token: 1, Owner: "o", LeaseMS: 100},
+		{Key: "b", Token: 3, LeaseMS: 200, GrantedAtMS: 9},
+	}
+	for _, tc := range []struct {
+		name  string
+		hex   string
+		last  uint64
+		locks []core.Lock
+	}{
+		{"two locks", "544b53010302" + "016101016f6400" + "01620300c80109" + "cff6cc36", 3, locks},
+		{"empty", "544b53010000" + "1473047e", 0, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			v1 := mustHex(t, tc.hex)
+			if got := snapshotV1(tc.last, tc.locks); !bytes.Equal(got, v1) {
+				t.Fatalf("snapshotV1 builder = %x, want %s", got, tc.hex)
+			}
+			last, got, err := core.DecodeSnapshot(v1)
+			if err != nil || last != tc.last || !slices.Equal(got, tc.locks) {
+				t.Fatalf("DecodeSnapshot(v1) = %d, %+v, %v", last, got, err)
+			}
+			st, err := core.DecodeSnapshotState(v1)
+			if err != nil || st.LastToken != tc.last || !slices.Equal(st.Locks, tc.locks) || !reflect.DeepEqual(st.Control, core.ControlState{}) {
+				t.Fatalf("DecodeSnapshotState(v1) = %+v, %v", st, err)
+			}
+			m := core.NewMachine()
+			if err := m.Restore(v1); err != nil {
+				t.Fatal(err)
+			}
+			// Restoring v1 gives the same state as the v2 encoding of it, and
+			// the machine writes v2 from then on.
+			if want := core.EncodeSnapshot(tc.last, tc.locks); !bytes.Equal(m.Snapshot(), want) {
+				t.Fatalf("Snapshot after restoring v1 = %x, want %x", m.Snapshot(), want)
+			}
+			if m.Bootstrapped() || len(m.Members()) != 0 {
+				t.Fatal("a v1 snapshot restored control state")
+			}
+		})
 	}
 }
 
@@ -175,9 +242,9 @@ func TestDecodeEntryRejects(t *testing.T) {
 		{"version 0", cat([]byte{0, 0, 1}, grantFields), core.CodeUnknownVersion},
 		{"version 2", cat([]byte{2, 0, 1}, grantFields), core.CodeUnknownVersion},
 		{"version 255 alone", []byte{255}, core.CodeUnknownVersion},
-		{"control kind", []byte{1, 0, byte(core.KindControl)}, core.CodeUnsupported},
-		{"control kind with payload", cat([]byte{1, 9, byte(core.KindControl)}, str("k"), uv(1)), core.CodeUnsupported},
-		{"control kind as EncodeEntry writes it", core.EncodeEntry(core.Entry{Command: core.Command{Kind: core.KindControl, Key: "k", Token: 1}}), core.CodeUnsupported},
+		{"control kind without op", []byte{1, 0, byte(core.KindControl)}, core.CodeMalformed},
+		{"control kind with a lock payload", cat([]byte{1, 9, byte(core.KindControl)}, str("k"), uv(1)), core.CodeMalformed},
+		{"control kind with op 0 as EncodeEntry writes it", core.EncodeEntry(core.Entry{Command: core.Command{Kind: core.KindControl, Key: "k", Token: 1}}), core.CodeMalformed},
 		{"kind 0", cat([]byte{1, 0, 0}, str("k"), uv(1)), core.CodeMalformed},
 		{"kind 5", cat([]byte{1, 0, 5}, str("k"), uv(1)), core.CodeMalformed},
 		{"kind 255", cat([]byte{1, 0, 255}, str("k"), uv(1)), core.CodeMalformed},
@@ -289,6 +356,22 @@ func TestSnapshotOfManyLocks(t *testing.T) {
 }
 
 func TestDecodeSnapshotRejects(t *testing.T) {
+	for _, v := range []byte{core.SnapshotVersion1, core.SnapshotVersion} {
+		t.Run("v"+strconv.Itoa(int(v)), func(t *testing.T) { testDecodeSnapshotRejects(t, v) })
+	}
+}
+
+// testDecodeSnapshotRejects runs the lock-table rejections against one
+// snapshot version. tail is what follows the locks (the control section in
+// version 2), so that every case differs from a valid snapshot only in what
+// it names.
+func testDecodeSnapshotRejects(t *testing.T, v byte) {
+	var tail []byte
+	if v == core.SnapshotVersion {
+		tail = ctl0
+	}
+	hdr := func(last, count uint64) []byte { return snapHeaderV(v, last, count) }
+	ver := []byte{'T', 'K', 'S', v}
 	a1 := rawLock("a", 1, "", lease, 0)
 	b2 := rawLock("b", 2, "", lease, 0)
 	tests := []struct {
@@ -298,39 +381,55 @@ func TestDecodeSnapshotRejects(t *testing.T) {
 	}{
 		{"empty", nil, core.CodeMalformed},
 		{"shorter than header and checksum", []byte("TKS\x01\x00\x00\x00"), core.CodeMalformed},
-		{"bad magic", seal(cat([]byte("TKX\x01"), uv(0), uv(0))), core.CodeMalformed},
-		{"lower-case magic", seal(cat([]byte("tks\x01"), uv(0), uv(0))), core.CodeMalformed},
+		{"bad magic", seal(cat([]byte("TKX"), []byte{v}, uv(0), uv(0), tail)), core.CodeMalformed},
+		{"lower-case magic", seal(cat([]byte("tks"), []byte{v}, uv(0), uv(0), tail)), core.CodeMalformed},
 		{"not a snapshot at all", core.EncodeEntry(core.Entry{Command: core.Grant("abcdef", "", lease, 0)}), core.CodeMalformed},
-		{"version 0", seal(cat([]byte("TKS\x00"), uv(0), uv(0))), core.CodeUnknownVersion},
-		{"version 2", seal(cat([]byte("TKS\x02"), uv(0), uv(0))), core.CodeUnknownVersion},
-		{"bad checksum", func() []byte { b := seal(cat(snapHeader(2, 2), a1, b2)); b[len(b)-1] ^= 0x40; return b }(), core.CodeMalformed},
-		{"checksum missing", cat(snapHeader(2, 2), a1, b2), core.CodeMalformed},
-		{"header only, no counts", seal([]byte("TKS\x01")), core.CodeMalformed},
-		{"count missing", seal(cat([]byte("TKS\x01"), uv(5))), core.CodeMalformed},
-		{"unsorted keys", seal(cat(snapHeader(2, 2), rawLock("b", 1, "", lease, 0), rawLock("a", 2, "", lease, 0))), core.CodeMalformed},
-		{"duplicate keys", seal(cat(snapHeader(2, 2), a1, rawLock("a", 2, "", lease, 0))), core.CodeMalformed},
-		{"duplicate tokens", seal(cat(snapHeader(2, 2), a1, rawLock("b", 1, "", lease, 0))), core.CodeMalformed},
-		{"token above last token", seal(cat(snapHeader(1, 2), a1, b2)), core.CodeMalformed},
-		{"token with last token 0", seal(cat(snapHeader(0, 1), a1)), core.CodeMalformed},
-		{"token 0", seal(cat(snapHeader(5, 1), rawLock("a", 0, "", lease, 0))), core.CodeMalformed},
-		{"count larger than input could hold", seal(cat(snapHeader(2, 1000), a1, b2)), core.CodeMalformed},
-		{"count above MaxSnapshotLocks", seal(cat(snapHeader(2, core.MaxSnapshotLocks+1), a1, b2)), core.CodeMalformed},
-		{"count max uint64", seal(cat(snapHeader(2, math.MaxUint64), a1, b2)), core.CodeMalformed},
-		{"count one more than present", seal(cat(snapHeader(2, 3), a1, b2)), core.CodeMalformed},
-		{"count one less than present", seal(cat(snapHeader(2, 1), a1, b2)), core.CodeMalformed},
-		{"trailing bytes before checksum", seal(cat(snapHeader(2, 2), a1, b2, []byte{0})), core.CodeMalformed},
-		{"non-canonical last token", seal(cat([]byte("TKS\x01"), []byte{0x82, 0x00}, uv(2), a1, b2)), core.CodeMalformed},
-		{"non-canonical count", seal(cat([]byte("TKS\x01"), uv(2), []byte{0x82, 0x00}, a1, b2)), core.CodeMalformed},
-		{"non-canonical lock lease", seal(cat(snapHeader(1, 1), str("a"), uv(1), str(""), []byte{0xb0, 0xea, 0x81, 0x00}, uv(0))), core.CodeMalformed},
-		{"oversize key length prefix", seal(cat(snapHeader(1, 1), uv(513), bytes.Repeat([]byte{'k'}, 513), uv(1), str(""), uv(lease), uv(0))), core.CodeMalformed},
-		{"oversize owner length prefix", seal(cat(snapHeader(1, 1), str("a"), uv(1), uv(257), bytes.Repeat([]byte{'o'}, 257), uv(lease), uv(0))), core.CodeMalformed},
-		{"truncated lock", seal(cat(snapHeader(1, 1), str("a"), uv(1))), core.CodeMalformed},
+		{"a control record", core.NewMachine().ControlSnapshot(), core.CodeMalformed},
+		{"version 0", seal(cat([]byte("TKS\x00"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
+		{"version 3", seal(cat([]byte("TKS\x03"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
+		{"version 255", seal(cat([]byte("TKS\xff"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
+		{"bad checksum", func() []byte { b := seal(cat(hdr(2, 2), a1, b2, tail)); b[len(b)-1] ^= 0x40; return b }(), core.CodeMalformed},
+		{"checksum missing", cat(hdr(2, 2), a1, b2, tail), core.CodeMalformed},
+		{"header only, no counts", seal(ver), core.CodeMalformed},
+		{"count missing", seal(cat(ver, uv(5))), core.CodeMalformed},
+		{"unsorted keys", seal(cat(hdr(2, 2), rawLock("b", 1, "", lease, 0), rawLock("a", 2, "", lease, 0), tail)), core.CodeMalformed},
+		{"duplicate keys", seal(cat(hdr(2, 2), a1, rawLock("a", 2, "", lease, 0), tail)), core.CodeMalformed},
+		{"duplicate tokens", seal(cat(hdr(2, 2), a1, rawLock("b", 1, "", lease, 0), tail)), core.CodeMalformed},
+		{"token above last token", seal(cat(hdr(1, 2), a1, b2, tail)), core.CodeMalformed},
+		{"token with last token 0", seal(cat(hdr(0, 1), a1, tail)), core.CodeMalformed},
+		{"token 0", seal(cat(hdr(5, 1), rawLock("a", 0, "", lease, 0), tail)), core.CodeMalformed},
+		{"count larger than input could hold", seal(cat(hdr(2, 1000), a1, b2, tail)), core.CodeMalformed},
+		{"count above MaxSnapshotLocks", seal(cat(hdr(2, core.MaxSnapshotLocks+1), a1, b2, tail)), core.CodeMalformed},
+		{"count max uint64", seal(cat(hdr(2, math.MaxUint64), a1, b2, tail)), core.CodeMalformed},
+		// In version 2 the empty control section parses as a lock with an
+		// empty key.
+		{"count one more than present", seal(cat(hdr(2, 3), a1, b2, tail)), map[bool]core.Code{false: core.CodeMalformed, true: core.CodeInvalidArgument}[v == core.SnapshotVersion]},
+		{"count one less than present", seal(cat(hdr(2, 1), a1, b2, tail)), core.CodeMalformed},
+		{"trailing bytes before checksum", seal(cat(hdr(2, 2), a1, b2, tail, []byte{0})), core.CodeMalformed},
+		{"non-canonical last token", seal(cat(ver, []byte{0x82, 0x00}, uv(2), a1, b2, tail)), core.CodeMalformed},
+		{"non-canonical count", seal(cat(ver, uv(2), []byte{0x82, 0x00}, a1, b2, tail)), core.CodeMalformed},
+		{"non-canonical lock lease", seal(cat(hdr(1, 1), str("a"), uv(1), str(""), []byte{0xb0, 0xea, 0x81, 0x00}, uv(0), tail)), core.CodeMalformed},
+		{"oversize key length prefix", seal(cat(hdr(1, 1), uv(513), bytes.Repeat([]byte{'k'}, 513), uv(1), str(""), uv(lease), uv(0), tail)), core.CodeMalformed},
+		{"oversize owner length prefix", seal(cat(hdr(1, 1), str("a"), uv(1), uv(257), bytes.Repeat([]byte{'o'}, 257), uv(lease), uv(0), tail)), core.CodeMalformed},
+		{"truncated lock", seal(cat(hdr(1, 1), str("a"), uv(1))), core.CodeMalformed},
 		// Structurally fine, but a lock fails field validation.
-		{"empty key", seal(cat(snapHeader(1, 1), rawLock("", 1, "", lease, 0))), core.CodeInvalidArgument},
-		{"invalid UTF-8 key", seal(cat(snapHeader(1, 1), rawLock("\xff", 1, "", lease, 0))), core.CodeInvalidArgument},
-		{"invalid UTF-8 owner", seal(cat(snapHeader(1, 1), rawLock("a", 1, "\xff", lease, 0))), core.CodeInvalidArgument},
-		{"lease 0", seal(cat(snapHeader(1, 1), rawLock("a", 1, "", 0, 0))), core.CodeInvalidArgument},
-		{"lease above 24h", seal(cat(snapHeader(1, 1), rawLock("a", 1, "", core.MaxLeaseMS+1, 0))), core.CodeInvalidArgument},
+		{"empty key", seal(cat(hdr(1, 1), rawLock("", 1, "", lease, 0), tail)), core.CodeInvalidArgument},
+		{"invalid UTF-8 key", seal(cat(hdr(1, 1), rawLock("\xff", 1, "", lease, 0), tail)), core.CodeInvalidArgument},
+		{"invalid UTF-8 owner", seal(cat(hdr(1, 1), rawLock("a", 1, "\xff", lease, 0), tail)), core.CodeInvalidArgument},
+		{"lease 0", seal(cat(hdr(1, 1), rawLock("a", 1, "", 0, 0), tail)), core.CodeInvalidArgument},
+		{"lease above 24h", seal(cat(hdr(1, 1), rawLock("a", 1, "", core.MaxLeaseMS+1, 0), tail)), core.CodeInvalidArgument},
+	}
+	if v == core.SnapshotVersion {
+		tests = append(tests, []struct {
+			name string
+			in   []byte
+			code core.Code
+		}{
+			{"control section missing", seal(cat(hdr(2, 2), a1, b2)), core.CodeMalformed},
+			{"control section truncated", seal(cat(hdr(2, 2), a1, b2, ctl0[:6])), core.CodeMalformed},
+			{"control flags unknown bit", seal(cat(hdr(2, 2), a1, b2, []byte{4}, ctl0[1:])), core.CodeMalformed},
+			{"control counters without bootstrap", seal(cat(hdr(2, 2), a1, b2, []byte{0, 1, 1}, ctl0[3:])), core.CodeMalformed},
+		}...)
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -339,32 +438,64 @@ func TestDecodeSnapshotRejects(t *testing.T) {
 			if last != 0 || locks != nil {
 				t.Fatalf("failed decode returned data: %d %+v", last, locks)
 			}
+			st, err := core.DecodeSnapshotState(tc.in)
+			wantCode(t, err, tc.code)
+			if !reflect.DeepEqual(st, core.SnapshotState{}) {
+				t.Fatalf("failed decode returned data: %+v", st)
+			}
 		})
 	}
-	// The hand builders agree with the encoder, so the cases above differ
+	// The hand builders agree with the encoders, so the cases above differ
 	// from a valid snapshot only in what they name.
-	if got, want := seal(cat(snapHeader(2, 2), a1, b2)), core.EncodeSnapshot(2, []core.Lock{lk("a", 1), lk("b", 2)}); !bytes.Equal(got, want) {
-		t.Fatalf("builders disagree with EncodeSnapshot: %x vs %x", got, want)
+	valid := seal(cat(hdr(2, 2), a1, b2, tail))
+	if v == core.SnapshotVersion1 {
+		if want := snapshotV1(2, []core.Lock{lk("a", 1), lk("b", 2)}); !bytes.Equal(valid, want) {
+			t.Fatalf("builders disagree with snapshotV1: %x vs %x", valid, want)
+		}
+	} else if want := core.EncodeSnapshot(2, []core.Lock{lk("a", 1), lk("b", 2)}); !bytes.Equal(valid, want) {
+		t.Fatalf("builders disagree with EncodeSnapshot: %x vs %x", valid, want)
+	}
+	if _, _, err := core.DecodeSnapshot(valid); err != nil {
+		t.Fatalf("the valid base case does not decode: %v", err)
+	}
+}
+
+// truncationSnapshots are the snapshots the truncation and bit-flip tests
+// cut and corrupt: version 1, version 2 without and with control state.
+func truncationSnapshots(t *testing.T) map[string][]byte {
+	locks := []core.Lock{lk("a", 1), {Key: "bb", Token: 9, Owner: "me", LeaseMS: 1000, GrantedAtMS: 1 << 40}}
+	m := core.NewMachine()
+	m.Load(9, locks)
+	lifecycle(t, m)
+	return map[string][]byte{
+		"v1":              snapshotV1(9, locks),
+		"v2":              core.EncodeSnapshot(9, locks),
+		"v2 with control": m.Snapshot(),
 	}
 }
 
 func TestDecodeSnapshotTruncated(t *testing.T) {
-	b := core.EncodeSnapshot(9, []core.Lock{lk("a", 1), {Key: "bb", Token: 9, Owner: "me", LeaseMS: 1000, GrantedAtMS: 1 << 40}})
-	for n := range len(b) {
-		_, _, err := core.DecodeSnapshot(b[:n])
-		wantCode(t, err, core.CodeMalformed)
+	for name, b := range truncationSnapshots(t) {
+		for n := range len(b) {
+			_, _, err := core.DecodeSnapshot(b[:n])
+			if err == nil {
+				t.Fatalf("%s truncated to %d of %d bytes decoded", name, n, len(b))
+			}
+			wantCode(t, err, core.CodeMalformed)
+		}
 	}
 }
 
 // CRC-32C detects every single-bit error, so no one-bit corruption of a
 // snapshot may decode.
 func TestDecodeSnapshotBitFlips(t *testing.T) {
-	b := core.EncodeSnapshot(9, []core.Lock{lk("a", 1), {Key: "bb", Token: 9, Owner: "me", LeaseMS: 1000, GrantedAtMS: 1 << 40}})
-	for i := range len(b) * 8 {
-		c := slices.Clone(b)
-		c[i/8] ^= 1 << (i % 8)
-		if _, _, err := core.DecodeSnapshot(c); err == nil {
-			t.Fatalf("snapshot with bit %d flipped decoded", i)
+	for name, b := range truncationSnapshots(t) {
+		for i := range len(b) * 8 {
+			c := slices.Clone(b)
+			c[i/8] ^= 1 << (i % 8)
+			if _, _, err := core.DecodeSnapshot(c); err == nil {
+				t.Fatalf("%s with bit %d flipped decoded", name, i)
+			}
 		}
 	}
 }

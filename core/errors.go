@@ -15,6 +15,11 @@ const (
 	CodeMalformed       Code = "malformed"
 	CodeUnknownVersion  Code = "unknown_version"
 	CodeUnsupported     Code = "unsupported"
+
+	// Identity codes returned by Machine.CheckIdentity.
+	CodeNodeRetired      Code = "node_retired"
+	CodeStaleIncarnation Code = "stale_incarnation"
+	CodeUnknownNode      Code = "unknown_node"
 )
 
 // Error is a typed rejection with a stable code.
@@ -41,6 +46,10 @@ var (
 	ErrMalformed       = &Error{Code: CodeMalformed}
 	ErrUnknownVersion  = &Error{Code: CodeUnknownVersion}
 	ErrUnsupported     = &Error{Code: CodeUnsupported}
+
+	ErrNodeRetired      = &Error{Code: CodeNodeRetired}
+	ErrStaleIncarnation = &Error{Code: CodeStaleIncarnation}
+	ErrUnknownNode      = &Error{Code: CodeUnknownNode}
 )
 
 func invalidf(format string, args ...any) error {

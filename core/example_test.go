@@ -1,6 +1,7 @@
 package core_test
 
 import (
+	"crypto/sha256"
 	"fmt"
 
 	"github.com/ticketd/ticketd/core"
@@ -43,6 +44,45 @@ func ExampleDecodeEntry() {
 	_, err = core.DecodeEntry(b[:len(b)-1])
 	fmt.Println(err)
 	// Output:
-	// 010702066f726465727302 {Kind:release Key:orders Owner: LeaseMS:0 GrantedAtMS:0 Token:2} <nil>
+	// 010702066f726465727302 {Kind:release Key:orders Owner: LeaseMS:0 GrantedAtMS:0 Token:2 Control:none} <nil>
 	// core: malformed: bad varint
+}
+
+// Control commands change membership. The credentials themselves never
+// enter the log, only their SHA-256; every rejection is a result that
+// changes nothing.
+func ExampleMachine_Apply_control() {
+	bootCred := sha256.Sum256([]byte("bootstrap secret"))
+	joinCred := sha256.Sum256([]byte("join secret"))
+	m := core.NewMachine()
+	for _, c := range []core.Command{
+		core.Bootstrap(bootCred, "10.0.0.1:7000"),
+		core.Bootstrap(bootCred, "10.0.0.1:7000"), // one-shot
+		core.MintJoin(joinCred),
+		core.Admit(joinCred, "10.0.0.2:7000"),
+		core.Admit(joinCred, "10.0.0.3:7000"), // consumed
+		core.Promote(2, 2),
+		core.PrepareReplacement(1, "10.0.0.4:7000"),
+		core.CompleteReplacement(1, 3, 3),
+		core.Promote(1, 1), // retired for good
+	} {
+		fmt.Printf("%-20s -> %v\n", c.Control.Op, m.Apply(c))
+	}
+	for _, mem := range m.Members() {
+		fmt.Printf("member %d/%d %s %s\n", mem.NodeID, mem.Incarnation, mem.Role, mem.Address)
+	}
+	fmt.Println(m.CheckIdentity(1, 1))
+	// Output:
+	// bootstrap            -> bootstrap_recorded{node:1,incarnation:1}
+	// bootstrap            -> control_rejected{reason:already_bootstrapped}
+	// mint_join            -> control_applied{node:0,incarnation:0}
+	// admit                -> admission_accepted{node:2,incarnation:2}
+	// admit                -> control_rejected{reason:credential_reused}
+	// promote              -> control_applied{node:2,incarnation:2}
+	// prepare_replacement  -> replacement_prepared{node:3,incarnation:3}
+	// complete_replacement -> control_applied{node:3,incarnation:3}
+	// promote              -> control_rejected{reason:node_retired}
+	// member 2/2 voter 10.0.0.2:7000
+	// member 3/3 voter 10.0.0.4:7000
+	// core: node_retired: node 1 was retired
 }

@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"errors"
 	"math"
+	"reflect"
 	"slices"
 	"testing"
 
@@ -35,9 +36,10 @@ func checkDecodeError(t *testing.T, err error) {
 }
 
 func FuzzDecodeEntry(f *testing.F) {
-	for _, e := range sampleEntries() {
+	for _, e := range append(sampleEntries(), sampleControlEntries()...) {
 		f.Add(core.EncodeEntry(e))
 	}
+	grown := grownMachine(f).Snapshot()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := core.DecodeEntry(b)
 		if err != nil {
@@ -55,9 +57,37 @@ func FuzzDecodeEntry(f *testing.F) {
 		}
 		// A decoded command always has an effect on a fresh machine.
 		want := map[core.Kind]core.Result{core.KindGrant: granted(1), core.KindRelease: notFound, core.KindExpire: expiredFalse}[e.Command.Kind]
+		if e.Command.Kind == core.KindControl {
+			want = map[core.ControlOp]core.Result{
+				core.ControlBootstrap:           bootstrapRecorded(1, 1),
+				core.ControlMintJoin:            controlRejected(core.ReasonNotBootstrapped),
+				core.ControlAdmit:               controlRejected(core.ReasonCredentialUnknown),
+				core.ControlPromote:             controlRejected(core.ReasonUnknownNode),
+				core.ControlPrepareReplacement:  controlRejected(core.ReasonUnknownNode),
+				core.ControlCompleteReplacement: controlRejected(core.ReasonNoReplacement),
+				core.ControlAbortReplacement:    controlRejected(core.ReasonNoReplacement),
+				core.ControlRetire:              controlRejected(core.ReasonUnknownNode),
+			}[e.Command.Control.Op]
+		}
 		if got := core.NewMachine().Apply(e.Command); got != want {
 			t.Fatalf("Apply(%+v) on a fresh machine = %v, want %v", e.Command, got, want)
 		}
+		if e.Command.Kind != core.KindControl {
+			return
+		}
+		// On a machine with every kind of control state, a rejection
+		// changes nothing and anything else changes something, and the
+		// state stays valid.
+		m := core.NewMachine()
+		if err := m.Restore(grown); err != nil {
+			t.Fatal(err)
+		}
+		before := m.Digest()
+		got := m.Apply(e.Command)
+		if changed := m.Digest() != before; changed == (got.Kind == core.ResultControlRejected) {
+			t.Fatalf("Apply(%v) = %v, state changed: %t", e.Command.Control, got, changed)
+		}
+		checkControlInvariants(t, m)
 	})
 }
 
@@ -66,6 +96,9 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		core.NewMachine().Snapshot(),
 		core.EncodeSnapshot(3, []core.Lock{{Key: "a", Token: 1, Owner: "o", LeaseMS: 100}, {Key: "b", Token: 3, LeaseMS: 200, GrantedAtMS: 9}}),
 		core.EncodeSnapshot(math.MaxUint64, []core.Lock{{Key: "잠금", Token: math.MaxUint64, Owner: "소유자", LeaseMS: core.MaxLeaseMS, GrantedAtMS: math.MaxUint64}}),
+		snapshotV1(3, []core.Lock{{Key: "a", Token: 1, Owner: "o", LeaseMS: 100}}),
+		grownMachine(f).Snapshot(),
+		func() []byte { m := core.NewMachine(); lifecycle(f, m); return m.Snapshot() }(),
 	} {
 		f.Add(snap)
 		f.Add(snap[:len(snap)-4]) // a body, for the sealed check below
@@ -81,16 +114,29 @@ func FuzzDecodeSnapshot(f *testing.F) {
 // checkSnapshot is FuzzDecodeSnapshot's property for one input.
 func checkSnapshot(t *testing.T, b []byte) {
 	t.Helper()
-	last, locks, err := core.DecodeSnapshot(b)
+	st, err := core.DecodeSnapshotState(b)
+	last, locks, err2 := core.DecodeSnapshot(b)
+	if (err == nil) != (err2 == nil) || last != st.LastToken || !slices.Equal(locks, st.Locks) {
+		t.Fatalf("DecodeSnapshot and DecodeSnapshotState disagree: %v, %v", err2, err)
+	}
 	if err != nil {
 		checkDecodeError(t, err)
-		if last != 0 || locks != nil {
-			t.Fatalf("failed decode returned %d %+v", last, locks)
+		if !reflect.DeepEqual(st, core.SnapshotState{}) || last != 0 || locks != nil {
+			t.Fatalf("failed decode returned %+v", st)
 		}
 		return
 	}
-	if re := core.EncodeSnapshot(last, locks); !bytes.Equal(re, b) {
-		t.Fatalf("not canonical: %x re-encodes to %x", b, re)
+	// Canonical: version 1 re-encodes as version 1, version 2 as itself.
+	v2 := core.EncodeSnapshotState(st)
+	if b[3] == core.SnapshotVersion1 {
+		if re := snapshotV1(last, locks); !bytes.Equal(re, b) {
+			t.Fatalf("not canonical: %x re-encodes (v1) to %x", b, re)
+		}
+		if !reflect.DeepEqual(st.Control, core.ControlState{}) {
+			t.Fatal("a v1 snapshot has control state")
+		}
+	} else if !bytes.Equal(v2, b) {
+		t.Fatalf("not canonical: %x re-encodes to %x", b, v2)
 	}
 	tokens := map[uint64]bool{}
 	for i, l := range locks {
@@ -110,9 +156,10 @@ func checkSnapshot(t *testing.T, b []byte) {
 	if err := m.Restore(b); err != nil {
 		t.Fatalf("Restore of a decodable snapshot: %v", err)
 	}
-	if !bytes.Equal(m.Snapshot(), b) || m.LastToken() != last || !slices.Equal(m.Locks(), locks) {
+	if !bytes.Equal(m.Snapshot(), v2) || m.LastToken() != last || !slices.Equal(m.Locks(), locks) || !reflect.DeepEqual(m.ControlState(), st.Control) {
 		t.Fatal("restored machine does not reproduce the snapshot")
 	}
+	checkControlInvariants(t, m)
 	// The next grant never reuses a token.
 	key := "\x01fuzz"
 	for _, held := m.Get(key); held; _, held = m.Get(key) {
@@ -124,6 +171,96 @@ func checkSnapshot(t *testing.T, b []byte) {
 		t.Fatalf("grant with an exhausted counter = %v", r)
 	case last < math.MaxUint64 && r != granted(last+1):
 		t.Fatalf("grant after restore = %v, want token %d", r, last+1)
+	}
+}
+
+func FuzzDecodeControlState(f *testing.F) {
+	for _, rec := range [][]byte{
+		core.NewMachine().ControlSnapshot(),
+		func() []byte { m := core.NewMachine(); mustApply(f, m, bootstrapped...); return m.ControlSnapshot() }(),
+		func() []byte { m := core.NewMachine(); lifecycle(f, m); return m.ControlSnapshot() }(),
+		func() []byte {
+			m := core.NewMachine()
+			mustApply(f, m, clusterReplacing...)
+			return m.ControlSnapshot()
+		}(),
+		grownMachine(f).ControlSnapshot(),
+	} {
+		f.Add(rec)
+		f.Add(rec[:len(rec)-4]) // a body, for the sealed check below
+	}
+	f.Fuzz(func(t *testing.T, b []byte) {
+		checkControlRecord(t, b)
+		checkControlRecord(t, seal(b))
+	})
+}
+
+// checkControlRecord is FuzzDecodeControlState's property for one input:
+// a decodable record is canonical, loads, and stays valid under every
+// transition Apply can make from it.
+func checkControlRecord(t *testing.T, b []byte) {
+	t.Helper()
+	cs, err := core.DecodeControlState(b)
+	if err != nil {
+		checkDecodeError(t, err)
+		if !reflect.DeepEqual(cs, core.ControlState{}) {
+			t.Fatalf("failed decode returned %+v", cs)
+		}
+		return
+	}
+	if re := core.EncodeControlState(cs); !bytes.Equal(re, b) {
+		t.Fatalf("not canonical: %x re-encodes to %x", b, re)
+	}
+	m := core.NewMachine()
+	if err := m.LoadControl(b); err != nil {
+		t.Fatalf("LoadControl of a decodable record: %v", err)
+	}
+	if !bytes.Equal(m.ControlSnapshot(), b) || !reflect.DeepEqual(m.ControlState(), cs) {
+		t.Fatal("loaded machine does not reproduce the record")
+	}
+	checkControlInvariants(t, m)
+	// The same state travels in a snapshot.
+	snap := m.Snapshot()
+	if st, err := core.DecodeSnapshotState(snap); err != nil || !reflect.DeepEqual(st.Control, cs) {
+		t.Fatalf("snapshot of a loaded record: %+v, %v", st, err)
+	}
+	// Try a bounded set of transitions, each on a fresh copy.
+	var cmds []core.Command
+	h := [32]byte{0: 0xfe, 31: 0xed}
+	cmds = append(cmds, core.Bootstrap(h, "z:1"), core.MintJoin(h), core.MintJoin(cs.BootstrapHash))
+	for i, jc := range cs.JoinCredentials {
+		if i == 4 {
+			break
+		}
+		cmds = append(cmds, core.Admit(jc.Hash, "z:2"), core.MintJoin(jc.Hash))
+	}
+	for i, mem := range cs.Members {
+		if i == 4 {
+			break
+		}
+		cmds = append(cmds, core.Promote(mem.NodeID, mem.Incarnation), core.Retire(mem.NodeID, mem.Incarnation),
+			core.PrepareReplacement(mem.NodeID, mem.Address), core.PrepareReplacement(mem.NodeID, "z:3"))
+		if len(cs.Members) > 0 {
+			cmds = append(cmds, core.Admit(h, mem.Address))
+		}
+	}
+	if p := cs.Pending; p != nil {
+		cmds = append(cmds, core.CompleteReplacement(p.Old, p.New, p.NewIncarnation), core.AbortReplacement(p.Old, p.New, p.NewIncarnation))
+	}
+	for _, c := range cmds {
+		if c.Validate() != nil {
+			continue
+		}
+		x := core.NewMachine()
+		if err := x.LoadControl(b); err != nil {
+			t.Fatal(err)
+		}
+		before := x.Digest()
+		got := x.Apply(c)
+		if changed := x.Digest() != before; changed == (got.Kind == core.ResultControlRejected) {
+			t.Fatalf("Apply(%v) = %v, state changed: %t", c.Control, got, changed)
+		}
+		checkControlInvariants(t, x)
 	}
 }
 
@@ -161,6 +298,8 @@ func FuzzDecodeLockRecord(f *testing.F) {
 //	             5 raw command of kind arg%6 (often invalid);
 //	             6 release, 7 expire with the current holder's token
 //	op bits 4-5: key index
+//	op bits 6-7 both set: a control command instead, op bits 0-2 choosing
+//	             the op and arg its fields (see fuzzControl)
 //
 // A first byte >= 0xf0 starts the counter just below the end of the token
 // space.
@@ -168,6 +307,10 @@ func FuzzApplySequence(f *testing.F) {
 	f.Add([]byte{0x00, 0x01, 0x06, 0x00, 0x00, 0x01})
 	f.Add([]byte{0x00, 0x00, 0x10, 0x00, 0x04, 0x00, 0x03, 0x01, 0x00, 0x00, 0x03, 0x01})
 	f.Add([]byte{0xf2, 0x00, 0x00, 0x10, 0x00, 0x20, 0x00, 0x30, 0x00})
+	// bootstrap, mint, admit, promote, grant, prepare, checkpoint, complete
+	f.Add([]byte{0xc0, 0x00, 0xc1, 0x01, 0xc2, 0x05, 0xc3, 0x02, 0x00, 0x00, 0xc4, 0x09, 0x04, 0x01, 0xc5, 0x00})
+	// bootstrap, mint, admit, prepare, checkpoint, abort, retire twice
+	f.Add([]byte{0xc0, 0x00, 0xc1, 0x02, 0xc2, 0x06, 0xc4, 0x01, 0x04, 0x00, 0xc6, 0x00, 0xc7, 0x02, 0xc7, 0x02})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		keys := [...]string{"a", "b", "잠금", "lock/1"}
 		direct, viaLog, viaSnap := core.NewMachine(), core.NewMachine(), core.NewMachine()
@@ -182,27 +325,31 @@ func FuzzApplySequence(f *testing.F) {
 			op, arg := data[i], data[i+1]
 			key := keys[op>>4&3]
 			var c core.Command
-			switch op & 7 {
-			case 0, 1:
-				c = core.Grant(key, string(rune('a'+arg%3)), core.MinLeaseMS+uint64(arg), uint64(arg))
-			case 2:
-				c = core.Release(key, uint64(arg))
-			case 3:
-				c = core.Expire(key, uint64(arg))
-			case 4:
-				if arg&1 == 0 {
-					viaSnap = snapshotRestore(t, viaSnap, arg&2 == 0)
-				} else {
-					viaSnap = rebuildFromRecords(t, nil, viaSnap)
-				}
-				continue
-			case 5:
-				c = core.Command{Kind: core.Kind(arg % 6), Key: key, Token: uint64(arg >> 4), LeaseMS: uint64(arg&8) * 100}
-			case 6, 7:
-				l, _ := direct.Get(key)
-				c = core.Release(key, l.Token)
-				if op&7 == 7 {
-					c = core.Expire(key, l.Token)
+			if op>>6 == 3 {
+				c = fuzzControl(direct, op&7, arg)
+			} else {
+				switch op & 7 {
+				case 0, 1:
+					c = core.Grant(key, string(rune('a'+arg%3)), core.MinLeaseMS+uint64(arg), uint64(arg))
+				case 2:
+					c = core.Release(key, uint64(arg))
+				case 3:
+					c = core.Expire(key, uint64(arg))
+				case 4:
+					if arg&1 == 0 {
+						viaSnap = snapshotRestore(t, viaSnap, arg&2 == 0)
+					} else {
+						viaSnap = rebuildFromRecords(t, nil, viaSnap)
+					}
+					continue
+				case 5:
+					c = core.Command{Kind: core.Kind(arg % 6), Key: key, Token: uint64(arg >> 4), LeaseMS: uint64(arg&8) * 100}
+				case 6, 7:
+					l, _ := direct.Get(key)
+					c = core.Release(key, l.Token)
+					if op&7 == 7 {
+						c = core.Expire(key, l.Token)
+					}
 				}
 			}
 			lastBefore := direct.LastToken()
@@ -223,4 +370,41 @@ func FuzzApplySequence(f *testing.F) {
 			t.Fatalf("replicas diverged:\n%x\n%x\n%x", direct.Snapshot(), viaLog.Snapshot(), viaSnap.Snapshot())
 		}
 	})
+}
+
+// fuzzControl builds FuzzApplySequence's control command: op 0-7 is
+// bootstrap, mint_join, admit, promote, prepare_replacement,
+// complete_replacement, abort_replacement, retire. arg bits 0-1 pick the
+// credential, bits 2-3 the address, bits 0-2 the node id; bit 3 set takes
+// the incarnation from bits 4-6 instead of the member's. Complete and abort
+// name the pending replacement unless bit 7 is set.
+func fuzzControl(m *core.Machine, op, arg byte) core.Command {
+	h, a := cred(int(arg&3)), addr(1+int(arg>>2&3))
+	id := uint64(arg & 7)
+	inc := uint64(arg >> 4 & 7)
+	if mem, ok := m.Member(id); ok && arg&8 == 0 {
+		inc = mem.Incarnation
+	}
+	switch op {
+	case 0:
+		return core.Bootstrap(h, a)
+	case 1:
+		return core.MintJoin(h)
+	case 2:
+		return core.Admit(h, a)
+	case 3:
+		return core.Promote(id, inc)
+	case 4:
+		return core.PrepareReplacement(id, a)
+	case 5, 6:
+		build := core.CompleteReplacement
+		if op == 6 {
+			build = core.AbortReplacement
+		}
+		if p, ok := m.PendingReplacement(); ok && arg&0x80 == 0 {
+			return build(p.Old, p.New, p.NewIncarnation)
+		}
+		return build(id, uint64(arg>>4&7), inc)
+	}
+	return core.Retire(id, inc)
 }

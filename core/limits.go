@@ -22,6 +22,22 @@ const (
 	MaxSnapshotLocks = 1 << 24
 )
 
+// Limits on the replicated control state (SPEC §2 Control). Apply enforces
+// the same bounds as the decoders, so every state Apply can reach is one a
+// snapshot or control record can carry.
+const (
+	// MaxAddressLen is the longest member address (host:port) in bytes.
+	MaxAddressLen = 256
+	// MaxControlNodes bounds the number of NodeIDs ever issued, and with it
+	// the member, issued and retired sets. An Admit or PrepareReplacement
+	// beyond it is rejected with ReasonLimitReached.
+	MaxControlNodes = 1 << 16
+	// MaxJoinCredentials bounds the number of join credentials ever minted
+	// (consumed ones are remembered so that they can never be reused). A
+	// MintJoin beyond it is rejected with ReasonLimitReached.
+	MaxJoinCredentials = 1 << 16
+)
+
 // MinLeaseMS and MaxLeaseMS are MinLease and MaxLease in milliseconds, the
 // unit carried in commands.
 const (

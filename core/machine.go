@@ -15,12 +15,14 @@ type Lock struct {
 	GrantedAtMS uint64
 }
 
-// Machine is the lock table and token counter. The zero value is an empty
-// table whose first token will be 1. Machine is not safe for concurrent
-// use; its owner (raftstore) serialises access.
+// Machine is the lock table, the token counter and the control state
+// (control.go). The zero value is an empty table whose first token will be
+// 1, not yet bootstrapped. Machine is not safe for concurrent use; its
+// owner (raftstore) serialises access.
 type Machine struct {
 	locks     map[string]Lock
 	lastToken uint64
+	ctl       control
 }
 
 // NewMachine returns an empty machine.
@@ -31,9 +33,14 @@ func NewMachine() *Machine { return &Machine{locks: make(map[string]Lock)} }
 // Commands that do not pass Validate yield Noop, so a replica that somehow
 // sees one still stays identical to the others. A Grant after token
 // math.MaxUint64 has been issued also yields Noop: tokens never wrap.
+// A valid control command yields one of the control results; a rejected
+// one (ControlRejected) changes nothing.
 func (m *Machine) Apply(c Command) Result {
-	if c.Validate() != nil {
+	if c.validate() != nil {
 		return Result{Kind: ResultNoop}
+	}
+	if c.Kind == KindControl {
+		return m.applyControl(c.Control)
 	}
 	if m.locks == nil {
 		m.locks = make(map[string]Lock)
@@ -91,32 +98,53 @@ func (m *Machine) Locks() []Lock {
 	return out
 }
 
-// Snapshot encodes the whole table in the versioned snapshot format. Equal
-// states give equal bytes.
-func (m *Machine) Snapshot() []byte { return EncodeSnapshot(m.lastToken, m.Locks()) }
+// Snapshot encodes the whole state (lock table, counter, control state) in
+// the versioned snapshot format. Equal states give equal bytes.
+func (m *Machine) Snapshot() []byte {
+	return EncodeSnapshotState(SnapshotState{LastToken: m.lastToken, Locks: m.Locks(), Control: m.ctl.state()})
+}
 
 // Digest is the SHA-256 of Snapshot: equal on two replicas exactly when
-// their tables and counters are equal.
+// their tables, counters and control states are equal.
 func (m *Machine) Digest() [32]byte { return sha256.Sum256(m.Snapshot()) }
 
-// Restore replaces the whole state with a decoded snapshot. On error the
-// machine is unchanged.
+// Restore replaces the whole state with a decoded snapshot. A version 1
+// snapshot restores an empty control state. On error the machine is
+// unchanged.
 func (m *Machine) Restore(snapshot []byte) error {
-	last, locks, err := DecodeSnapshot(snapshot)
+	s, err := DecodeSnapshotState(snapshot)
 	if err != nil {
 		return err
 	}
-	m.Load(last, locks)
+	m.Load(s.LastToken, s.Locks)
+	m.ctl = newControl(s.Control)
 	return nil
 }
 
-// Load replaces the whole state with the given counter and locks, as read
-// back from storage. The caller guarantees the locks are valid (they came
-// through a decoder).
+// Load replaces the lock table and token counter with the given ones, as
+// read back from storage. The caller guarantees the locks are valid (they
+// came through a decoder). The control state, which storage keeps in its
+// own row, is left alone: LoadControl replaces it.
 func (m *Machine) Load(lastToken uint64, locks []Lock) {
 	m.lastToken = lastToken
 	m.locks = make(map[string]Lock, len(locks))
 	for _, l := range locks {
 		m.locks[l.Key] = l
 	}
+}
+
+// ControlSnapshot encodes the control state as a control record
+// (EncodeControlState), for storage to persist in its own row in the same
+// batch as the applied index. Equal states give equal bytes.
+func (m *Machine) ControlSnapshot() []byte { return EncodeControlState(m.ctl.state()) }
+
+// LoadControl replaces the control state with a decoded control record (as
+// written from ControlSnapshot). On error the machine is unchanged.
+func (m *Machine) LoadControl(record []byte) error {
+	cs, err := DecodeControlState(record)
+	if err != nil {
+		return err
+	}
+	m.ctl = newControl(cs)
+	return nil
 }

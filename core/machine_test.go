@@ -339,6 +339,9 @@ func invalidCommands() map[string]core.Command {
 		"expire 513-byte key":       core.Expire(strings.Repeat("k", 513), 1),
 		"expire carrying a time":    {Kind: core.KindExpire, Key: "a", Token: 1, GrantedAtMS: 5},
 		"control kind":              {Kind: core.KindControl, Key: "a"},
+		"control without op":        {Kind: core.KindControl},
+		"grant carrying control":    {Kind: core.KindGrant, Key: "a", LeaseMS: lease, Control: core.ControlRequest{Op: core.ControlMintJoin, CredentialHash: [32]byte{1}}},
+		"expire carrying control":   {Kind: core.KindExpire, Key: "a", Token: 1, Control: core.ControlRequest{NodeID: 1}},
 		"kind zero":                 {Kind: 0, Key: "a", Token: 1},
 		"unknown kind 9":            {Kind: 9, Key: "a", Token: 1},
 	}
@@ -398,7 +401,10 @@ func TestValidate(t *testing.T) {
 		{"zero token on expire", core.Expire("a", 0), core.CodeInvalidArgument},
 		{"owner on expire", core.Command{Kind: core.KindExpire, Key: "a", Token: 1, Owner: "o"}, core.CodeInvalidArgument},
 		{"unknown kind", core.Command{Kind: 200, Key: "a"}, core.CodeInvalidArgument},
-		{"control kind", core.Command{Kind: core.KindControl, Key: "a"}, core.CodeUnsupported},
+		{"control kind carrying a key", core.Command{Kind: core.KindControl, Key: "a"}, core.CodeInvalidArgument},
+		{"control kind without op", core.Command{Kind: core.KindControl}, core.CodeInvalidArgument},
+		{"grant carrying a control request", core.Command{Kind: core.KindGrant, Key: "a", LeaseMS: lease, Control: core.ControlRequest{Op: core.ControlPromote, NodeID: 1, Incarnation: 1}}, core.CodeInvalidArgument},
+		{"release carrying a control op only", core.Command{Kind: core.KindRelease, Key: "a", Token: 1, Control: core.ControlRequest{Op: core.ControlBootstrap}}, core.CodeInvalidArgument},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {

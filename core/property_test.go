@@ -2,6 +2,8 @@ package core_test
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"os"
@@ -44,6 +46,9 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 	if !valid {
 		return noop
 	}
+	if c.Kind == core.KindControl {
+		panic("model: control command")
+	}
 	tok, ok := m.held[c.Key]
 	switch c.Kind {
 	case core.KindGrant:
@@ -72,13 +77,216 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 	panic("model: unexpected kind " + c.Kind.String())
 }
 
+// ctlModel is an independent reference implementation of the control
+// transitions (SPEC §2 Control), kept as plain as possible.
+type ctlModel struct {
+	bootstrapped bool
+	boot         [32]byte
+	lastID       uint64
+	lastInc      uint64
+	members      map[uint64]core.Member
+	retired      map[uint64]uint64
+	creds        map[[32]byte]bool // minted hashes; true once consumed
+	pending      *core.Replacement
+}
+
+func newCtlModel() *ctlModel {
+	return &ctlModel{members: map[uint64]core.Member{}, retired: map[uint64]uint64{}, creds: map[[32]byte]bool{}}
+}
+
+func (m *ctlModel) reject(r core.ControlReason) core.Result {
+	return core.Result{Kind: core.ResultControlRejected, Reason: r}
+}
+
+// lookup is the shared "which member" rule: current with that incarnation,
+// or why not.
+func (m *ctlModel) lookup(id, inc uint64, anyInc bool) (core.Member, core.ControlReason) {
+	if mem, ok := m.members[id]; ok {
+		if anyInc || mem.Incarnation == inc {
+			return mem, ""
+		}
+		return core.Member{}, core.ReasonStaleIncarnation
+	}
+	if _, ok := m.retired[id]; ok {
+		return core.Member{}, core.ReasonNodeRetired
+	}
+	return core.Member{}, core.ReasonUnknownNode
+}
+
+func (m *ctlModel) addrTaken(a string, except uint64) bool {
+	for id, mem := range m.members {
+		if mem.Address == a && id != except {
+			return true
+		}
+	}
+	return false
+}
+
+func (m *ctlModel) busy(id uint64) bool {
+	return m.pending != nil && (m.pending.Old == id || m.pending.New == id)
+}
+
+func (m *ctlModel) add(a string, role core.Role) core.Member {
+	m.lastID++
+	m.lastInc++
+	mem := core.Member{NodeID: m.lastID, Incarnation: m.lastInc, Address: a, Role: role}
+	m.members[mem.NodeID] = mem
+	return mem
+}
+
+func (m *ctlModel) remove(id uint64) {
+	m.retired[id] = m.members[id].Incarnation
+	delete(m.members, id)
+}
+
+func (m *ctlModel) apply(r core.ControlRequest) core.Result {
+	ok := func(k core.ResultKind, mem core.Member) core.Result {
+		return core.Result{Kind: k, NodeID: mem.NodeID, Incarnation: mem.Incarnation}
+	}
+	switch r.Op {
+	case core.ControlBootstrap:
+		if m.bootstrapped {
+			return m.reject(core.ReasonAlreadyBootstrapped)
+		}
+		m.bootstrapped, m.boot = true, r.CredentialHash
+		return ok(core.ResultBootstrapRecorded, m.add(r.Address, core.RoleVoter))
+	case core.ControlMintJoin:
+		_, known := m.creds[r.CredentialHash]
+		switch {
+		case !m.bootstrapped:
+			return m.reject(core.ReasonNotBootstrapped)
+		case known || r.CredentialHash == m.boot:
+			return m.reject(core.ReasonCredentialReused)
+		}
+		m.creds[r.CredentialHash] = false
+		return core.Result{Kind: core.ResultControlApplied}
+	case core.ControlAdmit:
+		consumed, known := m.creds[r.CredentialHash]
+		switch {
+		case m.bootstrapped && r.CredentialHash == m.boot, consumed:
+			return m.reject(core.ReasonCredentialReused)
+		case !known:
+			return m.reject(core.ReasonCredentialUnknown)
+		case m.addrTaken(r.Address, 0):
+			return m.reject(core.ReasonAddressInUse)
+		}
+		m.creds[r.CredentialHash] = true
+		return ok(core.ResultAdmissionAccepted, m.add(r.Address, core.RoleLearner))
+	case core.ControlPromote:
+		mem, why := m.lookup(r.NodeID, r.Incarnation, false)
+		switch {
+		case why != "":
+			return m.reject(why)
+		case mem.Role == core.RoleVoter:
+			return m.reject(core.ReasonNotALearner)
+		case m.busy(mem.NodeID):
+			return m.reject(core.ReasonInReplacement)
+		}
+		mem.Role = core.RoleVoter
+		m.members[mem.NodeID] = mem
+		return ok(core.ResultControlApplied, mem)
+	case core.ControlPrepareReplacement:
+		if m.pending != nil {
+			return m.reject(core.ReasonReplacementPending)
+		}
+		old, why := m.lookup(r.OldNodeID, 0, true)
+		switch {
+		case why != "":
+			return m.reject(why)
+		case old.Role != core.RoleVoter:
+			return m.reject(core.ReasonNotAVoter)
+		case m.addrTaken(r.Address, old.NodeID):
+			return m.reject(core.ReasonAddressInUse)
+		}
+		nw := m.add(r.Address, core.RoleLearner)
+		m.pending = &core.Replacement{Old: old.NodeID, New: nw.NodeID, NewIncarnation: nw.Incarnation, Address: r.Address}
+		return ok(core.ResultReplacementPrepared, nw)
+	case core.ControlCompleteReplacement, core.ControlAbortReplacement:
+		p := m.pending
+		if p == nil {
+			return m.reject(core.ReasonNoReplacement)
+		}
+		if *p != (core.Replacement{Old: r.OldNodeID, New: r.NewNodeID, NewIncarnation: r.NewIncarnation, Address: p.Address}) {
+			return m.reject(core.ReasonReplacementMismatch)
+		}
+		m.pending = nil
+		nw := m.members[p.New]
+		if r.Op == core.ControlAbortReplacement {
+			m.remove(p.New)
+		} else {
+			nw.Role = core.RoleVoter
+			m.members[p.New] = nw
+			m.remove(p.Old)
+		}
+		return ok(core.ResultControlApplied, nw)
+	case core.ControlRetire:
+		mem, why := m.lookup(r.NodeID, r.Incarnation, false)
+		if why != "" {
+			return m.reject(why)
+		}
+		if m.busy(mem.NodeID) {
+			return m.reject(core.ReasonInReplacement)
+		}
+		voters := 0
+		for _, x := range m.members {
+			if x.Role == core.RoleVoter {
+				voters++
+			}
+		}
+		if mem.Role == core.RoleVoter && voters < 2 {
+			return m.reject(core.ReasonLastVoter)
+		}
+		m.remove(mem.NodeID)
+		return ok(core.ResultControlApplied, mem)
+	}
+	panic("ctlModel: unexpected op " + r.Op.String())
+}
+
+// check compares a machine's control state with the model.
+func (m *ctlModel) check(t *testing.T, mach *core.Machine) {
+	t.Helper()
+	cs := mach.ControlState()
+	if cs.Bootstrapped != m.bootstrapped || cs.BootstrapHash != m.boot || cs.LastNodeID != m.lastID || cs.LastIncarnation != m.lastInc {
+		t.Fatalf("control header %+v, model bootstrapped=%t last=%d/%d", cs, m.bootstrapped, m.lastID, m.lastInc)
+	}
+	if len(cs.Members) != len(m.members) || len(cs.Retired) != len(m.retired) || len(cs.JoinCredentials) != len(m.creds) {
+		t.Fatalf("control sizes: %d members, %d retired, %d credentials; model %d, %d, %d",
+			len(cs.Members), len(cs.Retired), len(cs.JoinCredentials), len(m.members), len(m.retired), len(m.creds))
+	}
+	for _, mem := range cs.Members {
+		if m.members[mem.NodeID] != mem {
+			t.Fatalf("member %+v, model %+v", mem, m.members[mem.NodeID])
+		}
+	}
+	for _, x := range cs.Retired {
+		if inc, ok := m.retired[x.NodeID]; !ok || inc != x.Incarnation {
+			t.Fatalf("retired %+v, model %d %t", x, inc, ok)
+		}
+		if err := mach.CheckIdentity(x.NodeID, x.Incarnation); !errors.Is(err, core.ErrNodeRetired) {
+			t.Fatalf("CheckIdentity(retired %+v) = %v", x, err)
+		}
+	}
+	for _, jc := range cs.JoinCredentials {
+		if consumed, ok := m.creds[jc.Hash]; !ok || consumed != (jc.State == core.CredentialConsumed) {
+			t.Fatalf("credential %x is %v, model %t %t", jc.Hash[:4], jc.State, ok, consumed)
+		}
+	}
+	if (cs.Pending == nil) != (m.pending == nil) || (cs.Pending != nil && *cs.Pending != *m.pending) {
+		t.Fatalf("pending %+v, model %+v", cs.Pending, m.pending)
+	}
+}
+
 // cmdGen produces random commands over a small key space so that grants
 // collide, and picks tokens that are current, stale, random or absurd.
+// Control commands come from small pools of credentials and addresses so
+// that reuse and address collisions happen, and name current, retired and
+// unknown nodes with right and wrong incarnations.
 type cmdGen struct {
 	r      *rand.Rand
 	keys   []string
 	issued []uint64            // every token issued so far
 	byKey  map[string][]uint64 // tokens issued per key, including stale ones
+	nodes  []uint64            // every NodeID issued so far, in order
 }
 
 var propertyKeys = []string{"a", "b", "c", "lock/orders/1", "잠금", strings.Repeat("z", core.MaxKeyLen)}
@@ -110,9 +318,109 @@ func (g *cmdGen) token(key string, mod *model) uint64 {
 	}
 }
 
-// command returns the next command and whether it is valid.
-func (g *cmdGen) command(mod *model) (core.Command, bool) {
+// node picks a NodeID: mostly one issued so far, sometimes 0 or just
+// beyond the last.
+func (g *cmdGen) node(ctl *ctlModel) uint64 {
+	if len(g.nodes) > 0 && g.r.IntN(10) < 8 {
+		return g.nodes[g.r.IntN(len(g.nodes))]
+	}
+	return g.r.Uint64N(ctl.lastID + 3)
+}
+
+// incarnation picks the right incarnation for id most of the time.
+func (g *cmdGen) incarnation(ctl *ctlModel, id uint64) uint64 {
+	if mem, ok := ctl.members[id]; ok && g.r.IntN(10) < 8 {
+		return mem.Incarnation
+	}
+	if inc, ok := ctl.retired[id]; ok && g.r.IntN(2) == 0 {
+		return inc
+	}
+	return 1 + g.r.Uint64N(ctl.lastInc+2)
+}
+
+// credPool is the number of distinct credentials the generator uses.
+const credPool = 6
+
+// control returns a control command and whether it is valid.
+func (g *cmdGen) control(ctl *ctlModel) (core.Command, bool) {
 	r := g.r
+	h := cred(r.IntN(credPool))
+	a := addr(1 + r.IntN(5))
+	if r.IntN(100) < 6 {
+		invalid := []core.Command{
+			core.Bootstrap([32]byte{}, a),
+			core.Admit(h, "no-port"),
+			core.Admit(h, ""),
+			core.Promote(0, 1),
+			core.Retire(1, 0),
+			core.CompleteReplacement(2, 2, 2),
+			core.PrepareReplacement(1, strings.Repeat("h", core.MaxAddressLen)+":1"),
+			{Kind: core.KindControl, Key: "a", Control: core.MintJoin(h).Control},
+			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlOp(9 + r.IntN(247))}},
+			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlPromote, NodeID: 1, Incarnation: 1, Address: a}},
+		}
+		return invalid[r.IntN(len(invalid))], false
+	}
+	op := r.IntN(8)
+	if op == 0 && ctl.bootstrapped && r.IntN(3) > 0 {
+		op = 1 + r.IntN(2) // a repeated bootstrap is rarely worth a step
+	}
+	switch op {
+	case 0:
+		return core.Bootstrap(h, a), true
+	case 1:
+		return core.MintJoin(h), true
+	case 2:
+		// Mostly a credential that is minted and not yet consumed.
+		// (Walk the pool, not the map, so that the sequence depends on
+		// the seed alone.)
+		var fresh [][32]byte
+		for i := range credPool {
+			if consumed, ok := ctl.creds[cred(i)]; ok && !consumed {
+				fresh = append(fresh, cred(i))
+			}
+		}
+		if len(fresh) > 0 && r.IntN(3) > 0 {
+			h = fresh[r.IntN(len(fresh))]
+		}
+		return core.Admit(h, a), true
+	case 3:
+		id := g.node(ctl)
+		if id == 0 {
+			id = 1
+		}
+		return core.Promote(id, g.incarnation(ctl, id)), true
+	case 4:
+		id := g.node(ctl)
+		if id == 0 {
+			id = 1
+		}
+		return core.PrepareReplacement(id, a), true
+	case 5, 6:
+		build := core.CompleteReplacement
+		if r.IntN(2) == 0 {
+			build = core.AbortReplacement
+		}
+		if p := ctl.pending; p != nil && r.IntN(10) < 7 {
+			return build(p.Old, p.New, p.NewIncarnation), true
+		}
+		old := 1 + g.node(ctl)
+		nw := old + 1 + r.Uint64N(3)
+		return build(old, nw, g.incarnation(ctl, nw)), true
+	}
+	id := g.node(ctl)
+	if id == 0 {
+		id = 1
+	}
+	return core.Retire(id, g.incarnation(ctl, id)), true
+}
+
+// command returns the next command and whether it is valid.
+func (g *cmdGen) command(mod *model, ctl *ctlModel) (core.Command, bool) {
+	r := g.r
+	if r.IntN(100) < 20 {
+		return g.control(ctl)
+	}
 	switch p := r.IntN(100); {
 	case p < 45:
 		owner := ""
@@ -146,11 +454,20 @@ func (g *cmdGen) command(mod *model) (core.Command, bool) {
 	return invalid[r.IntN(len(invalid))], false
 }
 
-func (g *cmdGen) observe(c core.Command, res core.Result) {
-	if res.Kind == core.ResultGranted {
+// observe records what a result issued. It reports an identity issued
+// twice or out of order.
+func (g *cmdGen) observe(c core.Command, res core.Result) error {
+	switch res.Kind {
+	case core.ResultGranted:
 		g.issued = append(g.issued, res.Token)
 		g.byKey[c.Key] = append(g.byKey[c.Key], res.Token)
+	case core.ResultBootstrapRecorded, core.ResultAdmissionAccepted, core.ResultReplacementPrepared:
+		if n := len(g.nodes); n > 0 && res.NodeID <= g.nodes[n-1] || res.NodeID == 0 || res.Incarnation == 0 {
+			return fmt.Errorf("%v issued after node %v", res, g.nodes)
+		}
+		g.nodes = append(g.nodes, res.NodeID)
 	}
+	return nil
 }
 
 // replicas are the machines of one sequence, each fed a different way.
@@ -187,6 +504,7 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 	r := rand.New(rand.NewPCG(seed, uint64(seq)))
 	g := &cmdGen{r: r, keys: propertyKeys[:1+r.IntN(len(propertyKeys))], byKey: map[string][]uint64{}}
 	mod := &model{held: map[string]uint64{}}
+	ctl := newCtlModel()
 	// Most sequences start from a fresh counter; some start from a restored
 	// high one, and a few right below the end of the token space.
 	switch p := r.IntN(100); {
@@ -212,11 +530,16 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 		if r.IntN(16) == 0 {
 			ms.viaRecs = rebuildFromRecords(t, r, ms.viaRecs)
 		}
-		c, valid := g.command(mod)
+		c, valid := g.command(mod, ctl)
 		history = append(history, c)
 		lastBefore := ms.direct.LastToken()
 
-		want := mod.apply(c, valid)
+		var want core.Result
+		if valid && c.Kind == core.KindControl {
+			want = ctl.apply(c.Control)
+		} else {
+			want = mod.apply(c, valid)
+		}
 		ra := ms.direct.Apply(c)
 		rb := applyViaLog(t, ms.viaLog, uint64(step), c, valid)
 		rc := ms.viaSnap.Apply(c)
@@ -229,7 +552,10 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 			fail("%+v: Validate() = %v, generator says valid=%t", c, c.Validate(), valid)
 			return
 		}
-		g.observe(c, ra)
+		if err := g.observe(c, ra); err != nil {
+			fail("%v", err)
+			return
+		}
 
 		// Token invariants: a grant takes exactly the next token, so every
 		// Granted token is above every earlier one; nothing else moves it.
@@ -249,9 +575,11 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 	}
 
 	checkTable(t, ms.direct, mod)
+	ctl.check(t, ms.direct)
+	checkControlInvariants(t, ms.direct)
 	want := ms.direct.Snapshot()
 	for name, m := range map[string]*core.Machine{"via log": ms.viaLog, "via snapshot": ms.viaSnap, "via records": ms.viaRecs} {
-		if m.Digest() != ms.direct.Digest() || !bytes.Equal(m.Snapshot(), want) {
+		if m.Digest() != ms.direct.Digest() || !bytes.Equal(m.Snapshot(), want) || !bytes.Equal(m.ControlSnapshot(), ms.direct.ControlSnapshot()) {
 			fail("%s replica diverged:\n direct %x\n %s %x", name, want, name, m.Snapshot())
 		}
 	}
@@ -300,9 +628,10 @@ func snapshotRestore(t *testing.T, m *core.Machine, zeroValue bool) *core.Machin
 	return fresh
 }
 
-// rebuildFromRecords mimics a restart from per-key storage rows: every lock
-// is written as a record, read back in storage order (any order), and loaded
-// with the persisted counter. A nil r keeps key order.
+// rebuildFromRecords mimics a restart from storage rows: every lock is
+// written as a record, read back in storage order (any order), and loaded
+// with the persisted counter; the control state comes back from its own
+// record through LoadControl. A nil r keeps key order.
 func rebuildFromRecords(t *testing.T, r *rand.Rand, m *core.Machine) *core.Machine {
 	t.Helper()
 	var locks []core.Lock
@@ -317,6 +646,9 @@ func rebuildFromRecords(t *testing.T, r *rand.Rand, m *core.Machine) *core.Machi
 		r.Shuffle(len(locks), func(i, j int) { locks[i], locks[j] = locks[j], locks[i] })
 	}
 	fresh := core.NewMachine()
+	if err := fresh.LoadControl(m.ControlSnapshot()); err != nil {
+		t.Fatalf("LoadControl(own control record): %v", err)
+	}
 	fresh.Load(m.LastToken(), locks)
 	return fresh
 }

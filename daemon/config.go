@@ -42,6 +42,14 @@ type Config struct {
 	LogLevel  string `koanf:"log-level"`
 	LogFormat string `koanf:"log-format"`
 
+	// Control plane (SPEC §4.5): a separate listener and credential.
+	ControlListen       string `koanf:"control-listen"`
+	ControlCredential   string `koanf:"control-credential"`
+	BootstrapCredential string `koanf:"bootstrap-credential"`
+	Join                string `koanf:"join"`
+	JoinCredential      string `koanf:"join-credential"`
+	Replace             uint64 `koanf:"replace"`
+
 	// Plugins is a comma-separated list of WebAssembly modules.
 	Plugins             string `koanf:"plugins"`
 	PluginMemoryPages   uint32 `koanf:"plugin-memory-pages"`
@@ -173,6 +181,21 @@ func (c Config) Validate() error {
 	if (c.PeerTLSCert == "") != (c.PeerTLSKey == "") || (c.PeerTLSCert != "" && c.PeerTLSCA == "") {
 		return configErr("peer-tls-cert, peer-tls-key and peer-tls-ca go together")
 	}
+	if c.Join != "" && c.JoinCredential == "" && c.Replace == 0 {
+		return configErr("join needs join-credential (or replace with control-credential)")
+	}
+	if c.Replace != 0 && (c.Join == "" || c.ControlCredential == "") {
+		return configErr("replace needs join and control-credential")
+	}
+	if (c.Join != "" || c.BootstrapCredential != "") && (c.PeerListen == "" || len(c.PeerSecret) < MinPeerSecretLen) {
+		return configErr("bootstrap and join need peer-listen and a peer-secret of at least %d bytes", MinPeerSecretLen)
+	}
+	if c.Join != "" && c.BootstrapCredential != "" {
+		return configErr("a node either bootstraps or joins, not both")
+	}
+	if c.Join != "" && strings.TrimSpace(c.InitialCluster) != "" || c.BootstrapCredential != "" && strings.TrimSpace(c.InitialCluster) != "" {
+		return configErr("initial-cluster (static membership) and bootstrap/join (control plane) exclude each other")
+	}
 	if c.PluginCallTimeoutMS < 0 || c.PluginCallTimeoutMS > 10000 {
 		return configErr("plugin-call-timeout-ms %d is outside [0, 10000]", c.PluginCallTimeoutMS)
 	}
@@ -187,4 +210,15 @@ func (c Config) Validate() error {
 		return configErr("log-format %q is not text or json", c.LogFormat)
 	}
 	return nil
+}
+
+// JoinURLs splits Join into control URLs.
+func (c Config) JoinURLs() []string {
+	var out []string
+	for _, u := range strings.Split(c.Join, ",") {
+		if u = strings.TrimSpace(u); u != "" {
+			out = append(out, u)
+		}
+	}
+	return out
 }

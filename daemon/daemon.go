@@ -67,12 +67,18 @@ type Daemon struct {
 	audit   *auditor
 
 	nodeRef   atomic.Pointer[raftstore.Node]
-	members   map[uint64]string
+	peerMu    sync.Mutex
+	members   map[uint64]string // peers the transport knows
 	closeOnce sync.Once
+
+	control   *http.Server
+	controlLn net.Listener
+	bg        sync.WaitGroup
+	stopBG    chan struct{}
 }
 
 // Start brings up a node. On error everything already started is stopped.
-func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error) {
+func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -81,11 +87,11 @@ func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error)
 		log = slog.Default()
 	}
 	log = log.With("node", cfg.ID)
-	d = &Daemon{cfg: cfg, log: log, reg: prometheus.NewRegistry(), members: map[uint64]string{}}
+	d := &Daemon{cfg: cfg, log: log, reg: prometheus.NewRegistry(), members: map[uint64]string{}, stopBG: make(chan struct{})}
+	// Every error return below leaves through here: undo what started.
 	defer func() {
 		if err != nil {
 			d.Close()
-			d = nil
 		}
 	}()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
@@ -106,17 +112,32 @@ func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error)
 		return nil, fmt.Errorf("daemon: open store: %w", err)
 	}
 
+	join, err := d.resolveIdentity(ctx)
+	if err != nil {
+		return nil, err
+	}
+	cfg = d.cfg // the identity may have set the node id
 	members, err := cfg.Members()
 	if err != nil {
 		return nil, err
 	}
 	var peerIDs []uint64
-	for _, m := range members {
-		peerIDs = append(peerIDs, m.ID)
-		d.members[m.ID] = m.Addr
+	if join == nil {
+		for _, m := range members {
+			peerIDs = append(peerIDs, m.ID)
+			d.members[m.ID] = m.Addr
+		}
+	} else {
+		members = nil
+		for _, m := range join.Members {
+			if m.NodeID != cfg.ID {
+				members = append(members, Member{ID: m.NodeID, Addr: m.Address})
+				d.members[m.NodeID] = m.Address
+			}
+		}
 	}
 	var transport raftstore.Transport
-	if len(members) > 1 {
+	if len(members) > 1 || cfg.PeerListen != "" && len(cfg.PeerSecret) >= MinPeerSecretLen {
 		if err := d.startPeers(ctx, members); err != nil {
 			return nil, err
 		}
@@ -138,6 +159,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error)
 	d.node, err = raftstore.NewNode(raftstore.Config{
 		ID:              cfg.ID,
 		Peers:           peerIDs,
+		Join:            join != nil,
 		Store:           d.store,
 		Transport:       transport,
 		Observer:        d.srv,
@@ -174,8 +196,68 @@ func Start(ctx context.Context, cfg Config, opts Options) (d *Daemon, err error)
 			return nil, err
 		}
 	}
+	if cfg.ControlListen != "" {
+		if err := d.startControl(); err != nil {
+			return nil, err
+		}
+	}
+	d.bg.Add(1)
+	go d.reconcileLoop()
 	log.Info("node started", "data", cfg.Data, "nats", d.ClientURL(), "members", len(members))
 	return d, nil
+}
+
+// resolveIdentity decides the node's identity: an identity file from an
+// earlier bootstrap or join (checked against the cluster: a retired
+// NodeID or an old incarnation is refused), a fresh join or replacement
+// through the control API, or the configured --id (static membership and
+// bootstrap). It returns the join reply for a node joining now.
+func (d *Daemon) resolveIdentity(ctx context.Context) (*ControlReply, error) {
+	id, ok, err := readIdentity(d.cfg.Data)
+	if err != nil {
+		return nil, err
+	}
+	if ok {
+		d.cfg.ID = id.NodeID
+		urls := append(d.cfg.JoinURLs(), id.ControlURLs...)
+		if len(urls) == 0 {
+			return nil, nil
+		}
+		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
+		defer cancel()
+		_, err := CallControl(cctx, urls, "/v1/identity", "", ControlRequest{NodeID: id.NodeID, Incarnation: id.Incarnation})
+		var ce *ControlError
+		if errors.As(err, &ce) && ce.Code == ControlCodeRejected {
+			return nil, fmt.Errorf("daemon: the cluster refuses identity %d/%d: %w", id.NodeID, id.Incarnation, err)
+		}
+		if err != nil {
+			d.log.Warn("identity not confirmed (no leader reachable); starting anyway", "node_id", id.NodeID, "err", err)
+		}
+		return nil, nil
+	}
+	if d.cfg.Join == "" {
+		return nil, nil
+	}
+	if last, err := d.store.LastIndex(); err != nil || last > 0 {
+		return nil, fmt.Errorf("daemon: %s holds raft state but no identity; refusing to join with it", d.cfg.Data)
+	}
+	addr := d.cfg.PeerListen
+	var rep ControlReply
+	if d.cfg.Replace != 0 {
+		rep, err = CallControl(ctx, d.cfg.JoinURLs(), "/v1/replacements", d.cfg.ControlCredential, ControlRequest{OldNodeID: d.cfg.Replace, Address: addr})
+	} else {
+		rep, err = CallControl(ctx, d.cfg.JoinURLs(), "/v1/join", "", ControlRequest{Credential: d.cfg.JoinCredential, Address: addr})
+	}
+	if err != nil {
+		return nil, fmt.Errorf("daemon: join: %w", err)
+	}
+	if err := writeIdentity(d.cfg.Data, Identity{NodeID: rep.NodeID, Incarnation: rep.Incarnation, ControlURLs: d.cfg.JoinURLs()}); err != nil {
+		return nil, err
+	}
+	d.cfg.ID = rep.NodeID
+	d.log = d.log.With("node", rep.NodeID)
+	d.log.Info("joined the cluster as a learner", "node_id", rep.NodeID, "incarnation", rep.Incarnation)
+	return &rep, nil
 }
 
 func (d *Daemon) startPeers(ctx context.Context, members []Member) error {
@@ -442,6 +524,13 @@ func (d *Daemon) Done() <-chan struct{} { return d.node.Done() }
 // than once and on a partly started daemon.
 func (d *Daemon) Close() {
 	d.closeOnce.Do(func() {
+		close(d.stopBG)
+		d.bg.Wait()
+		if d.control != nil {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			_ = d.control.Shutdown(ctx)
+			cancel()
+		}
 		if d.http != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			_ = d.http.Shutdown(ctx)

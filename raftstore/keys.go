@@ -37,6 +37,9 @@ var (
 	keySnapData  = []byte("r/snapdata")
 	keyApplied   = []byte("s/applied")
 	keyLastToken = []byte("s/lasttoken")
+	// keyControl holds core.EncodeControlState of the replicated control
+	// state (absent until the first control command applies).
+	keyControl = []byte("s/control")
 
 	prefixLog  = []byte("l/")
 	prefixLock = []byte("k/")

@@ -75,6 +75,9 @@ type Config struct {
 	ID uint64
 	// Peers are the initial voters, used only when the store is empty.
 	Peers []uint64
+	// Join starts an empty node with no membership of its own: it learns
+	// the configuration from the leader that added it.
+	Join  bool
 	Store *Store
 	// Transport may be nil for a single-voter node.
 	Transport       Transport
@@ -217,7 +220,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: last index: %w", err)
 	}
-	if raft.IsEmptyHardState(hs) && last == 0 {
+	if raft.IsEmptyHardState(hs) && last == 0 && !cfg.Join {
 		if len(cfg.Peers) == 0 {
 			return nil, fmt.Errorf("raftstore: empty store and no initial peers")
 		}
@@ -496,6 +499,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	var as AppliedState
 	touched := make(map[string]struct{})
 	var touchedOrder []string
+	controlChanged := false
 	for _, e := range rd.CommittedEntries {
 		if e.Index <= applied {
 			continue
@@ -516,7 +520,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 				break
 			}
 			res := n.machine.Apply(ent.Command)
-			if _, ok := touched[ent.Command.Key]; !ok {
+			if ent.Command.Kind == core.KindControl {
+				controlChanged = true
+			} else if _, ok := touched[ent.Command.Key]; !ok {
 				touched[ent.Command.Key] = struct{}{}
 				touchedOrder = append(touchedOrder, ent.Command.Key)
 			}
@@ -543,6 +549,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		} else {
 			as.Delete = append(as.Delete, key)
 		}
+	}
+	if controlChanged {
+		as.Control = n.machine.ControlSnapshot()
 	}
 	if len(rd.CommittedEntries) > 0 || restored {
 		as.Index = applied

@@ -102,6 +102,9 @@ type AppliedState struct {
 	Put       []core.Lock       // locks now held (created) — write row
 	Delete    []string          // keys no longer held — delete row
 	ConfState *raftpb.ConfState // non-nil when a conf change was applied
+	// Control is core.Machine.ControlSnapshot() after applying, non-nil
+	// when a control command was applied.
+	Control []byte
 }
 
 // ReadyWrite is everything one raft.Ready asks to persist.
@@ -575,9 +578,13 @@ func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot) error 
 		return fmt.Errorf("%w: snapshot index %d, latest snapshot %d, applied %d: %w",
 			ErrInvariant, meta.Index, st.snapIndex, st.applied, raft.ErrSnapOutOfDate)
 	}
-	lastToken, locks, err := core.DecodeSnapshot(snap.Data)
+	ss, err := core.DecodeSnapshotState(snap.Data)
 	if err != nil {
 		return fmt.Errorf("%w: data: %w", ErrInvariant, err)
+	}
+	lastToken, locks := ss.LastToken, ss.Locks
+	if err := b.Set(keyControl, core.EncodeControlState(ss.Control), nil); err != nil {
+		return err
 	}
 	if lastToken < st.lastToken {
 		return fmt.Errorf("%w: snapshot last token %d below persisted last token %d", ErrInvariant, lastToken, st.lastToken)
@@ -656,7 +663,7 @@ func stageEntries(b *pebble.Batch, st *storeState, ents []raftpb.Entry) error {
 
 // stageApplied adds an applied state to b.
 func stageApplied(b *pebble.Batch, st *storeState, a *AppliedState) error {
-	noop := len(a.Put) == 0 && len(a.Delete) == 0 && a.ConfState == nil && a.LastToken == st.lastToken
+	noop := len(a.Put) == 0 && len(a.Delete) == 0 && a.ConfState == nil && a.Control == nil && a.LastToken == st.lastToken
 	switch {
 	case a.Index == st.applied && noop:
 		// Nothing new was applied, e.g. a snapshot installed by the same
@@ -703,6 +710,14 @@ func stageApplied(b *pebble.Batch, st *storeState, a *AppliedState) error {
 	}
 	if a.ConfState != nil {
 		if err := setMarshaled(b, keyConfState, a.ConfState); err != nil {
+			return err
+		}
+	}
+	if a.Control != nil {
+		if _, err := core.DecodeControlState(a.Control); err != nil {
+			return fmt.Errorf("%w: control state: %w", ErrInvariant, err)
+		}
+		if err := b.Set(keyControl, a.Control, nil); err != nil {
 			return err
 		}
 	}
@@ -763,6 +778,17 @@ func (s *Store) LoadMachine() (applied uint64, m *core.Machine, cs raftpb.ConfSt
 	}
 	m = core.NewMachine()
 	m.Load(lastToken, locks)
+	switch rec, closer, err := s.view.Get(keyControl); {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		return fail(fmt.Errorf("read control state: %w", err))
+	default:
+		lerr := m.LoadControl(rec)
+		_ = closer.Close()
+		if lerr != nil {
+			return fail(fmt.Errorf("%w: control state: %w", ErrCorrupt, lerr))
+		}
+	}
 	return applied, m, cs, nil
 }
 

@@ -25,6 +25,7 @@ commands:
   lock get KEY          show the current holder
   status                show the cluster as a node sees it
   bench                 drive acquire+release cycles and print figures
+  admin                 control plane: bootstrap, join credentials, replacement
 
 run 'ticketd <command> --help' for its flags.
 `
@@ -55,6 +56,8 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return status(ctx, args[1:], stdout, stderr)
 	case "bench":
 		return bench(ctx, args[1:], stdout, stderr)
+	case "admin":
+		return admin(ctx, args[1:], stdout, stderr)
 	case "help", "-h", "--help":
 		fmt.Fprint(stdout, usage)
 		return 0
