@@ -1,0 +1,247 @@
+package plugins
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+
+	"github.com/tetratelabs/wazero/api"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+// ABIVersion is the plugin ABI this host speaks (see README.md). A module
+// whose ticketd_abi_version export returns anything else is refused.
+const ABIVersion = 1
+
+// Size limits of the ABI. Requests are built by the host from validated
+// commands and are far smaller; responses come from the guest and are
+// checked against these before they are read.
+const (
+	// MaxRequestBytes bounds one encoded request.
+	MaxRequestBytes = 16 << 10
+	// MaxResponseBytes bounds one encoded response.
+	MaxResponseBytes = 64 << 10
+	// MaxReasonBytes bounds a verdict's reason.
+	MaxReasonBytes = 256
+	// MaxEvents bounds the events one on_applied call may return.
+	MaxEvents = 16
+	// MaxEventTypeBytes bounds an event's type.
+	MaxEventTypeBytes = 64
+	// maxStderrBytes bounds the guest's standard error kept per call.
+	maxStderrBytes = 1 << 10
+)
+
+// Export names.
+const (
+	exportMemory        = "memory"
+	exportInitialize    = "_initialize"
+	exportABIVersion    = "ticketd_abi_version"
+	exportHooks         = "ticketd_hooks"
+	exportAlloc         = "ticketd_alloc"
+	exportValidateGrant = "validate_grant"
+	exportOnApplied     = "on_applied"
+)
+
+// Hook bits returned by the optional ticketd_hooks export.
+const (
+	hookValidateGrant uint32 = 1 << 0
+	hookOnApplied     uint32 = 1 << 1
+	hooksKnown               = hookValidateGrant | hookOnApplied
+)
+
+// wasiModule is the only module a plugin may import from.
+const wasiModule = "wasi_snapshot_preview1"
+
+var (
+	i32 = api.ValueTypeI32
+	i64 = api.ValueTypeI64
+)
+
+// signature is an export's expected type.
+type signature struct {
+	params, results []api.ValueType
+	required        bool
+}
+
+var signatures = map[string]signature{
+	exportInitialize:    {},
+	exportABIVersion:    {results: []api.ValueType{i32}, required: true},
+	exportHooks:         {results: []api.ValueType{i32}},
+	exportAlloc:         {params: []api.ValueType{i32}, results: []api.ValueType{i32}, required: true},
+	exportValidateGrant: {params: []api.ValueType{i32, i32}, results: []api.ValueType{i64}},
+	exportOnApplied:     {params: []api.ValueType{i32, i32}, results: []api.ValueType{i64}},
+}
+
+// Wire forms (README.md "Payloads").
+
+type grantRequest struct {
+	Key     string `json:"key"`
+	Owner   string `json:"owner"`
+	LeaseMS uint64 `json:"lease_ms"`
+}
+
+type verdictResponse struct {
+	Allow  *bool  `json:"allow"`
+	Reason string `json:"reason"`
+	Error  string `json:"error"`
+}
+
+type appliedRequest struct {
+	Index   uint64         `json:"index"`
+	Command appliedCommand `json:"command"`
+	Result  appliedResult  `json:"result"`
+}
+
+type appliedCommand struct {
+	Kind        string `json:"kind"`
+	Key         string `json:"key"`
+	Owner       string `json:"owner"`
+	LeaseMS     uint64 `json:"lease_ms"`
+	GrantedAtMS uint64 `json:"granted_at_ms"`
+	Token       uint64 `json:"token"`
+}
+
+type appliedResult struct {
+	Kind    string `json:"kind"`
+	Token   uint64 `json:"token"`
+	Existed bool   `json:"existed"`
+}
+
+type appliedResponse struct {
+	Events *[]eventResponse `json:"events"`
+	Error  string           `json:"error"`
+}
+
+type eventResponse struct {
+	Type string          `json:"type"`
+	Data json.RawMessage `json:"data"`
+}
+
+func encodeGrant(key, owner string, leaseMS uint64) ([]byte, error) {
+	return json.Marshal(grantRequest{Key: key, Owner: owner, LeaseMS: leaseMS})
+}
+
+// encodeApplied copies cmd and res into the wire form: the guest sees a
+// serialised copy and nothing else. A control command is shown by its kind
+// only: its request (which can carry credentials and cluster identities)
+// never reaches a plugin.
+func encodeApplied(index uint64, cmd core.Command, res core.Result) ([]byte, error) {
+	c := appliedCommand{Kind: cmd.Kind.String()}
+	if cmd.Kind != core.KindControl {
+		c.Key, c.Owner, c.LeaseMS, c.GrantedAtMS, c.Token = cmd.Key, cmd.Owner, cmd.LeaseMS, cmd.GrantedAtMS, cmd.Token
+	}
+	return json.Marshal(appliedRequest{
+		Index:   index,
+		Command: c,
+		Result:  appliedResult{Kind: res.Kind.String(), Token: res.Token, Existed: res.Existed},
+	})
+}
+
+// decodeStrict decodes exactly one JSON value into v, refusing unknown
+// fields and trailing data.
+func decodeStrict(b []byte, v any) error {
+	dec := json.NewDecoder(bytes.NewReader(b))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(v); err != nil {
+		return err
+	}
+	if _, err := dec.Token(); !errors.Is(err, io.EOF) {
+		return errors.New("trailing data after the response")
+	}
+	return nil
+}
+
+// decodeVerdict checks a validate_grant response.
+func decodeVerdict(b []byte) (Verdict, error) {
+	var r verdictResponse
+	if err := decodeStrict(b, &r); err != nil {
+		return Verdict{}, fmt.Errorf("response is not a verdict: %w", err)
+	}
+	if r.Error != "" {
+		return Verdict{}, fmt.Errorf("guest could not evaluate the request: %q", truncate(r.Error, MaxReasonBytes))
+	}
+	if r.Allow == nil {
+		return Verdict{}, errors.New(`verdict has no "allow" field`)
+	}
+	if len(r.Reason) > MaxReasonBytes {
+		return Verdict{}, fmt.Errorf("reason is %d bytes, the limit is %d", len(r.Reason), MaxReasonBytes)
+	}
+	return Verdict{Allow: *r.Allow, Reason: r.Reason}, nil
+}
+
+// decodeEvents checks an on_applied response and stamps the events.
+func decodeEvents(b []byte, index uint64, plugin string) ([]Event, error) {
+	var r appliedResponse
+	if err := decodeStrict(b, &r); err != nil {
+		return nil, fmt.Errorf("response is not an event list: %w", err)
+	}
+	if r.Error != "" {
+		return nil, fmt.Errorf("guest could not evaluate the request: %q", truncate(r.Error, MaxReasonBytes))
+	}
+	if r.Events == nil {
+		return nil, errors.New(`response has no "events" field`)
+	}
+	evs := *r.Events
+	if len(evs) > MaxEvents {
+		return nil, fmt.Errorf("%d events, the limit is %d", len(evs), MaxEvents)
+	}
+	if len(evs) == 0 {
+		return nil, nil
+	}
+	out := make([]Event, 0, len(evs))
+	for i, e := range evs {
+		if err := checkEventType(e.Type); err != nil {
+			return nil, fmt.Errorf("event %d: %w", i, err)
+		}
+		data, err := eventData(e.Data)
+		if err != nil {
+			return nil, fmt.Errorf("event %d (%s): %w", i, e.Type, err)
+		}
+		out = append(out, Event{Type: e.Type, Data: data, Index: index, Plugin: plugin})
+	}
+	return out, nil
+}
+
+func checkEventType(t string) error {
+	if t == "" || len(t) > MaxEventTypeBytes {
+		return fmt.Errorf("type is %d bytes, want 1..%d", len(t), MaxEventTypeBytes)
+	}
+	for i := 0; i < len(t); i++ {
+		c := t[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '.' || c == '_' || c == '-') {
+			return fmt.Errorf("type %q has a byte outside [A-Za-z0-9._-]", t)
+		}
+	}
+	return nil
+}
+
+// eventData returns the compacted JSON object, {} for an absent or null
+// value, and an error for any other JSON value.
+func eventData(raw json.RawMessage) (json.RawMessage, error) {
+	raw = bytes.TrimSpace(raw)
+	if len(raw) == 0 || string(raw) == "null" {
+		return json.RawMessage("{}"), nil
+	}
+	if raw[0] != '{' {
+		return nil, errors.New("data is not a JSON object")
+	}
+	var buf bytes.Buffer
+	if err := json.Compact(&buf, raw); err != nil {
+		return nil, fmt.Errorf("data: %w", err)
+	}
+	return json.RawMessage(buf.Bytes()), nil
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "..."
+}
+
+func sameTypes(a, b []api.ValueType) bool {
+	return bytes.Equal(a, b)
+}

@@ -1,0 +1,89 @@
+package plugins
+
+import (
+	"fmt"
+	"log/slog"
+	"runtime"
+	"time"
+
+	"github.com/tetratelabs/wazero"
+)
+
+// Defaults for the zero fields of Config.
+const (
+	// MemoryLimitPagesDefault is 256 pages of 64 KiB: 16 MiB per instance.
+	MemoryLimitPagesDefault uint32 = 256
+	// CallTimeoutDefault bounds one hook call.
+	CallTimeoutDefault = 50 * time.Millisecond
+	// InitTimeoutDefault bounds instantiating a module and running its
+	// _initialize export (a Go guest starts its runtime there).
+	InitTimeoutDefault = time.Second
+	// MaxInstancesDefault caps the instance pool; the default is also
+	// capped at GOMAXPROCS.
+	MaxInstancesDefault = 8
+)
+
+// maxMemoryLimitPages is the WebAssembly 32-bit limit (4 GiB); wazero
+// panics above it.
+const maxMemoryLimitPages = 65536
+
+// Config configures one loaded plugin. The zero value is usable: every
+// zero field takes its ...Default.
+type Config struct {
+	// Name identifies the plugin in errors, logs and events. Default: the
+	// first 12 hex digits of its SHA-256, prefixed "sha256:".
+	Name string
+	// MemoryLimitPages caps each instance's linear memory, in 64 KiB
+	// pages. A module whose declared minimum exceeds it is refused at
+	// Load. Default MemoryLimitPagesDefault.
+	MemoryLimitPages uint32
+	// CallTimeout bounds one hook call, including copying the request in
+	// and the response out. Default CallTimeoutDefault.
+	CallTimeout time.Duration
+	// InitTimeout bounds instantiating a fresh instance. Default
+	// InitTimeoutDefault.
+	InitTimeout time.Duration
+	// MaxInstances caps the live instances, idle or busy. A call that
+	// finds none idle and the cap reached waits for one (under its own
+	// context). Default min(GOMAXPROCS, MaxInstancesDefault).
+	MaxInstances int
+	// Logger receives a warning for every failed call. Default: discard.
+	Logger *slog.Logger
+	// CompilationCache, if set, is shared with other runtimes so the same
+	// module is compiled to machine code once per process. Optional.
+	CompilationCache wazero.CompilationCache
+}
+
+func (c Config) withDefaults(sha string) (Config, error) {
+	if c.Name == "" {
+		c.Name = "sha256:" + sha[:12]
+	}
+	if c.MemoryLimitPages == 0 {
+		c.MemoryLimitPages = MemoryLimitPagesDefault
+	}
+	if c.MemoryLimitPages > maxMemoryLimitPages {
+		return c, fmt.Errorf("%w: MemoryLimitPages %d exceeds %d", ErrConfig, c.MemoryLimitPages, maxMemoryLimitPages)
+	}
+	switch {
+	case c.CallTimeout == 0:
+		c.CallTimeout = CallTimeoutDefault
+	case c.CallTimeout < 0:
+		return c, fmt.Errorf("%w: negative CallTimeout %v", ErrConfig, c.CallTimeout)
+	}
+	switch {
+	case c.InitTimeout == 0:
+		c.InitTimeout = InitTimeoutDefault
+	case c.InitTimeout < 0:
+		return c, fmt.Errorf("%w: negative InitTimeout %v", ErrConfig, c.InitTimeout)
+	}
+	switch {
+	case c.MaxInstances == 0:
+		c.MaxInstances = min(runtime.GOMAXPROCS(0), MaxInstancesDefault)
+	case c.MaxInstances < 0:
+		return c, fmt.Errorf("%w: negative MaxInstances %d", ErrConfig, c.MaxInstances)
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	return c, nil
+}
