@@ -50,6 +50,8 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	cfg.NATSListen = "127.0.0.1:0"
 	cfg.TickMS = 20
 	cfg.Plugins = policy + "," + audit
+	// A loaded 2-core CI box can stall a healthy call past the 50ms default.
+	cfg.PluginCallTimeoutMS = 2000
 	d, err := Start(context.Background(), cfg, Options{Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)

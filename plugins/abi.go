@@ -38,6 +38,7 @@ const (
 const (
 	exportMemory        = "memory"
 	exportInitialize    = "_initialize"
+	exportStart         = "_start" // a WASI command's entry point: refused
 	exportABIVersion    = "ticketd_abi_version"
 	exportHooks         = "ticketd_hooks"
 	exportAlloc         = "ticketd_alloc"
@@ -62,17 +63,20 @@ var (
 
 // signature is an export's expected type.
 type signature struct {
+	name            string
 	params, results []api.ValueType
 	required        bool
 }
 
-var signatures = map[string]signature{
-	exportInitialize:    {},
-	exportABIVersion:    {results: []api.ValueType{i32}, required: true},
-	exportHooks:         {results: []api.ValueType{i32}},
-	exportAlloc:         {params: []api.ValueType{i32}, results: []api.ValueType{i32}, required: true},
-	exportValidateGrant: {params: []api.ValueType{i32, i32}, results: []api.ValueType{i64}},
-	exportOnApplied:     {params: []api.ValueType{i32, i32}, results: []api.ValueType{i64}},
+// signatures lists the ABI's function exports, in the order they are
+// checked (so a module missing several always gets the same error).
+var signatures = []signature{
+	{name: exportABIVersion, results: []api.ValueType{i32}, required: true},
+	{name: exportAlloc, params: []api.ValueType{i32}, results: []api.ValueType{i32}, required: true},
+	{name: exportInitialize},
+	{name: exportHooks, results: []api.ValueType{i32}},
+	{name: exportValidateGrant, params: []api.ValueType{i32, i32}, results: []api.ValueType{i64}},
+	{name: exportOnApplied, params: []api.ValueType{i32, i32}, results: []api.ValueType{i64}},
 }
 
 // Wire forms (README.md "Payloads").

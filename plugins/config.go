@@ -50,7 +50,8 @@ type Config struct {
 	// Logger receives a warning for every failed call. Default: discard.
 	Logger *slog.Logger
 	// CompilationCache, if set, is shared with other runtimes so the same
-	// module is compiled to machine code once per process. Optional.
+	// module is compiled to machine code once per process (or, with
+	// wazero.NewCompilationCacheWithDir, once per machine). Optional.
 	CompilationCache wazero.CompilationCache
 }
 

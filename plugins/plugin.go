@@ -162,16 +162,21 @@ func (p *Plugin) checkModule() error {
 		return p.abiError("load", fmt.Sprintf("needs %d memory pages, the limit is %d", mem.Min(), p.cfg.MemoryLimitPages), nil)
 	}
 	fns := p.cm.ExportedFunctions()
-	for name, sig := range signatures {
-		def, ok := fns[name]
+	if _, ok := fns[exportStart]; ok {
+		// A command's exports may not be called once _start has returned,
+		// and nothing else initialises it (a Go command's runtime).
+		return p.abiError("load", "exports _start: it is a WASI command, not a reactor (build Go plugins with -buildmode=c-shared)", nil)
+	}
+	for _, sig := range signatures {
+		def, ok := fns[sig.name]
 		if !ok {
 			if sig.required {
-				return p.abiError("load", "does not export "+name, nil)
+				return p.abiError("load", "does not export "+sig.name, nil)
 			}
 			continue
 		}
 		if !sameTypes(def.ParamTypes(), sig.params) || !sameTypes(def.ResultTypes(), sig.results) {
-			return p.abiError("load", fmt.Sprintf("export %s has type %s, want %s", name,
+			return p.abiError("load", fmt.Sprintf("export %s has type %s, want %s", sig.name,
 				funcType(def.ParamTypes(), def.ResultTypes()), funcType(sig.params, sig.results)), nil)
 		}
 	}

@@ -46,6 +46,7 @@ func TestRawLoadRefusals(t *testing.T) {
 		{"unknown wasi import", with(func(m *rawModule) {
 			m.imports = []rawImport{{module: "wasi_snapshot_preview1", name: "no_such_call"}}
 		}), "cannot instantiate"},
+		{"command", with(func(m *rawModule) { m.funcs = append(m.funcs, rawFunc{export: "_start"}) }), "-buildmode=c-shared"},
 		{"no memory", with(func(m *rawModule) { m.noMemory = true; m.data = nil }), `does not export its memory`},
 		{"memory renamed", with(func(m *rawModule) { m.memExport = "mem" }), `does not export its memory`},
 		{"memory too big", with(func(m *rawModule) { m.memPages = 300 }), "over limit of 256 pages"},
