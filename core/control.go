@@ -2,6 +2,7 @@ package core
 
 import (
 	"bytes"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"slices"
@@ -90,7 +91,7 @@ type ControlRequest struct {
 // "promote{node_id:2,incarnation:2}"; the zero request (carried by every
 // lock command) is "none".
 func (r ControlRequest) String() string {
-	if r == (ControlRequest{}) {
+	if r.isZero() {
 		return "none"
 	}
 	var b strings.Builder
@@ -122,8 +123,9 @@ func (r ControlRequest) String() string {
 // isZero is r == ControlRequest{}, field by field: every lock command
 // checks it, and this is cheaper than comparing the whole struct.
 func (r *ControlRequest) isZero() bool {
-	return r.Op == 0 && r.NodeID == 0 && r.Incarnation == 0 && r.OldNodeID == 0 &&
-		r.NewNodeID == 0 && r.NewIncarnation == 0 && len(r.Address) == 0 && r.CredentialHash == [32]byte{}
+	h := r.CredentialHash[:]
+	return r.Op == 0 && r.NodeID|r.Incarnation|r.OldNodeID|r.NewNodeID|r.NewIncarnation == 0 && len(r.Address) == 0 &&
+		binary.LittleEndian.Uint64(h)|binary.LittleEndian.Uint64(h[8:])|binary.LittleEndian.Uint64(h[16:])|binary.LittleEndian.Uint64(h[24:]) == 0
 }
 
 // Control field bits: which fields an op carries. The encoding writes the

@@ -511,6 +511,7 @@ func TestControlIdentitiesNeverReissued(t *testing.T) {
 }
 
 func TestControlLimits(t *testing.T) {
+	t.Parallel() // large states; runs beside TestProperty
 	// A state one credential below the limit mints one more, then no more.
 	t.Run("join credentials", func(t *testing.T) {
 		m := core.NewMachine()

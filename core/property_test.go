@@ -487,10 +487,14 @@ func newReplicas(lastToken uint64) replicas {
 }
 
 func TestProperty(t *testing.T) {
+	t.Parallel() // the longest test; it shares nothing mutable
 	seed := propertySeed(t)
 	sequences, maxLen := 2000, 200
-	if testing.Short() {
+	switch {
+	case testing.Short():
 		sequences = 200
+	case raceEnabled:
+		sequences = 1000 // the first half of the same sequences
 	}
 	for seq := range sequences {
 		runSequence(t, seed, seq, maxLen)

@@ -36,7 +36,9 @@ type Config struct {
 	Status      func(ctx context.Context) protocol.StatusReply
 	Logger      *slog.Logger
 	MaxInflight int
-	// Now is the local monotonic clock; nil means time.Now.
+	// Now is the server's lease clock (server.Config.Now), used only to
+	// stamp requests for the server; context deadlines use the real clock.
+	// nil means time.Now.
 	Now func() time.Time
 }
 
@@ -54,14 +56,18 @@ type Service struct {
 
 // request abstracts a micro request and a forwarded *nats.Msg.
 type request struct {
-	op       string
-	data     []byte
-	reply    string
-	header   nats.Header
-	received time.Time
-	ok       func(body []byte) error
-	fail     func(e *protocol.Error) error
-	relay    func(body []byte, hdr nats.Header) error
+	op     string
+	data   []byte
+	reply  string
+	header nats.Header
+	// received is when the request arrived on the real clock, for context
+	// deadlines; receivedLease is the same moment on the server's lease
+	// clock (Config.Now), which may be skewed or jumped in tests.
+	received      time.Time
+	receivedLease time.Time
+	ok            func(body []byte) error
+	fail          func(e *protocol.Error) error
+	relay         func(body []byte, hdr nats.Header) error
 }
 
 // Start registers the service on cfg.Conn.
@@ -142,47 +148,42 @@ func (s *Service) Stop() error {
 	return err
 }
 
+// microHandler hands a micro request to dispatch. The reply is written
+// later, from the request's own goroutine, straight to its reply subject:
+// micro's Request must not be touched after the handler returns (micro
+// reads its state then), so micro's stats count these requests but not
+// their errors or processing time; ticketd's own metrics do.
 func (s *Service) microHandler(op string) micro.Handler {
 	return micro.HandlerFunc(func(r micro.Request) {
-		req := &request{
-			op:       op,
-			data:     r.Data(),
-			reply:    r.Reply(),
-			header:   nats.Header(r.Headers()),
-			received: s.cfg.Now(),
-			ok:       func(body []byte) error { return r.Respond(body) },
-			fail: func(e *protocol.Error) error {
-				return r.Error(string(e.Code), oneLine(e.Message), errorBody(e))
-			},
-			relay: func(body []byte, hdr nats.Header) error {
-				return r.Respond(body, micro.WithHeaders(micro.Headers(hdr)))
-			},
-		}
-		s.dispatch(req, false)
+		s.dispatch(s.newRequest(op, r.Data(), r.Reply(), nats.Header(r.Headers())), false)
 	})
 }
 
 func (s *Service) forwardHandler(m *nats.Msg) {
 	op := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-	req := &request{
-		op:       op,
-		data:     m.Data,
-		reply:    m.Reply,
-		header:   m.Header,
-		received: s.cfg.Now(),
-		ok:       func(body []byte) error { return m.Respond(body) },
-		fail: func(e *protocol.Error) error {
-			out := nats.NewMsg(m.Reply)
-			out.Header.Set(micro.ErrorHeader, oneLine(e.Message))
-			out.Header.Set(micro.ErrorCodeHeader, string(e.Code))
-			out.Data = errorBody(e)
-			return m.RespondMsg(out)
-		},
-		relay: func(body []byte, hdr nats.Header) error {
-			return m.RespondMsg(&nats.Msg{Subject: m.Reply, Data: body, Header: hdr})
-		},
+	s.dispatch(s.newRequest(op, m.Data, m.Reply, m.Header), true)
+}
+
+func (s *Service) newRequest(op string, data []byte, reply string, hdr nats.Header) *request {
+	publish := func(body []byte, h nats.Header) error {
+		return s.cfg.Conn.PublishMsg(&nats.Msg{Subject: reply, Data: body, Header: h})
 	}
-	s.dispatch(req, true)
+	return &request{
+		op:            op,
+		data:          data,
+		reply:         reply,
+		header:        hdr,
+		received:      time.Now(),
+		receivedLease: s.cfg.Now(),
+		ok:            func(body []byte) error { return publish(body, nil) },
+		fail: func(e *protocol.Error) error {
+			h := nats.Header{}
+			h.Set(micro.ErrorHeader, oneLine(e.Message))
+			h.Set(micro.ErrorCodeHeader, string(e.Code))
+			return publish(errorBody(e), h)
+		},
+		relay: publish,
+	}
 }
 
 // dispatch runs a request on its own goroutine (acquires may wait) under
@@ -284,7 +285,7 @@ func (s *Service) acquire(req *request) {
 	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout))
 	defer cancel()
 	g, err := s.cfg.Server.Acquire(ctx, server.AcquireParams{
-		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.received, Timeout: timeout,
+		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout,
 	})
 	if err != nil {
 		s.replyErr(req, asProto(err))
