@@ -19,8 +19,10 @@ import (
 	"time"
 
 	"go.etcd.io/raft/v3/raftpb"
+	"go.etcd.io/raft/v3/tracker"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/raftstore"
 )
 
 // Control plane limits and defaults.
@@ -107,6 +109,10 @@ const (
 	ControlCodeInvalid      = "invalid_argument"
 	ControlCodeNotCaughtUp  = "not_caught_up"
 	ControlCodeUnavailable  = "unavailable"
+	// ControlCodeIndeterminate: the transition may have been applied; it is
+	// never retried automatically (a retry of a consumed credential would
+	// be refused and hide the first outcome). Check `ticketd admin members`.
+	ControlCodeIndeterminate = "indeterminate"
 )
 
 // ControlMember is one member in control replies.
@@ -240,7 +246,13 @@ func (d *Daemon) proposeControl(r *http.Request, cmd core.Command) (core.Result,
 	ctx, cancel := context.WithTimeout(r.Context(), ControlTimeoutDefault)
 	defer cancel()
 	a, err := d.node.Propose(ctx, cmd)
-	if err != nil {
+	switch {
+	case errors.Is(err, raftstore.ErrNotLeader):
+		return core.Result{}, &ControlError{Code: ControlCodeNotLeader, Message: err.Error(), Leader: d.node.Leader()}
+	case errors.Is(err, raftstore.ErrIndeterminate):
+		return core.Result{}, &ControlError{Code: ControlCodeIndeterminate, Message: err.Error()}
+	case err != nil:
+		// Rejected before raft took it (invalid, or the context was done).
 		return core.Result{}, &ControlError{Code: ControlCodeUnavailable, Message: err.Error()}
 	}
 	if a.Result.Kind == core.ResultControlRejected {
@@ -269,6 +281,14 @@ func (d *Daemon) ctlBootstrap(r *http.Request, req ControlRequest) (ControlReply
 	}
 	if d.cfg.ID != 1 || d.PeerAddr() == "" {
 		return ControlReply{}, &ControlError{Code: ControlCodeInvalid, Message: "bootstrap runs on node 1 with a peer listener"}
+	}
+	var bootstrapped bool
+	d.node.View(func(m *core.Machine) { bootstrapped = m.Bootstrapped() })
+	// Once bootstrapped, the replicated state itself refuses (and says so).
+	if cs := d.node.ConfState(); !bootstrapped && (len(cs.Voters) != 1 || cs.Voters[0] != 1 || len(cs.Learners) != 0) {
+		// A store with other members (e.g. started from a static member
+		// list) must not be taken over: reconcile would remove them.
+		return ControlReply{}, &ControlError{Code: ControlCodeInvalid, Message: fmt.Sprintf("bootstrap needs a fresh single-voter node; membership is %v", cs.Voters)}
 	}
 	res, cerr := d.proposeControl(r, core.Bootstrap(got, d.advertisedPeer()))
 	if cerr != nil {
@@ -354,12 +374,16 @@ func (d *Daemon) ctlIdentity(r *http.Request, req ControlRequest) (ControlReply,
 	return ControlReply{Result: "identity_current", NodeID: req.NodeID, Incarnation: req.Incarnation}, nil
 }
 
-// caughtUp reports whether a learner's log is within PromoteLagDefault of
-// the leader's commit index.
+// caughtUp reports whether a learner is alive and replicating, with its
+// log within PromoteLagDefault of the leader's commit index. Match > 0 and
+// the replicate state matter: a learner that never answered has Match 0,
+// which a young log's small commit index would otherwise count as caught
+// up, and promoting a dead learner can cost the quorum.
 func (d *Daemon) caughtUp(id uint64) bool {
 	st := d.node.Status()
 	pr, ok := st.Progress[id]
-	return ok && pr.Match+PromoteLagDefault >= st.Commit
+	return ok && pr.Match > 0 && pr.RecentActive && pr.State == tracker.StateReplicate &&
+		pr.Match+PromoteLagDefault >= st.Commit
 }
 
 func (d *Daemon) advertisedPeer() string {
@@ -443,6 +467,7 @@ func (d *Daemon) reconcileLoop() {
 			} else {
 				d.log.Info("learner caught up; promoted", "node", m.NodeID, "result", a.Result.String())
 			}
+			break // one promotion per round: the next one waits for its conf change
 		}
 	}
 }
@@ -542,8 +567,13 @@ func CallControl(ctx context.Context, urls []string, path, credential string, bo
 			}
 			resp, err := http.DefaultClient.Do(req)
 			if err != nil {
-				last = err
-				continue
+				var op *net.OpError
+				if errors.As(err, &op) && op.Op == "dial" {
+					last = err // never reached the node: safe to try the next
+					continue
+				}
+				// The request may have reached the leader and taken effect.
+				return ControlReply{}, &ControlError{Code: ControlCodeIndeterminate, Message: fmt.Sprintf("%s: %v", u, err)}
 			}
 			data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()

@@ -315,3 +315,44 @@ func TestControlPlane(t *testing.T) {
 	}
 	t.Logf("%d locks taken during the replacement, %d client failures, replacement result %s", len(held), len(failures), done.Result)
 }
+
+// TestDeadLearnerIsNotPromoted: a node admitted but never started (or one
+// that lost its join reply) stays a learner; promoting it would cost a
+// one-voter cluster its quorum. It can then be retired.
+func TestDeadLearnerIsNotPromoted(t *testing.T) {
+	c := newControlCluster(t, 1)
+	boot := c.config(0)
+	boot.BootstrapCredential = testBoot
+	a, err := c.start(boot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Server().IsLeader() })
+	if _, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: testBoot}); err != nil {
+		t.Fatal(err)
+	}
+	mint, err := c.call("/v1/join-credentials", testAdmin, ControlRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ghost, err := c.call("/v1/join", "", ControlRequest{Credential: mint.Credential, Address: freeAddr(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, 5*time.Second, "ghost added as learner", func() bool {
+		cs := a.Node().ConfState()
+		return len(cs.Learners) == 1 && cs.Learners[0] == ghost.NodeID
+	})
+	// Give the promoter many rounds to get it wrong.
+	deadline := time.Now().Add(20 * ReconcileIntervalDefault)
+	for time.Now().Before(deadline) {
+		if cs := a.Node().ConfState(); len(cs.Voters) != 1 {
+			t.Fatalf("a learner that never replicated was promoted: voters %v", cs.Voters)
+		}
+		time.Sleep(ReconcileIntervalDefault / 2)
+	}
+	if _, err := c.call("/v1/retire", testAdmin, ControlRequest{NodeID: ghost.NodeID, Incarnation: ghost.Incarnation}); err != nil {
+		t.Fatalf("retire the ghost: %v", err)
+	}
+	c.waitVoters(1)
+}

@@ -142,7 +142,7 @@ type Node struct {
 
 	pmu       sync.Mutex
 	proposals map[uint64]chan proposalResult
-	reads     map[string]chan uint64
+	reads     map[string]chan readResult
 	appliedW  []appliedWaiter
 
 	snapIndex uint64
@@ -153,6 +153,11 @@ type Node struct {
 	once  sync.Once
 
 	startOnce sync.Once
+}
+
+type readResult struct {
+	index uint64
+	err   error
 }
 
 type appliedWaiter struct {
@@ -183,7 +188,7 @@ func NewNode(cfg Config) (*Node, error) {
 		machine:   machine,
 		reqBase:   binary.LittleEndian.Uint64(seed[:]),
 		proposals: make(map[uint64]chan proposalResult),
-		reads:     make(map[string]chan uint64),
+		reads:     make(map[string]chan readResult),
 		stopc:     make(chan struct{}),
 		donec:     make(chan struct{}),
 		errc:      make(chan error, 1),
@@ -345,6 +350,14 @@ func (n *Node) Propose(ctx context.Context, cmd core.Command) (Applied, error) {
 	n.proposals[id] = ch
 	n.pmu.Unlock()
 	data := core.EncodeEntry(core.Entry{RequestID: id, Command: cmd})
+	// A context already done certainly proposed nothing; past this point
+	// raft may return ctx or stop errors after it has taken the entry.
+	if err := ctx.Err(); err != nil {
+		n.pmu.Lock()
+		delete(n.proposals, id)
+		n.pmu.Unlock()
+		return Applied{}, fmt.Errorf("raftstore: propose: %w", err)
+	}
 	if err := n.raft.Propose(ctx, data); err != nil {
 		n.pmu.Lock()
 		delete(n.proposals, id)
@@ -352,11 +365,9 @@ func (n *Node) Propose(ctx context.Context, cmd core.Command) (Applied, error) {
 		if errors.Is(err, raft.ErrProposalDropped) {
 			return Applied{}, ErrNotLeader
 		}
-		if errors.Is(err, raft.ErrStopped) {
-			return Applied{}, ErrStopped
-		}
-		// Propose returns ctx errors only before handing the entry over.
-		return Applied{}, fmt.Errorf("raftstore: propose: %w", err)
+		// raft.node's stepWithWaitOption can report ctx.Err() or
+		// ErrStopped after the entry was stepped into the log.
+		return Applied{}, fmt.Errorf("%w: propose: %w", ErrIndeterminate, err)
 	}
 	select {
 	case r := <-ch:
@@ -378,7 +389,7 @@ func (n *Node) ReadIndex(ctx context.Context) error {
 	var rctx [8]byte
 	binary.BigEndian.PutUint64(rctx[:], n.reqBase+n.reqSeq.Add(1))
 	key := string(rctx[:])
-	ch := make(chan uint64, 1)
+	ch := make(chan readResult, 1)
 	n.pmu.Lock()
 	n.reads[key] = ch
 	n.pmu.Unlock()
@@ -392,7 +403,11 @@ func (n *Node) ReadIndex(ctx context.Context) error {
 	}
 	var index uint64
 	select {
-	case index = <-ch:
+	case r := <-ch:
+		if r.err != nil {
+			return r.err
+		}
+		index = r.index
 	case <-ctx.Done():
 		return fmt.Errorf("raftstore: read index: %w", ctx.Err())
 	case <-n.stopc:
@@ -439,6 +454,9 @@ func (n *Node) run() {
 				n.isLeader.Store(false)
 				n.ready.Store(false)
 				n.failAll(ErrIndeterminate)
+				if n.cfg.Observer != nil {
+					n.cfg.Observer.OnLeadershipLost()
+				}
 				return
 			}
 			n.raft.Advance()
@@ -449,6 +467,7 @@ func (n *Node) run() {
 }
 
 func (n *Node) handleReady(rd raft.Ready) error {
+	lostLeadership := false
 	if rd.SoftState != nil {
 		n.leader.Store(rd.SoftState.Lead)
 		wasLeader := n.isLeader.Load()
@@ -456,12 +475,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.isLeader.Store(nowLeader)
 		if wasLeader && !nowLeader {
 			n.ready.Store(false)
-			// Our in-flight proposals may or may not commit under the
-			// new leader: their callers must not guess.
-			n.failAll(ErrIndeterminate)
-			if n.cfg.Observer != nil {
-				n.cfg.Observer.OnLeadershipLost()
-			}
+			lostLeadership = true
 		}
 	}
 	if !raft.IsEmptyHardState(rd.HardState) {
@@ -597,7 +611,8 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	}
 	for _, rs := range rd.ReadStates {
 		if ch, ok := n.reads[string(rs.RequestCtx)]; ok {
-			ch <- rs.Index
+			delete(n.reads, string(rs.RequestCtx))
+			ch <- readResult{index: rs.Index}
 		}
 	}
 	kept := n.appliedW[:0]
@@ -610,6 +625,15 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	}
 	n.appliedW = kept
 	n.pmu.Unlock()
+	if lostLeadership {
+		// After this Ready's own results went out: the rest of our
+		// in-flight proposals may or may not commit under the new leader,
+		// so their callers must not guess.
+		n.failAll(ErrIndeterminate)
+		if obs != nil {
+			obs.OnLeadershipLost()
+		}
+	}
 
 	if leaderReady && !n.ready.Load() {
 		n.ready.Store(true)
@@ -643,12 +667,18 @@ func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState) error {
 	return nil
 }
 
+// failAll ends every waiting proposal with err and every waiting read with
+// ErrNotLeader (raft drops pending reads of a deposed leader).
 func (n *Node) failAll(err error) {
 	n.pmu.Lock()
 	defer n.pmu.Unlock()
 	for id, ch := range n.proposals {
 		delete(n.proposals, id)
 		ch <- proposalResult{err: err}
+	}
+	for key, ch := range n.reads {
+		delete(n.reads, key)
+		ch <- readResult{err: ErrNotLeader}
 	}
 }
 

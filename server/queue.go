@@ -10,6 +10,7 @@ type waiter struct {
 	// lost is closed when leadership is lost while the waiter is queued.
 	lost     chan struct{}
 	signaled bool
+	epoch    uint64 // the leadership epoch that reserved the key for it
 	elem     *list.Element
 }
 

@@ -113,10 +113,14 @@ type Server struct {
 	wg     sync.WaitGroup
 	kick   chan struct{}
 
-	mu      sync.Mutex
-	leader  bool // ready leader: lease and queue state below are valid
-	leases  *leaseHeap
-	pending map[string]bool
+	mu     sync.Mutex
+	leader bool // ready leader: lease and queue state below are valid
+	leases *leaseHeap
+	// epoch counts leadership changes; pending maps a key with a Grant in
+	// flight to the epoch that proposed it, so work left over from an
+	// earlier leadership never clears a later one's bookkeeping.
+	epoch   uint64
+	pending map[string]uint64
 	queues  map[string]*waitQueue
 	waiters int
 }
@@ -154,7 +158,7 @@ func New(cfg Config) *Server {
 		cancel:  cancel,
 		kick:    make(chan struct{}, 1),
 		leases:  newLeaseHeap(),
-		pending: make(map[string]bool),
+		pending: make(map[string]uint64),
 		queues:  make(map[string]*waitQueue),
 	}
 }
@@ -244,12 +248,14 @@ func (s *Server) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		if err := s.await(ctx, p, w, deadline); err != nil {
 			return Grant{}, err
 		}
-		// The key is pending on our behalf now.
-	} else {
-		s.pending[p.Key] = true
-		s.mu.Unlock()
+		// The key is pending on our behalf now, in the epoch that
+		// signalled us (written before the turn was sent).
+		return s.grant(p, cmd, deadline, w.epoch)
 	}
-	return s.grant(p, cmd, deadline)
+	epoch := s.epoch
+	s.pending[p.Key] = epoch
+	s.mu.Unlock()
+	return s.grant(p, cmd, deadline, epoch)
 }
 
 // await blocks until w's turn, its wait runs out, ctx ends or leadership
@@ -278,8 +284,7 @@ func (s *Server) await(ctx context.Context, p AcquireParams, w *waiter, deadline
 	defer s.mu.Unlock()
 	if w.signaled {
 		// Our turn came as we gave up: hand the key to the next waiter.
-		delete(s.pending, p.Key)
-		s.promote(p.Key)
+		s.clearPending(p.Key, w.epoch)
 		return cause
 	}
 	if q := s.queues[p.Key]; q != nil {
@@ -297,8 +302,16 @@ func (s *Server) await(ctx context.Context, p AcquireParams, w *waiter, deadline
 
 // grant proposes the Grant for a key already marked pending and applies
 // the lost-reply rule to its outcome.
-func (s *Server) grant(p AcquireParams, cmd core.Command, deadline time.Time) (Grant, error) {
+func (s *Server) grant(p AcquireParams, cmd core.Command, deadline time.Time, epoch uint64) (Grant, error) {
 	cmd.GrantedAtMS = s.cfg.WallClockMS()
+	s.mu.Lock()
+	current := s.leader && s.epoch == epoch
+	s.mu.Unlock()
+	if !current {
+		// Leadership changed since the key was reserved for us: that
+		// reservation is gone, and proposing now could race a newer one.
+		return Grant{}, s.notLeader()
+	}
 	// The proposal is not bound to the request's context: if the entry
 	// applies after the requester gave up we must still learn its token to
 	// release it. Node.Propose returns when it applies, or indeterminate
@@ -306,8 +319,7 @@ func (s *Server) grant(p AcquireParams, cmd core.Command, deadline time.Time) (G
 	a, err := s.propose(s.ctx, cmd)
 	if err != nil {
 		s.mu.Lock()
-		delete(s.pending, p.Key)
-		s.promote(p.Key)
+		s.clearPending(p.Key, epoch)
 		s.mu.Unlock()
 		return Grant{}, err
 	}
@@ -428,11 +440,20 @@ func (s *Server) mapErr(err error) *protocol.Error {
 
 // busy reports whether key is held or has a Grant in flight. s.mu held.
 func (s *Server) busy(key string) bool {
-	if s.pending[key] {
+	if _, ok := s.pending[key]; ok {
 		return true
 	}
 	_, held := s.leases.get(key)
 	return held
+}
+
+// clearPending drops key's reservation if epoch made it, and hands the key
+// on. s.mu held.
+func (s *Server) clearPending(key string, epoch uint64) {
+	if e, ok := s.pending[key]; ok && e == epoch {
+		delete(s.pending, key)
+		s.promote(key)
+	}
 }
 
 // promote hands a free key to the head of its queue. s.mu held.
@@ -448,7 +469,8 @@ func (s *Server) promote(key string) {
 		s.waiters--
 		s.cfg.Metrics.Waiters.Set(float64(s.waiters))
 		w.signaled = true
-		s.pending[key] = true
+		w.epoch = s.epoch
+		s.pending[key] = s.epoch
 		w.turn <- struct{}{}
 	}
 	if q.len() == 0 {
@@ -511,7 +533,8 @@ func (s *Server) OnLeaderReady(term uint64) {
 	for _, l := range locks {
 		s.leases.arm(l.Key, l.Token, time.Duration(l.LeaseMS)*time.Millisecond, now)
 	}
-	s.pending = make(map[string]bool)
+	s.pending = make(map[string]uint64)
+	s.epoch++
 	s.leader = true
 	s.wake()
 	s.mu.Unlock()
@@ -528,6 +551,7 @@ func (s *Server) OnLeadershipLost() {
 	defer s.mu.Unlock()
 	was := s.leader
 	s.leader = false
+	s.epoch++
 	for key, q := range s.queues {
 		for w := q.pop(); w != nil; w = q.pop() {
 			close(w.lost)
@@ -536,7 +560,7 @@ func (s *Server) OnLeadershipLost() {
 	}
 	s.waiters = 0
 	s.cfg.Metrics.Waiters.Set(0)
-	s.pending = make(map[string]bool)
+	s.pending = make(map[string]uint64)
 	s.leases.reset()
 	if was {
 		s.cfg.Metrics.LeaderChanges.Inc()

@@ -24,6 +24,12 @@ const MaxInflightDefault = 10000
 // to a forwarded release or get.
 const ForwardTimeoutDefault = 5 * time.Second
 
+// ForwardGraceDefault is how much longer than the requester a follower
+// waits for the leader: the leader counts its deadline from its own, later
+// receipt, and a grant it answers in that gap must reach the follower,
+// which can still relay it or, failing that, release it.
+const ForwardGraceDefault = time.Second
+
 // ErrorCodeHeader carries the stable error code beside micro's own
 // Nats-Service-Error-Code header (which holds the same value).
 const ErrorCodeHeader = micro.ErrorCodeHeader
@@ -44,14 +50,18 @@ type Config struct {
 
 // Service is the running NATS endpoint set of one node.
 type Service struct {
-	cfg  Config
-	log  *slog.Logger
-	svc  micro.Service
-	fwd  *nats.Subscription
-	sem  chan struct{}
-	wg   sync.WaitGroup
-	ctx  context.Context
-	stop context.CancelFunc
+	cfg Config
+	log *slog.Logger
+	svc micro.Service
+	fwd *nats.Subscription
+	// acqSem bounds acquires (which may wait in a queue); sem bounds the
+	// rest, so waiting acquires can never starve the releases that would
+	// free their keys.
+	acqSem chan struct{}
+	sem    chan struct{}
+	wg     sync.WaitGroup
+	ctx    context.Context
+	stop   context.CancelFunc
 }
 
 // request abstracts a micro request and a forwarded *nats.Msg.
@@ -85,7 +95,7 @@ func Start(cfg Config) (*Service, error) {
 		cfg.Now = time.Now
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Service{cfg: cfg, log: cfg.Logger, sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel}
+	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel}
 	id := cfg.Server.ID()
 	svc, err := micro.AddService(cfg.Conn, micro.Config{
 		Name:        protocol.ServiceName,
@@ -192,16 +202,20 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 	if req.reply == "" {
 		return // a publish without a reply subject asks nothing
 	}
+	sem := s.sem
+	if req.op == "acquire" {
+		sem = s.acqSem
+	}
 	select {
-	case s.sem <- struct{}{}:
+	case sem <- struct{}{}:
 	default:
-		_ = req.fail(protocol.Errorf(protocol.CodeUnavailable, "node overloaded: %d requests in flight", cap(s.sem)))
+		_ = req.fail(protocol.Errorf(protocol.CodeUnavailable, "node overloaded: %d %s requests in flight", cap(sem), req.op))
 		return
 	}
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
-		defer func() { <-s.sem }()
+		defer func() { <-sem }()
 		s.handle(req, forwarded)
 	}()
 }
@@ -254,7 +268,7 @@ func (s *Service) forward(req *request) {
 		}
 		_, _, timeout, _ = ar.Validate()
 	}
-	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout))
+	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout+ForwardGraceDefault))
 	defer cancel()
 	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Data: req.data, Header: req.header})
 	switch {
@@ -272,6 +286,24 @@ func (s *Service) forward(req *request) {
 	}
 	if err := req.relay(m.Data, m.Header); err != nil {
 		s.log.Debug("relayed reply not written", "op", req.op, "err", err)
+		if req.op == "acquire" {
+			s.releaseUndelivered(leader, m.Data)
+		}
+	}
+}
+
+// releaseUndelivered asks the leader to release a grant whose reply this
+// follower could not relay: nobody can hold that token (SPEC §4.4).
+func (s *Service) releaseUndelivered(leader uint64, reply []byte) {
+	var ar protocol.AcquireReply
+	if protocol.ParseReply(reply, &ar) != nil || ar.Token == 0 {
+		return
+	}
+	body, _ := json.Marshal(protocol.ReleaseRequest{Key: ar.Key, Token: ar.Token})
+	ctx, cancel := context.WithTimeout(s.ctx, ForwardTimeoutDefault)
+	defer cancel()
+	if _, err := s.cfg.Conn.RequestWithContext(ctx, protocol.ForwardSubject(leader, "release"), body); err != nil {
+		s.log.Warn("release of an undelivered grant failed; it will expire with its lease", "key", ar.Key, "token", ar.Token, "err", err)
 	}
 }
 
