@@ -1,0 +1,188 @@
+// Package faults is ticketd's Jepsen-style fault harness: it runs a
+// cluster under crashes, partitions, pauses and clock jumps while many SDK
+// clients take, use and release locks, records every operation, and checks
+// the history for safety violations.
+//
+// # Running it
+//
+// The default suite runs a short version of both drivers (about a minute,
+// with or without -race):
+//
+//	go test ./faults/                 # in-process + process-level, 2 rounds x 12s each (~60s)
+//	go test -race ./faults/           # what CI runs (~65s)
+//	go test -short ./faults/          # in-process only, 1 round of 7s (~12s)
+//
+// The long run is opt-in:
+//
+//	TICKETD_FAULTS_LONG=1 TICKETD_FAULTS_DURATION=10m go test -run 'Test(InProcess|Process)Faults' -timeout 0 -v ./faults/
+//
+// DURATION is the workload time of each of the two tests (rounds of 30s,
+// 10 clients, 4 keys), so the command above runs about 20 minutes. Other
+// variables:
+//
+//	TICKETD_FAULTS_NODES=5       5 nodes instead of 3 (adds bridge partitions)
+//	TICKETD_FAULTS_SEED=N        reproduce a fault schedule and workload mix (timing still varies)
+//	TICKETD_FAULTS_OUT=DIR       where artifacts go (default $TMPDIR/ticketd-faults); setting it keeps them
+//	TICKETD_FAULTS_KEEP=1        keep the artifacts of a passing run (the long run always keeps them)
+//	TICKETD_FAULTS_REPLAY=FILE   TestReplay re-checks a history.json and visualizes every key
+//	TICKETD_FAULTS_KNOWN_BUGS=1  run the TestKnownBug* tests of unfixed bugs (they fail)
+//
+// Every run logs its seed and artifact directory first and a report last:
+// faults injected by kind; operations by kind as ok, definite refusals
+// (held, timeout, not_found), fail (certainly no effect) and
+// indeterminate, with error codes; resource writes accepted and fenced;
+// porcupine verdicts per key and round; lease overlaps excused by clock
+// jumps; notable legal events; and every violation with the operations
+// that show it. On failure (always in long mode) the directory holds
+// history.json (every operation, write, fault and clock jump, replayable
+// with TestReplay), summary.txt, porcupine visualizations (HTML) of every
+// key of a round with a violation, and the node logs.
+//
+// # Drivers and faults
+//
+// The in-process driver starts 3 or 5 daemon.Start nodes on 127.0.0.1
+// (embedded NATS, routed together; small snapshot intervals so restarted
+// nodes catch up from snapshots). Its faults: crash and restart of the
+// leader, a follower or a majority (daemon.Close: a clean stop, the
+// process driver does the dirty one); partitions through
+// peer.Transport.SetFilter (isolate the leader or a follower, split into a
+// minority and a majority, one-way loss of a node's outbound or inbound
+// raft traffic, bridge with 5 nodes, flaky links dropping 30% of
+// messages); and jumps of a node's lease clock (daemon.Options.Now): forward
+// jumps of 1/4 to 3/2 of the longest lease, backward jumps of 1/8 to 1/2,
+// and a forward jump of the leader immediately followed by its isolation.
+//
+// The process-level driver builds ./cmd/ticketd once and runs real `ticketd
+// serve` processes. Every raft link a -> b goes through a TCP proxy of the
+// harness (node a's --initial-cluster names the proxy as b's address; the
+// peer transport uses one connection per direction), so partitions and
+// one-way loss are proxies that drop (close and refuse) or blackhole
+// (accept and discard, then close on heal). Its faults: kill -9 of the
+// leader, a follower, a majority or every node, each restarted on its
+// data; SIGSTOP/SIGCONT of the leader or a follower; and the partitions
+// above. NATS routes are not proxied: clients always reach some node, and
+// only raft traffic is cut.
+//
+// Faults come one at a time, each held for 2 to 8 election timeouts
+// (pauses from 1) and healed before the next, with 2 to 6 election
+// timeouts between them.
+//
+// # Workload
+//
+// Clients (8 by default) each have their own SDK connection to all nodes
+// (1s request timeout, fast NATS failover) and loop, bounded in count and
+// time: a get (25%), or a cycle of acquire (try-only or waiting up to 1s,
+// lease 300ms to 2s) and, if granted, writes to the fenced resource while
+// the lock is valid, sometimes a get, then a release (retried once if
+// indeterminate), or holding past the lease and letting it expire. Every
+// operation has a context deadline (its wait plus 1.5s). A run is a
+// number of rounds; after each round every fault is healed, a get of every
+// key is recorded at once, the keys are drained (polled until free), and
+// the replicas must converge to the same applied index and lock-table
+// digest. Each round is checked on its own, starting with all keys free.
+// (This assumes an operation of a round cannot take effect after the next
+// round started: by then the cluster is healed, every lease has run out
+// and the replicas agree.)
+//
+// # Checkers
+//
+// Outcomes: success, held, timeout and not_found are definite answers; a
+// retryable code after the SDK gave up (or nothing sent) is "fail" and
+// certainly changed nothing (left out of the model); indeterminate,
+// internal, unknown codes and codes an operation does not document (a
+// release answered "timeout") are unknown: the operation may take effect
+// at any time after its call (porcupine: return time infinity). A failed
+// get is left out.
+//
+// Linearizability (porcupine, per key): a nondeterministic lock model whose
+// state is free, held by a known token with the holder's lease window, or
+// held by a "phantom" grant nobody received. acquire ok needs a free key;
+// held needs a held key (but see reservations below); release ok(T) needs T held; release not_found
+// needs T not held; get shows exactly the holder. An unknown acquire may
+// leave a phantom; so may an acquire answered "timeout", because the
+// server answers timeout for a grant applied after the requester's
+// deadline, which it then releases itself. A phantom may vanish at any time
+// (lost-reply release or expiry) and its token is learned from the first
+// get that shows a token no acquire returned. Leases end by a committed
+// Expire at a time nobody observes, so expiry is a spontaneous transition:
+// a known lock may expire only if the operation being linearized can be
+// placed at or after its SDK deadline (send time of the successful
+// attempt + lease, Lock.Deadline) minus every forward clock jump since it
+// was sent; the expiry then constrains every later operation to that
+// time, so an indeterminate operation (which may linearize arbitrarily
+// late) cannot be used to expire a lease early.
+//
+// Reservations: the leader answers a try-acquire with held while the key
+// is free in the state machine but reserved for another acquire whose
+// Grant is being committed (SPEC §3: no Grant is proposed for a key that
+// is held or pending). Under message loss that lasts hundreds of
+// milliseconds, and a linearizable get meanwhile says free, so held is not
+// an observation of the lock while another client's acquire is in flight;
+// such answers are left out of the model (counted in the report), and a
+// held answer with no other acquire in flight must still be explained by
+// a holder. A violation's message carries the shortest non-linearizable
+// prefix found (by call time) and its last operations.
+//
+// Tokens: tokens of granted acquires are unique per key; an acquire's
+// token is above every token observed (granted or shown by a get) by
+// operations that completed before it was invoked; a get never shows a
+// token older than one observed before it started.
+//
+// Acknowledged operations are not lost: after a release is acknowledged,
+// no get invoked later shows its token; a grant is visible to every get
+// invoked after its acknowledgement that completes before its lease can
+// have ended, unless a release of its token was invoked.
+//
+// Mutual exclusion and the fenced resource: a holder may act from its
+// acquire's acknowledgement to Lock.Deadline (or its release call). Two
+// such windows of different tokens on one key must not overlap. The
+// resource remembers the highest token that wrote to a key and rejects
+// lower ones; holders write only while valid, checked under the resource's
+// mutex. A rejected write of a valid holder means a higher token was
+// granted while it was valid.
+//
+// Clock jumps: a forward jump of the leader's lease clock makes it expire
+// leases early in real time, before the holder's SDK deadline; SPEC §4 does
+// not promise otherwise ("clocks never decide state" is about replica
+// agreement, and Lock.Deadline assumes the leader's clock runs at real
+// speed). So an early expiry, an overlap of validity windows, or a fenced
+// write is accepted when, and only when, the forward jumps between the
+// lock's send time and the observation add up to at least the time cut
+// from its lease; the overlap is then reported as excused, and fencing is
+// what must still hold: tokens keep increasing (the token checker does not
+// excuse anything), so the newer holder's writes win and the stale
+// holder's are rejected (counted as fenced). Backward jumps lengthen
+// leases, which no checker minds (the drain waits for them).
+// TestCheckersCatchAnUnrecordedClockJump shows the checkers catch the
+// same overlap when the jump is not recorded.
+//
+// Liveness is checked loosely: a leader within 30s of healing, every key
+// free within the longest lease plus all backward jumps plus 15s, replicas
+// converged within 30s, and no node exiting on its own.
+//
+// # Bugs this harness found
+//
+// Both fixed in be9c3bb; the tests stay as regressions. Under -race every
+// in-process run tripped a data race in transports/natsapi, which answered
+// nats micro requests from a goroutine after micro's handler had returned
+// (TestInProcessFaults is the regression test). The clock-jump fault
+// showed natsapi turning the injected lease clock into real-time context
+// deadlines, so a node whose lease clock was behind abandoned queue waits
+// at once and answered forwarded acquires with indeterminate
+// (TestLeaseClockOnlyTimesLeases).
+//
+// Unfixed, skipped unless TICKETD_FAULTS_KNOWN_BUGS=1:
+// TestKnownBugStartContextBoundsPeerTransport (the context given to
+// daemon.Start, if it ends after start-up, silently closes the node's raft
+// peer transport).
+//
+// # Not covered
+//
+// Wiping a node's data and rejoining it (that needs the control plane and
+// a new identity; rejoining with the same id is what the control plane
+// must refuse); membership changes; clock jumps of real processes (there is
+// no clock hook in the binary, and the kernel's monotonic clock cannot be
+// stepped per process); disk faults (fsync loss, corruption, full disk);
+// NATS-level partitions between clients and nodes or between the embedded
+// NATS servers; plugins.
+package faults

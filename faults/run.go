@@ -1,0 +1,384 @@
+package faults
+
+import (
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"sort"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/anishathalye/porcupine"
+
+	"github.com/ticketd/ticketd/sdk"
+)
+
+// Config is one harness run.
+type Config struct {
+	Name  string
+	Mode  string // modeInProcess or modeProcess
+	Nodes int
+	// Rounds of RoundDuration each: workload and faults, then heal,
+	// final reads, drain (every lease ends) and convergence; each round is
+	// checked on its own, starting from all keys free.
+	Rounds        int
+	RoundDuration time.Duration
+	Clients       int
+	Keys          int
+	LeaseMin      time.Duration
+	LeaseMax      time.Duration
+	MaxWait       time.Duration
+	// MaxOpsPerClient and MaxFaultsPerRound bound the loops besides time.
+	MaxOpsPerClient   int
+	MaxFaultsPerRound int
+	Seed              uint64
+	// OutDir receives the run's artifacts (node logs, history, porcupine
+	// visualizations); kept on failure or when Keep is set.
+	OutDir       string
+	Keep         bool
+	CheckTimeout time.Duration
+	Kinds        []string
+	logf         func(format string, args ...any)
+}
+
+// Report is what a run found.
+type Report struct {
+	Config     Config
+	Elapsed    time.Duration
+	Faults     map[string]int
+	Ops        map[OpKind]map[string]int // kind -> ok / fail / indeterminate / outcome detail
+	Writes     struct{ Accepted, Fenced int }
+	Lin        map[porcupine.CheckResult]int
+	Violations []Violation
+	Excused    []string
+	Notes      []string
+	Files      []string
+	// Anomalies are legal but notable events, counted.
+	Anomalies map[string]int
+}
+
+func (r *Report) summary() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%s: %d %s nodes, %d rounds x %v, %d clients, %d keys, seed %d, elapsed %v\n",
+		r.Config.Name, r.Config.Nodes, r.Config.Mode, r.Config.Rounds, r.Config.RoundDuration, r.Config.Clients, r.Config.Keys, r.Config.Seed, r.Elapsed.Round(time.Millisecond))
+	kinds := sortedKeys(r.Faults)
+	total := 0
+	for _, k := range kinds {
+		total += r.Faults[k]
+	}
+	fmt.Fprintf(&b, "  faults injected: %d", total)
+	for _, k := range kinds {
+		fmt.Fprintf(&b, " %s=%d", k, r.Faults[k])
+	}
+	b.WriteString("\n")
+	for _, k := range []OpKind{OpAcquire, OpRelease, OpGet} {
+		m := r.Ops[k]
+		fmt.Fprintf(&b, "  %-8s ok=%d", k, m["ok"])
+		switch k {
+		case OpAcquire:
+			fmt.Fprintf(&b, " held=%d timeout=%d", m["held"], m["timeout"])
+		case OpRelease:
+			fmt.Fprintf(&b, " not_found=%d", m["not_found"])
+		}
+		fmt.Fprintf(&b, " fail=%d indeterminate=%d", m["fail"], m["indeterminate"])
+		var details []string
+		for _, d := range sortedKeys(m) {
+			if strings.Contains(d, ":") {
+				details = append(details, fmt.Sprintf("%s=%d", d, m[d]))
+			}
+		}
+		if len(details) > 0 {
+			fmt.Fprintf(&b, " (%s)", strings.Join(details, " "))
+		}
+		b.WriteString("\n")
+	}
+	fmt.Fprintf(&b, "  resource writes accepted=%d fenced=%d; linearizability per key-round: Ok=%d Illegal=%d Unknown=%d\n",
+		r.Writes.Accepted, r.Writes.Fenced, r.Lin[porcupine.Ok], r.Lin[porcupine.Illegal], r.Lin[porcupine.Unknown])
+	fmt.Fprintf(&b, "  lease overlaps excused by forward clock jumps (fencing held): %d\n", len(r.Excused))
+	for _, a := range sortedKeys(r.Anomalies) {
+		fmt.Fprintf(&b, "  %s: %d\n", a, r.Anomalies[a])
+	}
+	fmt.Fprintf(&b, "  violations: %d\n", len(r.Violations))
+	for _, v := range r.Violations {
+		b.WriteString("    ")
+		b.WriteString(v.String())
+		b.WriteString("\n")
+	}
+	for _, n := range r.Notes {
+		fmt.Fprintf(&b, "  note: %s\n", n)
+	}
+	return b.String()
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// run drives one cluster through the configured rounds and checks them.
+func run(cfg Config, c cluster, h *History) *Report {
+	start := time.Now()
+	rep := &Report{Config: cfg, Faults: map[string]int{}, Ops: map[OpKind]map[string]int{}, Lin: map[porcupine.CheckResult]int{}, Anomalies: map[string]int{}}
+	logf := cfg.logf
+	rng := rand.New(rand.NewPCG(cfg.Seed, 0x7469636b657464))
+	keys := make([]string, cfg.Keys)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("faults/%s/k%d", cfg.Name, i)
+	}
+	wl := &workload{h: h, res: newResource(h), keys: keys, leaseMin: cfg.LeaseMin, leaseMax: cfg.LeaseMax, maxWait: cfg.MaxWait, opTimeout: 1500 * time.Millisecond}
+	workers := make([]*worker, cfg.Clients)
+	for i := range workers {
+		cl, err := connectClient(c.clientURLs())
+		if err != nil {
+			rep.Violations = append(rep.Violations, Violation{Checker: "setup", Message: fmt.Sprintf("client %d: %v", i, err)})
+			return rep
+		}
+		defer cl.Close()
+		workers[i] = &worker{id: i, cl: cl, rng: rand.New(rand.NewPCG(rng.Uint64(), uint64(i))), w: wl}
+	}
+	checker, err := connectClient(c.clientURLs())
+	if err != nil {
+		rep.Violations = append(rep.Violations, Violation{Checker: "setup", Message: err.Error()})
+		return rep
+	}
+	defer checker.Close()
+	checkerID := cfg.Clients
+	nem := &nemesis{c: c, h: h, rng: rand.New(rand.NewPCG(rng.Uint64(), 1)), kinds: cfg.Kinds, base: c.electionTimeout(), logf: logf, leaseMax: cfg.LeaseMax}
+
+	liveness := func(round int, what string) {
+		rep.Violations = append(rep.Violations, Violation{Checker: "liveness", Round: round, Message: what})
+	}
+	reportedExits := 0
+	for round := 0; round < cfg.Rounds; round++ {
+		h.setRound(round)
+		if !waitLeader(c, 30*time.Second) {
+			liveness(round, "no leader within 30s before the round")
+			for _, e := range c.unexpectedExits()[reportedExits:] {
+				rep.Violations = append(rep.Violations, Violation{Checker: "crash", Round: round, Message: e})
+			}
+			break
+		}
+		// Every key starts free: a round is checked from a known state.
+		if held := drain(h, checker, checkerID, keys, 30*time.Second); len(held) > 0 {
+			liveness(round, fmt.Sprintf("keys still held 30s after the previous round: %v", held))
+		}
+		roundStart := h.Now()
+		until := time.Now().Add(cfg.RoundDuration)
+		logf("round %d: workload and faults for %v", round, cfg.RoundDuration)
+		var wg sync.WaitGroup
+		for _, wk := range workers {
+			wg.Add(1)
+			go func() { defer wg.Done(); wk.run(until, cfg.MaxOpsPerClient) }()
+		}
+		nemDone := make(chan struct{})
+		go func() {
+			defer close(nemDone)
+			// Stop injecting a little before the clients stop, so the
+			// last faults are healed under load.
+			nem.run(until.Add(-3*c.electionTimeout()), cfg.MaxFaultsPerRound)
+		}()
+		wg.Wait()
+		<-nemDone
+		healedAt := h.Now()
+		if !waitLeader(c, 30*time.Second) {
+			liveness(round, "no leader within 30s after healing every fault")
+		}
+		// Final reads right after healing: every acknowledged grant whose
+		// lease cannot have ended must still be there.
+		for _, k := range keys {
+			recordGet(h, checker, checkerID, k, 3*time.Second)
+		}
+		maxBack := h.backwardJumps()
+		if held := drain(h, checker, checkerID, keys, cfg.LeaseMax+maxBack+15*time.Second); len(held) > 0 {
+			liveness(round, fmt.Sprintf("keys still held %v after healing (longest lease %v): %v",
+				cfg.LeaseMax+maxBack+15*time.Second, cfg.LeaseMax, held))
+		}
+		if msg := waitConverged(c, 30*time.Second); msg != "" {
+			rep.Violations = append(rep.Violations, Violation{Checker: "convergence", Round: round, Message: msg})
+		}
+		exits := c.unexpectedExits()
+		for _, e := range exits[reportedExits:] {
+			rep.Violations = append(rep.Violations, Violation{Checker: "crash", Round: round, Message: e})
+		}
+		reportedExits = len(exits)
+		ops, writes, jumps, faults := h.snapshot(round)
+		for _, f := range faults {
+			rep.Faults[f.Kind]++
+		}
+		countOps(rep, ops)
+		checkStart := time.Now()
+		copt := CheckOptions{Slack: time.Millisecond, LinearizabilityTimeout: cfg.CheckTimeout, VisualizeDir: cfg.OutDir}
+		res := Check(round, ops, writes, jumps, copt)
+		if len(res.Violations) > 0 {
+			// Visualize every key of a failed round, not only the
+			// non-linearizable ones.
+			copt.VisualizeAll = true
+			res = Check(round, ops, writes, jumps, copt)
+		}
+		rep.Violations = append(rep.Violations, res.Violations...)
+		rep.Excused = append(rep.Excused, res.Excused...)
+		rep.Files = append(rep.Files, res.Visualizations...)
+		rep.Writes.Accepted += res.Accepted
+		rep.Writes.Fenced += res.Fenced
+		for _, k := range res.ReservedKeys {
+			rep.Notes = append(rep.Notes, fmt.Sprintf("round %d key %s: linearizable only with the held answers given while another client's acquire was in flight left out (a leader-side reservation: see doc.go)", round, k))
+			rep.Anomalies["key-rounds linearizable only without held answers a reservation may explain"]++
+		}
+		for _, v := range res.Linearizable {
+			rep.Lin[v]++
+		}
+		for _, k := range sortedKeys(res.Linearizable) {
+			if res.Linearizable[k] == porcupine.Unknown {
+				rep.Notes = append(rep.Notes, fmt.Sprintf("round %d key %s: porcupine timed out after %v (inconclusive)", round, k, cfg.CheckTimeout))
+			}
+		}
+		logf("round %d: %d ops, %d faults, healed at %s, checked in %v: %d violations so far",
+			round, len(ops), len(faults), ms(healedAt-roundStart), time.Since(checkStart).Round(time.Millisecond), len(rep.Violations))
+	}
+	// Tokens keep increasing across rounds too (every round starts after
+	// the previous one's faults, crashes of every node included).
+	all, _, _, _ := h.snapshot(-1)
+	byKey := map[string][]Op{}
+	for _, o := range all {
+		byKey[o.Key] = append(byKey[o.Key], o)
+	}
+	for _, k := range sortedKeys(byKey) {
+		for _, v := range checkTokens(k, byKey[k]) {
+			if v.Ops[0].Round != v.Ops[len(v.Ops)-1].Round {
+				v.Checker, v.Round = "tokens-across-rounds", v.Ops[len(v.Ops)-1].Round
+				rep.Violations = append(rep.Violations, v)
+			}
+		}
+	}
+	rep.Elapsed = time.Since(start)
+	return rep
+}
+
+func countOps(rep *Report, ops []Op) {
+	for _, o := range ops {
+		m := rep.Ops[o.Kind]
+		if m == nil {
+			m = map[string]int{}
+			rep.Ops[o.Kind] = m
+		}
+		switch o.Result {
+		case OutUnknown:
+			m["indeterminate"]++
+			m["indeterminate:"+o.Code]++
+		case OutFail:
+			m["fail"]++
+			m["fail:"+o.Code]++
+		default:
+			m[string(o.Result)]++
+		}
+		if o.Kind == OpAcquire && o.Result == OutTimeout && strings.Contains(o.Err, "after the requester's deadline") {
+			rep.Anomalies["acquire timeouts after a grant the server then released itself"]++
+		}
+	}
+	known := map[string]bool{}
+	for _, o := range ops {
+		if o.Kind == OpAcquire && o.Result == OutOK {
+			known[fmt.Sprintf("%s/%d", o.Key, o.Token)] = true
+		}
+	}
+	seen := map[string]bool{}
+	for _, o := range ops {
+		if id := fmt.Sprintf("%s/%d", o.Key, o.Token); o.Kind == OpGet && o.Held && !known[id] && !seen[id] {
+			seen[id] = true
+			rep.Anomalies["tokens seen by gets that no acquire returned (indeterminate or timed-out grants)"]++
+		}
+	}
+}
+
+// waitLeader polls until some node leads.
+func waitLeader(c cluster, within time.Duration) bool {
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if c.leader() >= 0 {
+			return true
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return false
+}
+
+// drain polls every key with recorded gets until all are free, and
+// returns the keys still held at the deadline.
+func drain(h *History, cl *sdk.Client, client int, keys []string, within time.Duration) []string {
+	deadline := time.Now().Add(within)
+	pending := append([]string(nil), keys...)
+	for len(pending) > 0 && time.Now().Before(deadline) {
+		var still []string
+		for _, k := range pending {
+			held, ok := recordGet(h, cl, client, k, time.Second)
+			if held || !ok {
+				still = append(still, k)
+			}
+		}
+		pending = still
+		if len(pending) > 0 {
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	return pending
+}
+
+// waitConverged polls until every node reports the same applied index and
+// lock-table digest; it returns a description of the divergence otherwise.
+func waitConverged(c cluster, within time.Duration) string {
+	deadline := time.Now().Add(within)
+	var last string
+	for time.Now().Before(deadline) {
+		var views []string
+		same := true
+		var first string
+		for i := 0; i < c.size(); i++ {
+			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			st, err := c.status(ctx, i)
+			cancel()
+			if err != nil {
+				same = false
+				views = append(views, fmt.Sprintf("node %d: %v", i+1, err))
+				continue
+			}
+			v := fmt.Sprintf("applied %d digest %.12s locks %d last_token %d", st.AppliedIndex, st.Digest, st.Locks, st.LastToken)
+			views = append(views, fmt.Sprintf("node %d: %s term %d %s", i+1, v, st.Term, st.State))
+			if first == "" {
+				first = v
+			} else if v != first {
+				same = false
+			}
+		}
+		if same {
+			return ""
+		}
+		last = strings.Join(views, "; ")
+		time.Sleep(50 * time.Millisecond)
+	}
+	return "replicas did not converge within " + within.String() + ": " + last
+}
+
+// outDir creates the directory for a run's artifacts.
+func outDir(name string, seed uint64) (string, error) {
+	base := os.Getenv("TICKETD_FAULTS_OUT")
+	if base == "" {
+		base = filepath.Join(os.TempDir(), "ticketd-faults")
+	}
+	dir := filepath.Join(base, fmt.Sprintf("%s-%s-seed%d", name, time.Now().Format("20060102-150405"), seed))
+	return dir, os.MkdirAll(dir, 0o755)
+}
+
+// saveHistory writes the JSON history next to the visualizations.
+func saveHistory(dir string, cfg Config, h *History, rep *Report) (string, error) {
+	ops, writes, jumps, faults := h.snapshot(-1)
+	hf := historyFile{Name: cfg.Name, Seed: cfg.Seed, Nodes: cfg.Nodes, Mode: cfg.Mode, Ops: ops, Writes: writes, Jumps: jumps, Faults: faults, Violations: rep.Violations, Excused: rep.Excused}
+	path := filepath.Join(dir, "history.json")
+	return path, writeJSON(path, hf)
+}

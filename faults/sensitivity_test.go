@@ -1,0 +1,98 @@
+package faults
+
+import (
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/sdk"
+)
+
+// TestCheckersCatchAnUnrecordedClockJump proves the checkers are not
+// vacuous on a real cluster: the leader's lease clock jumps 5s forward
+// without the jump being recorded, so a 3s lease ends early on the
+// leader, a second client takes the key while the first holder is still
+// valid by its SDK deadline, and the first holder's next write is fenced.
+// Unrecorded, that is a mutual-exclusion and linearizability violation;
+// recorded, the checker excuses the overlap (the documented consequence
+// of a forward jump on the leader's clock) and fencing alone keeps the
+// resource consistent.
+func TestCheckersCatchAnUnrecordedClockJump(t *testing.T) {
+	c, err := startInProcess(t.TempDir(), 1, slog.New(slog.NewTextHandler(io.Discard, nil)), 20, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	if !waitLeader(c, 10*time.Second) {
+		t.Fatal("single node did not lead")
+	}
+	h := NewHistory()
+	res := newResource(h)
+	wl := &workload{h: h, res: res, opTimeout: 2 * time.Second}
+	var ws []*worker
+	for i := 0; i < 2; i++ {
+		cl, err := connectClient(c.clientURLs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		ws = append(ws, &worker{id: i, cl: cl, w: wl})
+	}
+	a := ws[0].acquire("k", 3*time.Second, 0)
+	if a == nil {
+		t.Fatal("first acquire failed")
+	}
+	if ok, _ := res.write(0, a); !ok {
+		t.Fatal("first holder could not write")
+	}
+	jumpAt := h.Now()
+	if err := c.jump(0, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Any grant wakes the leader's lease loop, which then finds the lease
+	// of "k" due on its (jumped) clock.
+	if l := ws[1].acquire("other", time.Second, 0); l == nil {
+		t.Fatal("acquire of another key failed")
+	}
+	var b *sdk.Lock
+	deadline := time.Now().Add(2 * time.Second)
+	for b == nil && time.Now().Before(deadline) {
+		b = ws[1].acquire("k", time.Second, 100*time.Millisecond)
+	}
+	if b == nil {
+		t.Fatal("the lease did not end early: the jumped clock had no effect")
+	}
+	if !a.Valid() {
+		t.Fatalf("the first holder's SDK deadline passed already (%v): the scenario needs it valid", a.Deadline())
+	}
+	if _, acc := res.write(1, b); !acc {
+		t.Fatal("the second holder's write was rejected")
+	}
+	if _, acc := res.write(0, a); acc {
+		t.Fatal("the resource accepted a stale token")
+	}
+	ops, writes, _, _ := h.snapshot(-1)
+	opt := CheckOptions{Slack: time.Millisecond, LinearizabilityTimeout: 10 * time.Second}
+	got := Check(0, ops, writes, nil, opt)
+	names := checkers(got)
+	for _, want := range []string{"mutual-exclusion", "linearizability", "fenced-resource"} {
+		if !strings.Contains(names, want) {
+			for _, v := range got.Violations {
+				t.Log(v.String())
+			}
+			t.Errorf("unrecorded jump: checker %s did not fire (got %q)", want, names)
+		}
+	}
+	recorded := Check(0, ops, writes, []Jump{{At: jumpAt, Node: 1, Delta: int64(5 * time.Second)}}, opt)
+	if len(recorded.Violations) > 0 {
+		for _, v := range recorded.Violations {
+			t.Log(v.String())
+		}
+		t.Errorf("recorded jump: %d violations, want none", len(recorded.Violations))
+	}
+	if len(recorded.Excused) == 0 || recorded.Fenced != 1 {
+		t.Errorf("recorded jump: excused %v fenced %d, want an excused overlap and one fenced write", recorded.Excused, recorded.Fenced)
+	}
+}

@@ -1,0 +1,266 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ticketd/ticketd/sdk"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// resource is the fenced resource the lock holders write to: it remembers
+// the highest token that wrote to each key and rejects lower ones. A
+// holder writes only while its lock is valid by its SDK deadline; the
+// check and the write happen under one mutex, so "valid at write time" is
+// exact.
+type resource struct {
+	h       *History
+	mu      sync.Mutex
+	highest map[string]uint64
+}
+
+func newResource(h *History) *resource {
+	return &resource{h: h, highest: map[string]uint64{}}
+}
+
+// write returns attempted=false when the lock was no longer valid.
+func (r *resource) write(client int, l *sdk.Lock) (attempted, accepted bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if !l.Valid() {
+		return false, false
+	}
+	hi := r.highest[l.Key]
+	accepted = l.Token >= hi
+	if accepted {
+		r.highest[l.Key] = l.Token
+	}
+	r.h.addWrite(Write{Client: client, Key: l.Key, Token: l.Token, At: r.h.Now(), Accepted: accepted, Highest: hi})
+	return true, accepted
+}
+
+// workload is the client side of a run: concurrent SDK clients on a
+// small set of keys.
+type workload struct {
+	h        *History
+	res      *resource
+	keys     []string
+	leaseMin time.Duration
+	leaseMax time.Duration
+	maxWait  time.Duration
+	// opTimeout bounds every operation on top of its queue wait.
+	opTimeout time.Duration
+}
+
+// clientOptions are the SDK options of every harness client: short
+// request timeouts and fast NATS failover, so that a crashed or paused
+// node costs an operation, not the run.
+func clientOptions() []sdk.Option {
+	return []sdk.Option{
+		sdk.WithRequestTimeout(time.Second),
+		sdk.WithRetryBackoff(10*time.Millisecond, 200*time.Millisecond),
+		sdk.WithNATSOptions(
+			nats.Timeout(500*time.Millisecond),
+			nats.ReconnectWait(50*time.Millisecond),
+			nats.ReconnectJitter(20*time.Millisecond, 20*time.Millisecond),
+			nats.MaxReconnects(-1),
+			nats.PingInterval(300*time.Millisecond),
+			nats.MaxPingsOutstanding(2),
+			nats.RetryOnFailedConnect(true),
+			nats.NoCallbacksAfterClientClose(),
+			quietNATS(),
+		),
+	}
+}
+
+// quietNATS drops nats.go's asynchronous error reports (connection resets
+// while nodes are killed), which it would otherwise print to stderr.
+func quietNATS() nats.Option {
+	return nats.ErrorHandler(func(*nats.Conn, *nats.Subscription, error) {})
+}
+
+func connectClient(urls []string) (*sdk.Client, error) {
+	return sdk.Connect(strings.Join(urls, ","), clientOptions()...)
+}
+
+// classify maps an SDK error to an outcome.
+func classify(kind OpKind, err error) (Outcome, string) {
+	if err == nil {
+		return OutOK, ""
+	}
+	code := sdk.CodeOf(err)
+	var se *sdk.Error
+	if !errors.As(err, &se) {
+		// No code: nothing was sent (the context ended first).
+		return OutFail, "no_attempt"
+	}
+	switch {
+	case code.Retryable():
+		// The SDK gave up after failures that certainly had no effect.
+		return OutFail, string(code)
+	case kind == OpGet:
+		// Read-only: whatever went wrong, nothing changed.
+		return OutFail, string(code)
+	case code == protocol.CodeHeld && kind == OpAcquire:
+		return OutHeld, string(code)
+	case code == protocol.CodeTimeout && kind == OpAcquire:
+		return OutTimeout, string(code)
+	case code == protocol.CodeNotFound && kind == OpRelease:
+		return OutNotFound, string(code)
+	case code == protocol.CodeInvalidArgument, code == protocol.CodeMalformed, code == protocol.CodeTooLarge,
+		code == protocol.CodeDenied, code == protocol.CodeControlRefused:
+		return OutFail, string(code)
+	}
+	// indeterminate, internal, an unknown code, or a code the operation
+	// does not document (a release answered "timeout"): unknown.
+	return OutUnknown, string(code)
+}
+
+type worker struct {
+	id  int
+	cl  *sdk.Client
+	rng *rand.Rand
+	w   *workload
+}
+
+// run issues operations until the deadline or maxOps cycles.
+func (wk *worker) run(until time.Time, maxOps int) {
+	for n := 0; n < maxOps && time.Now().Before(until); n++ {
+		key := wk.w.keys[wk.rng.IntN(len(wk.w.keys))]
+		if wk.rng.Float64() < 0.25 {
+			wk.get(key)
+			continue
+		}
+		wk.cycle(key, until)
+	}
+}
+
+func (wk *worker) dur(lo, hi time.Duration) time.Duration {
+	if hi <= lo {
+		return lo
+	}
+	return lo + time.Duration(wk.rng.Int64N(int64(hi-lo)))
+}
+
+// cycle: acquire (try or wait), write while valid, sometimes get, then
+// release (or let the lease run out).
+func (wk *worker) cycle(key string, until time.Time) {
+	lease := wk.dur(wk.w.leaseMin, wk.w.leaseMax).Truncate(time.Millisecond)
+	var wait time.Duration
+	if wk.rng.IntN(2) == 0 {
+		wait = wk.dur(50*time.Millisecond, wk.w.maxWait).Truncate(time.Millisecond)
+	}
+	l := wk.acquire(key, lease, wait)
+	if l == nil {
+		// Do not spin on a held key.
+		pace(wk.dur(10*time.Millisecond, 60*time.Millisecond), until)
+		return
+	}
+	var hold time.Duration
+	release := true
+	switch p := wk.rng.Float64(); {
+	case p < 0.70:
+		hold = wk.dur(0, l.Lease*6/10)
+	case p < 0.85:
+		hold = wk.dur(l.Lease*6/10, l.Lease)
+	default:
+		// Hold past the lease: the lock expires (the release, if sent,
+		// must find nothing).
+		hold = l.Lease + wk.dur(0, 300*time.Millisecond)
+		release = wk.rng.IntN(2) == 0
+	}
+	end := time.Now().Add(hold)
+	for i := 0; i < 100 && time.Now().Before(end); i++ {
+		if attempted, _ := wk.w.res.write(wk.id, l); !attempted {
+			break
+		}
+		pace(wk.dur(5*time.Millisecond, 40*time.Millisecond), end)
+		if i == 2 && wk.rng.IntN(4) == 0 {
+			wk.get(key)
+		}
+	}
+	pace(time.Until(end), until.Add(wk.w.leaseMax))
+	if !release {
+		return
+	}
+	for i := 0; i < 2; i++ {
+		if r := wk.release(key, l.Token); r != OutUnknown {
+			break
+		}
+		// Releasing again with the same token is harmless.
+	}
+}
+
+// pace sleeps d but not past limit. It paces the workload; it never
+// waits for a condition.
+func pace(d time.Duration, limit time.Time) {
+	if rem := time.Until(limit); d > rem {
+		d = rem
+	}
+	if d > 0 {
+		time.Sleep(d)
+	}
+}
+
+func (wk *worker) acquire(key string, lease, wait time.Duration) *sdk.Lock {
+	h := wk.w.h
+	ctx, cancel := context.WithTimeout(context.Background(), wait+wk.w.opTimeout)
+	defer cancel()
+	o := Op{Client: wk.id, Kind: OpAcquire, Key: key, Lease: int64(lease), Wait: int64(wait)}
+	o.Call = h.Now()
+	l, err := wk.cl.Acquire(ctx, key, sdk.WithLease(lease), sdk.WithWait(wait), sdk.WithOwner(fmt.Sprintf("client-%d", wk.id)))
+	o.Return = h.Now()
+	o.Result, o.Code = classify(OpAcquire, err)
+	if err != nil {
+		o.Err = err.Error()
+	} else {
+		o.Token, o.Granted, o.Deadline = l.Token, int64(l.Lease), h.Rel(l.Deadline())
+	}
+	h.addOp(o)
+	return l
+}
+
+func (wk *worker) release(key string, token uint64) Outcome {
+	h := wk.w.h
+	ctx, cancel := context.WithTimeout(context.Background(), wk.w.opTimeout)
+	defer cancel()
+	o := Op{Client: wk.id, Kind: OpRelease, Key: key, Token: token}
+	o.Call = h.Now()
+	err := wk.cl.Release(ctx, key, token)
+	o.Return = h.Now()
+	o.Result, o.Code = classify(OpRelease, err)
+	if err != nil {
+		o.Err = err.Error()
+	}
+	h.addOp(o)
+	return o.Result
+}
+
+func (wk *worker) get(key string) (held bool, ok bool) {
+	return recordGet(wk.w.h, wk.cl, wk.id, key, wk.w.opTimeout)
+}
+
+// recordGet runs one get and records it.
+func recordGet(h *History, cl *sdk.Client, client int, key string, timeout time.Duration) (held bool, ok bool) {
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	o := Op{Client: client, Kind: OpGet, Key: key}
+	o.Call = h.Now()
+	hd, err := cl.Get(ctx, key)
+	o.Return = h.Now()
+	o.Result, o.Code = classify(OpGet, err)
+	if err != nil {
+		o.Err = err.Error()
+	} else {
+		o.Held, o.Token = hd.Held, hd.Token
+	}
+	h.addOp(o)
+	return o.Held, o.Result == OutOK
+}
