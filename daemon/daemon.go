@@ -77,7 +77,9 @@ type Daemon struct {
 	stopBG    chan struct{}
 }
 
-// Start brings up a node. On error everything already started is stopped.
+// Start brings up a node. ctx bounds start-up only (joining, identity
+// checks); the node runs until Close. On error everything already started
+// is stopped.
 func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -293,7 +295,10 @@ func (d *Daemon) startPeers(ctx context.Context, members []Member) error {
 	if err != nil {
 		return fmt.Errorf("daemon: peer transport: %w", err)
 	}
-	if err := t.Start(ctx); err != nil {
+	// The transport lives until Close, not as long as Start's context: a
+	// caller bounding start-up with a timeout must not cut the raft links
+	// (found by the fault harness).
+	if err := t.Start(context.Background()); err != nil {
 		return fmt.Errorf("daemon: peer transport: %w", err)
 	}
 	d.peers = t

@@ -25,7 +25,6 @@
 //	TICKETD_FAULTS_OUT=DIR       where artifacts go (default $TMPDIR/ticketd-faults); setting it keeps them
 //	TICKETD_FAULTS_KEEP=1        keep the artifacts of a passing run (the long run always keeps them)
 //	TICKETD_FAULTS_REPLAY=FILE   TestReplay re-checks a history.json and visualizes every key
-//	TICKETD_FAULTS_KNOWN_BUGS=1  run the TestKnownBug* tests of unfixed bugs (they fail)
 //
 // Every run logs its seed and artifact directory first and a report last:
 // faults injected by kind; operations by kind as ok, definite refusals
@@ -171,10 +170,9 @@
 // at once and answered forwarded acquires with indeterminate
 // (TestLeaseClockOnlyTimesLeases).
 //
-// Unfixed, skipped unless TICKETD_FAULTS_KNOWN_BUGS=1:
-// TestKnownBugStartContextBoundsPeerTransport (the context given to
-// daemon.Start, if it ends after start-up, silently closes the node's raft
-// peer transport).
+// Fixed after the harness found it: the context given to daemon.Start, if
+// it ended after start-up, silently closed the node's raft peer transport
+// (TestStartContextDoesNotBoundPeerTransport).
 //
 // # Not covered
 //

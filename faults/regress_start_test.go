@@ -4,24 +4,13 @@ import (
 	"context"
 	"io"
 	"log/slog"
-	"os"
 	"testing"
 	"time"
 
 	"github.com/ticketd/ticketd/daemon"
 )
 
-// envKnownBugs=1 runs the tests of known, unfixed bugs (they fail).
-const envKnownBugs = "TICKETD_FAULTS_KNOWN_BUGS"
-
-func knownBug(t *testing.T, what string) {
-	t.Helper()
-	if os.Getenv(envKnownBugs) != "1" {
-		t.Skip("known bug: " + what + " (" + envKnownBugs + "=1 runs this test)")
-	}
-}
-
-// TestKnownBugStartContextBoundsPeerTransport: daemon.Start documents no
+// TestStartContextDoesNotBoundPeerTransport (was a known bug): daemon.Start documented no
 // meaning for its context, and a caller naturally bounds start-up with
 // one; but the peer transport derives its lifetime from it
 // (peer.Transport.Start: context.AfterFunc(ctx, ln.Close)), so once that
@@ -29,8 +18,9 @@ func knownBug(t *testing.T, what string) {
 // its outbound peers stopped: a cluster started that way never elects a
 // leader. Either Start should not hand its context to long-lived parts or
 // its doc must say the context bounds the node's life.
-func TestKnownBugStartContextBoundsPeerTransport(t *testing.T) {
-	knownBug(t, "daemon.Start's context, cancelled after start-up, silently closes the node's raft peer transport")
+func TestStartContextDoesNotBoundPeerTransport(t *testing.T) {
+	// Fixed: daemon.Start's context bounds start-up only. This test stays
+	// as the regression test.
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	c, err := startInProcess(t.TempDir(), 3, quiet, 20, 10)
 	if err != nil {
