@@ -54,6 +54,10 @@ type Config struct {
 	Plugins             string `koanf:"plugins"`
 	PluginMemoryPages   uint32 `koanf:"plugin-memory-pages"`
 	PluginCallTimeoutMS int    `koanf:"plugin-call-timeout-ms"`
+	// AuditStream, if set, names a JetStream stream that captures the
+	// audit subjects (de-duplicated on Nats-Msg-Id). With the embedded
+	// NATS server it turns JetStream on, storing under data/jetstream.
+	AuditStream string `koanf:"audit-stream"`
 }
 
 // Defaults returns the configuration of a first run: one node, embedded

@@ -407,6 +407,13 @@ func (d *Daemon) reconcileLoop() {
 	defer t.Stop()
 	lastPromote := map[uint64]time.Time{}
 	var lastChange time.Time
+	// Proposals end when the daemon closes, not after their own timeout.
+	bgCtx, cancelBG := context.WithCancel(context.Background())
+	defer cancelBG()
+	go func() {
+		<-d.stopBG
+		cancelBG()
+	}()
 	for {
 		select {
 		case <-d.stopBG:
@@ -441,7 +448,7 @@ func (d *Daemon) reconcileLoop() {
 			continue
 		}
 		if cc, ok := confChangeFor(cs, members); ok {
-			ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+			ctx, cancel := context.WithTimeout(bgCtx, time.Second)
 			if err := d.node.ProposeConfChange(ctx, cc); err != nil {
 				d.log.Warn("propose membership change", "err", err)
 			} else {
@@ -459,7 +466,7 @@ func (d *Daemon) reconcileLoop() {
 				continue
 			}
 			lastPromote[m.NodeID] = time.Now()
-			ctx, cancel := context.WithTimeout(context.Background(), ControlTimeoutDefault)
+			ctx, cancel := context.WithTimeout(bgCtx, ControlTimeoutDefault)
 			a, err := d.node.Propose(ctx, core.Promote(m.NodeID, m.Incarnation))
 			cancel()
 			if err != nil {

@@ -186,6 +186,11 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if err := d.startNATS(ctx); err != nil {
 		return nil, err
 	}
+	if cfg.AuditStream != "" {
+		if err := d.ensureAuditStream(ctx); err != nil {
+			return nil, err
+		}
+	}
 	if d.audit != nil {
 		d.audit.start(d.nc)
 	}
@@ -406,6 +411,10 @@ func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
 			}
 			o.Routes = append(o.Routes, u)
 		}
+	}
+	if d.cfg.AuditStream != "" {
+		o.JetStream = true
+		o.StoreDir = filepath.Join(d.cfg.Data, "jetstream")
 	}
 	ns, err := natsserver.NewServer(o)
 	if err != nil {

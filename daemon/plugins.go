@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ticketd/ticketd/plugins"
@@ -40,6 +41,31 @@ type AuditEvent struct {
 	Plugin string          `json:"plugin"`
 	Type   string          `json:"type"`
 	Data   json.RawMessage `json:"data"`
+}
+
+// AuditDuplicateWindowDefault is how long the audit stream remembers
+// Nats-Msg-Id values: every node publishes each event, the stream keeps one.
+const AuditDuplicateWindowDefault = 2 * time.Minute
+
+// ensureAuditStream creates or updates the JetStream stream that captures
+// audit events published on plain NATS.
+func (d *Daemon) ensureAuditStream(ctx context.Context) error {
+	js, err := jetstream.New(d.nc)
+	if err != nil {
+		return fmt.Errorf("daemon: jetstream: %w", err)
+	}
+	cctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
+	defer cancel()
+	_, err = js.CreateOrUpdateStream(cctx, jetstream.StreamConfig{
+		Name:       d.cfg.AuditStream,
+		Subjects:   []string{AuditSubjectPrefix + ".>"},
+		Duplicates: AuditDuplicateWindowDefault,
+		Storage:    jetstream.FileStorage,
+	})
+	if err != nil {
+		return fmt.Errorf("daemon: audit stream %s: %w", d.cfg.AuditStream, err)
+	}
+	return nil
 }
 
 // loadPlugins reads and compiles every module named in cfg.Plugins.

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nats.go/jetstream"
 
 	"github.com/ticketd/ticketd/sdk"
 )
@@ -52,6 +53,7 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	cfg.Plugins = policy + "," + audit
 	// A loaded 2-core CI box can stall a healthy call past the 50ms default.
 	cfg.PluginCallTimeoutMS = 2000
+	cfg.AuditStream = "TICKETD_AUDIT"
 	d, err := Start(context.Background(), cfg, Options{Logger: quietLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -108,6 +110,39 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 		case <-deadline:
 			t.Fatalf("audit events not received: %v", want)
 		}
+	}
+	// The stream captured the events once each, and a re-publication of
+	// an event (as every other node does) is de-duplicated.
+	js, err := jetstream.New(nc)
+	if err != nil {
+		t.Fatal(err)
+	}
+	stream, err := js.Stream(ctx, cfg.AuditStream)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var before uint64
+	var first *jetstream.RawStreamMsg
+	waitFor(t, 5*time.Second, "events in the audit stream", func() bool {
+		info, err := stream.Info(ctx)
+		if err != nil || info.State.Msgs < 2 {
+			return false
+		}
+		before = info.State.Msgs
+		first, err = stream.GetMsg(ctx, info.State.FirstSeq)
+		return err == nil
+	})
+	dup := nats.NewMsg(first.Subject)
+	dup.Data, dup.Header = first.Data, first.Header
+	if _, err := js.PublishMsg(ctx, dup); err != nil {
+		t.Fatal(err)
+	}
+	info, err := stream.Info(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if info.State.Msgs != before {
+		t.Fatalf("duplicate audit event stored: %d -> %d messages", before, info.State.Msgs)
 	}
 	st := d.Status(ctx)
 	if len(st.Plugins) != 2 || len(st.Plugins[0].SHA256) != 64 {

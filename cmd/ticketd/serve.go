@@ -56,6 +56,7 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.String("plugins", "", "comma-separated WebAssembly plugin modules (policy and/or audit)")
 	fs.Uint32("plugin-memory-pages", 0, "memory limit per plugin instance in 64 KiB pages (0: plugins default)")
 	fs.Int("plugin-call-timeout-ms", 0, "deadline of one plugin call (0: plugins default)")
+	fs.String("audit-stream", "", "JetStream stream capturing audit events (embedded NATS: enables JetStream)")
 	return fs
 }
 
