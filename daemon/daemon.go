@@ -140,7 +140,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	}
 	var transport raftstore.Transport
 	if len(members) > 1 || cfg.PeerListen != "" && len(cfg.PeerSecret) >= MinPeerSecretLen {
-		if err := d.startPeers(ctx, members); err != nil {
+		if err := d.startPeers(members); err != nil {
 			return nil, err
 		}
 		transport = d.peers
@@ -183,7 +183,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	d.srv.Attach(d.node)
 	d.node.Start()
 
-	if err := d.startNATS(ctx); err != nil {
+	if err := d.startNATS(); err != nil {
 		return nil, err
 	}
 	if cfg.AuditStream != "" {
@@ -267,7 +267,7 @@ func (d *Daemon) resolveIdentity(ctx context.Context) (*ControlReply, error) {
 	return &rep, nil
 }
 
-func (d *Daemon) startPeers(ctx context.Context, members []Member) error {
+func (d *Daemon) startPeers(members []Member) error {
 	peers := make(map[uint64]string, len(members))
 	for _, m := range members {
 		if m.ID != d.cfg.ID {
@@ -346,7 +346,7 @@ func loadPeerTLS(cfg Config) (*tls.Config, error) {
 	}, nil
 }
 
-func (d *Daemon) startNATS(ctx context.Context) error {
+func (d *Daemon) startNATS() error {
 	url := d.cfg.NATSURL
 	opts := []nats.Option{
 		nats.Name(fmt.Sprintf("ticketd-%d", d.cfg.ID)),
