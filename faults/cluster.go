@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -55,6 +56,15 @@ type cluster interface {
 	close()
 }
 
+// wiper is a cluster that can wipe a node and have it rejoin under a new
+// identity through the control plane (the in-process driver in control
+// mode).
+type wiper interface {
+	// wipe returns a description, violations found, and an operational
+	// error.
+	wipe(i int) (detail string, problems []string, err error)
+}
+
 // jumpClock is a lease clock that tests can step: time.Now plus an
 // offset. Adding a duration keeps the monotonic reading, so the clock is
 // still immune to wall-clock changes; only Jump moves it.
@@ -81,6 +91,7 @@ const (
 	FaultClockForward      = "clock-jump-forward"
 	FaultClockBackward     = "clock-jump-backward"
 	FaultClockPartition    = "clock-jump-partition"
+	FaultWipeNode          = "wipe-node"
 )
 
 // kindsFor is the fault mix of a driver mode.
@@ -112,6 +123,19 @@ type nemesis struct {
 	logf  func(format string, args ...any)
 	// leaseMax bounds forward clock jumps.
 	leaseMax time.Duration
+
+	mu         sync.Mutex
+	violations []Violation
+}
+
+// takeViolations returns and forgets what the faults themselves found
+// (the wipe-node checks).
+func (n *nemesis) takeViolations() []Violation {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	out := n.violations
+	n.violations = nil
+	return out
 }
 
 func (n *nemesis) dur(lo, hi time.Duration) time.Duration {
@@ -334,6 +358,26 @@ func (n *nemesis) inject(kind string, until time.Time) error {
 		n.hold(until)
 		n.c.setLinks(nil, linkDrop)
 		n.record(kind, ids(i), start, fmt.Sprintf("lease clock %+v, then isolated", d))
+	case FaultWipeNode:
+		w, ok := n.c.(wiper)
+		if !ok {
+			return errUnsupported
+		}
+		i := n.leaderOr(true)
+		if n.rng.IntN(2) == 0 {
+			i = n.follower()
+		}
+		detail, problems, err := w.wipe(i)
+		if err != nil {
+			detail += " error: " + err.Error()
+		}
+		n.record(kind, ids(i), start, detail)
+		n.mu.Lock()
+		for _, p := range problems {
+			n.violations = append(n.violations, Violation{Checker: "wipe-node", Message: fmt.Sprintf("node %d: %s", i+1, p)})
+		}
+		n.mu.Unlock()
+		return err
 	default:
 		return fmt.Errorf("unknown fault kind %q", kind)
 	}

@@ -19,6 +19,7 @@ const (
 	envOut      = "TICKETD_FAULTS_OUT"
 	envKeep     = "TICKETD_FAULTS_KEEP"
 	envReplay   = "TICKETD_FAULTS_REPLAY"
+	envControl  = "TICKETD_FAULTS_CONTROL"
 )
 
 func testConfig(t *testing.T, mode string) Config {
@@ -74,6 +75,11 @@ func testConfig(t *testing.T, mode string) Config {
 	}
 	cfg.Keep = cfg.Keep || os.Getenv(envKeep) == "1" || os.Getenv(envOut) != ""
 	cfg.Kinds = kindsFor(mode, cfg.Nodes)
+	// Control-plane mode (in-process only): always on in long mode.
+	if mode == modeInProcess && (long || os.Getenv(envControl) == "1") {
+		cfg.Control = true
+		cfg.Kinds = append(cfg.Kinds, FaultWipeNode)
+	}
 	dir, err := outDir(cfg.Name, cfg.Seed)
 	if err != nil {
 		t.Fatal(err)
@@ -128,13 +134,49 @@ func TestInProcessFaults(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeLog()
-	c, err := startInProcess(t.TempDir(), cfg.Nodes, log, 25, 10)
+	start := startInProcess
+	if cfg.Control {
+		start = startInProcessControl
+	}
+	c, err := start(t.TempDir(), cfg.Nodes, log, 25, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
 	h := NewHistory()
 	rep := run(cfg, c, h)
 	c.close()
+	finish(t, cfg, h, rep)
+}
+
+// TestInProcessWipe: a cluster formed through the control plane, one
+// wipe-node fault under the workload (a node closed, its data deleted, a
+// fresh node replacing it under a new identity), then every checker. The
+// long and TICKETD_FAULTS_CONTROL=1 runs of TestInProcessFaults mix
+// wipes with every other fault.
+func TestInProcessWipe(t *testing.T) {
+	if testing.Short() {
+		t.Skip("wipe run skipped in -short mode")
+	}
+	cfg := testConfig(t, modeInProcess)
+	cfg.Name = "inprocess-wipe"
+	cfg.Control = true
+	cfg.Rounds, cfg.RoundDuration, cfg.Clients = 1, 6*time.Second, 6
+	cfg.Kinds, cfg.MaxFaultsPerRound = []string{FaultWipeNode}, 1
+	log, closeLog, err := nodeLogger(cfg.OutDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeLog()
+	c, err := startInProcessControl(t.TempDir(), cfg.Nodes, log, 25, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewHistory()
+	rep := run(cfg, c, h)
+	c.close()
+	if rep.Faults[FaultWipeNode] != 1 {
+		t.Errorf("%d wipe-node faults injected, want 1", rep.Faults[FaultWipeNode])
+	}
 	finish(t, cfg, h, rep)
 }
 

@@ -2,13 +2,19 @@ package faults
 
 import (
 	"context"
+	"encoding/json"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
+	"os"
 	"path/filepath"
+	"sort"
 	"strings"
 	"sync"
 	"time"
+
+	"github.com/ticketd/ticketd/core"
 
 	"github.com/ticketd/ticketd/daemon"
 	"github.com/ticketd/ticketd/transports/protocol"
@@ -45,10 +51,22 @@ func freeAddrs(n int) ([]string, error) {
 // Close and restart on the same data (a clean stop, not a power cut: the
 // process-level driver does kill -9); partitions are peer.Transport
 // filters; every node's lease clock is a jumpClock given as Options.Now.
+//
+// In control mode (startInProcessControl) the cluster is formed through
+// the control plane (bootstrap of node 1, then joins with one-time
+// credentials), raft ids are issued by it, and the wipe-node fault is
+// available: raft ids then differ from slot+1, so the peer filters map
+// ids to slots through ids.
 type inprocCluster struct {
 	cfgs     []daemon.Config
 	logger   *slog.Logger
 	election time.Duration
+	control  bool
+	dataDir  string
+	wipes    int
+
+	idMu sync.RWMutex
+	ids  []uint64 // raft id of each slot's current node
 
 	mu      sync.Mutex
 	nodes   []*daemon.Daemon
@@ -59,6 +77,21 @@ type inprocCluster struct {
 }
 
 func startInProcess(dataDir string, n int, logger *slog.Logger, tickMS, electionTicks int) (*inprocCluster, error) {
+	return startInProcessMode(dataDir, n, logger, tickMS, electionTicks, false)
+}
+
+// Control-plane credentials of the in-process cluster in control mode.
+const (
+	faultsAdminCredential = "faults-harness-admin-credential-0123"
+	faultsBootCredential  = "faults-harness-bootstrap-credential-0123"
+)
+
+// startInProcessControl forms the cluster through the control plane.
+func startInProcessControl(dataDir string, n int, logger *slog.Logger, tickMS, electionTicks int) (*inprocCluster, error) {
+	return startInProcessMode(dataDir, n, logger, tickMS, electionTicks, true)
+}
+
+func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, electionTicks int, control bool) (*inprocCluster, error) {
 	peers, err := freeAddrs(n)
 	if err != nil {
 		return nil, err
@@ -75,9 +108,18 @@ func startInProcess(dataDir string, n int, logger *slog.Logger, tickMS, election
 	for i := 0; i < n; i++ {
 		members = append(members, fmt.Sprintf("%d=%s", i+1, peers[i]))
 	}
+	var controls []string
+	if control {
+		if controls, err = freeAddrs(n); err != nil {
+			return nil, err
+		}
+	}
 	c := &inprocCluster{
 		logger:   logger,
 		election: time.Duration(tickMS*electionTicks) * time.Millisecond,
+		control:  control,
+		dataDir:  dataDir,
+		ids:      make([]uint64, n),
 		nodes:    make([]*daemon.Daemon, n),
 		closing:  make([]bool, n),
 		clocks:   make([]*jumpClock, n),
@@ -99,8 +141,24 @@ func startInProcess(dataDir string, n int, logger *slog.Logger, tickMS, election
 		cfg.SnapshotEntries = 300
 		cfg.CompactKeep = 50
 		cfg.LogLevel = "warn"
+		if control {
+			cfg.InitialCluster = ""
+			cfg.ControlListen = controls[i]
+			cfg.ControlCredential = faultsAdminCredential
+			if i == 0 {
+				cfg.BootstrapCredential = faultsBootCredential
+			}
+		}
 		c.cfgs = append(c.cfgs, cfg)
 		c.clocks[i] = &jumpClock{}
+		c.ids[i] = uint64(i + 1)
+	}
+	if control {
+		if err := c.formByControl(); err != nil {
+			c.close()
+			return nil, err
+		}
+		return c, nil
 	}
 	for i := 0; i < n; i++ {
 		if err := c.restart(i); err != nil {
@@ -115,11 +173,265 @@ func (c *inprocCluster) size() int                      { return len(c.cfgs) }
 func (c *inprocCluster) electionTimeout() time.Duration { return c.election }
 
 func (c *inprocCluster) clientURLs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	out := make([]string, len(c.cfgs))
 	for i, cfg := range c.cfgs {
 		out[i] = "nats://" + cfg.NATSListen
 	}
 	return out
+}
+
+// slot maps a raft id to the slot of the node that has it now (-1 for a
+// retired or unknown id).
+func (c *inprocCluster) slot(id uint64) int {
+	c.idMu.RLock()
+	defer c.idMu.RUnlock()
+	for i, x := range c.ids {
+		if x == id {
+			return i
+		}
+	}
+	return -1
+}
+
+func (c *inprocCluster) raftIDs() []uint64 {
+	c.idMu.RLock()
+	defer c.idMu.RUnlock()
+	out := append([]uint64(nil), c.ids...)
+	sort.Slice(out, func(i, j int) bool { return out[i] < out[j] })
+	return out
+}
+
+// controlURLs are the control listeners of the running nodes.
+func (c *inprocCluster) controlURLs() []string {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	var out []string
+	for _, d := range c.nodes {
+		if d != nil && d.ControlAddr() != "" {
+			out = append(out, "http://"+d.ControlAddr())
+		}
+	}
+	return out
+}
+
+func (c *inprocCluster) callControl(within time.Duration, path string, req daemon.ControlRequest) (daemon.ControlReply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), within)
+	defer cancel()
+	return daemon.CallControl(ctx, c.controlURLs(), path, faultsAdminCredential, req)
+}
+
+// formByControl starts node 1 with a bootstrap credential, bootstraps it,
+// then starts every other node with a freshly minted join credential.
+func (c *inprocCluster) formByControl() error {
+	if err := c.restart(0); err != nil {
+		return err
+	}
+	if !waitLeader(c, 20*time.Second) {
+		return errors.New("control mode: node 1 did not lead")
+	}
+	if _, err := c.callControl(20*time.Second, "/v1/bootstrap", daemon.ControlRequest{Credential: faultsBootCredential}); err != nil {
+		return fmt.Errorf("control mode: bootstrap: %w", err)
+	}
+	for i := 1; i < len(c.cfgs); i++ {
+		mint, err := c.callControl(20*time.Second, "/v1/join-credentials", daemon.ControlRequest{})
+		if err != nil {
+			return fmt.Errorf("control mode: mint join credential: %w", err)
+		}
+		c.mu.Lock()
+		c.cfgs[i].Join = strings.Join(c.controlURLsLocked(), ",")
+		c.cfgs[i].JoinCredential = mint.Credential
+		c.mu.Unlock()
+		if err := c.restart(i); err != nil {
+			return fmt.Errorf("control mode: join: %w", err)
+		}
+	}
+	c.mu.Lock()
+	c.refreshJoinLocked()
+	c.mu.Unlock()
+	return c.waitVoters(30 * time.Second)
+}
+
+// refreshJoinLocked points every joined node's Join at the control
+// listeners of all slots (as an operator would update the config), so a
+// restarted node's identity check reaches the leader at once.
+func (c *inprocCluster) refreshJoinLocked() {
+	var urls []string
+	for _, cfg := range c.cfgs {
+		urls = append(urls, "http://"+cfg.ControlListen)
+	}
+	for i := range c.cfgs {
+		if c.cfgs[i].Join != "" {
+			c.cfgs[i].Join = strings.Join(urls, ",")
+		}
+	}
+}
+
+func (c *inprocCluster) controlURLsLocked() []string {
+	var out []string
+	for _, d := range c.nodes {
+		if d != nil && d.ControlAddr() != "" {
+			out = append(out, "http://"+d.ControlAddr())
+		}
+	}
+	return out
+}
+
+// waitVoters waits until the leader's raft membership is exactly the
+// current nodes' ids as voters, with no learner and no joint config.
+func (c *inprocCluster) waitVoters(within time.Duration) error {
+	want := fmt.Sprint(c.raftIDs())
+	var last string
+	deadline := time.Now().Add(within)
+	for time.Now().Before(deadline) {
+		if l := c.leader(); l >= 0 {
+			if d := c.node(l); d != nil {
+				cs := d.Node().ConfState()
+				last = fmt.Sprintf("voters %v learners %v outgoing %v", cs.Voters, cs.Learners, cs.VotersOutgoing)
+				if fmt.Sprint(cs.Voters) == want && len(cs.Learners) == 0 && len(cs.VotersOutgoing) == 0 {
+					return nil
+				}
+			}
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	return fmt.Errorf("raft membership is not voters %s within %v (last: %s)", want, within, last)
+}
+
+// readIncarnation reads the identity file daemon keeps in a data dir.
+func readIncarnation(dataDir string) (uint64, uint64, error) {
+	b, err := os.ReadFile(filepath.Join(dataDir, "identity.json"))
+	if err != nil {
+		return 0, 0, err
+	}
+	var id struct {
+		NodeID      uint64 `json:"node_id"`
+		Incarnation uint64 `json:"incarnation"`
+	}
+	if err := json.Unmarshal(b, &id); err != nil {
+		return 0, 0, err
+	}
+	return id.NodeID, id.Incarnation, nil
+}
+
+// wipe closes node i, deletes its data directory, starts a fresh node in
+// its slot (new data dir, new peer and control addresses; the same NATS
+// addresses, so the clients' URL lists stay valid) that joins with
+// Replace=<old id> and so gets a new identity, completes the replacement
+// once the learner caught up, and checks the old identity is refused.
+// It returns a description, the problems found (violations) and an
+// operational error.
+func (c *inprocCluster) wipe(i int) (string, []string, error) {
+	if !c.control {
+		return "", nil, errUnsupported
+	}
+	c.mu.Lock()
+	old := c.cfgs[i]
+	c.mu.Unlock()
+	oldID, oldInc, err := readIncarnation(old.Data)
+	if err != nil {
+		return "", nil, fmt.Errorf("read identity of node %d: %w", i+1, err)
+	}
+	if err := c.crash(i); err != nil {
+		return "", nil, err
+	}
+	if err := os.RemoveAll(old.Data); err != nil {
+		return "", nil, fmt.Errorf("wipe %s: %w", old.Data, err)
+	}
+	peerAddr, err1 := freeAddr()
+	ctlAddr, err2 := freeAddr()
+	if err := errors.Join(err1, err2); err != nil {
+		return "", nil, err
+	}
+	c.mu.Lock()
+	c.wipes++
+	cfg := old
+	cfg.Data = filepath.Join(c.dataDir, fmt.Sprintf("node%d-wipe%d", i+1, c.wipes))
+	cfg.PeerListen = peerAddr
+	cfg.ControlListen = ctlAddr
+	cfg.BootstrapCredential = ""
+	cfg.JoinCredential = ""
+	cfg.Join = strings.Join(c.controlURLsLocked(), ",")
+	cfg.Replace = oldID
+	// Later restarts of the slot start the new node on its own data.
+	c.cfgs[i] = cfg
+	c.mu.Unlock()
+	// restart also records the slot's new raft id.
+	if err := c.restart(i); err != nil {
+		return "", nil, fmt.Errorf("start the replacement of node id %d: %w", oldID, err)
+	}
+	c.mu.Lock()
+	c.refreshJoinLocked()
+	c.mu.Unlock()
+	newID, newInc, err := readIncarnation(cfg.Data)
+	if err != nil {
+		return "", nil, fmt.Errorf("read the replacement's identity: %w", err)
+	}
+	detail := fmt.Sprintf("id %d/%d wiped, replaced by id %d/%d (peer %s)", oldID, oldInc, newID, newInc, peerAddr)
+	// Completion waits for the learner to catch up: poll.
+	var problems []string
+	deadline := time.Now().Add(30 * time.Second)
+	var last error
+	done := false
+	for !done && time.Now().Before(deadline) {
+		_, last = c.callControl(5*time.Second, "/v1/replacements/complete", daemon.ControlRequest{OldNodeID: oldID, NodeID: newID, Incarnation: newInc})
+		if last == nil {
+			done = true
+			break
+		}
+		// An indeterminate answer may have completed it: a retry is then
+		// refused; the replicated state tells.
+		if c.identityState(oldID, oldInc) != nil && c.identityState(newID, newInc) == nil && c.isVoterMember(newID) {
+			done = true
+			break
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+	if !done {
+		problems = append(problems, fmt.Sprintf("replacement of id %d by id %d did not complete within 30s: %v", oldID, newID, last))
+		return detail, problems, nil
+	}
+	if err := c.waitVoters(30 * time.Second); err != nil {
+		problems = append(problems, "after the replacement of id "+fmt.Sprint(oldID)+": "+err.Error())
+	}
+	if err := c.identityState(oldID, oldInc); err == nil {
+		problems = append(problems, fmt.Sprintf("the leader's state still accepts the wiped identity %d/%d", oldID, oldInc))
+	} else {
+		detail += "; old identity refused (" + err.Error() + ")"
+	}
+	if err := c.identityState(newID, newInc); err != nil {
+		problems = append(problems, fmt.Sprintf("the leader's state refuses the replacement's identity %d/%d: %v", newID, newInc, err))
+	}
+	return detail, problems, nil
+}
+
+// identityState is CheckIdentity on the leader's state machine.
+func (c *inprocCluster) identityState(id, inc uint64) error {
+	l := c.leader()
+	if l < 0 {
+		return nil // unknown: callers treat nil as "not refused"
+	}
+	d := c.node(l)
+	if d == nil {
+		return nil
+	}
+	var err error
+	d.Node().View(func(m *core.Machine) { err = m.CheckIdentity(id, inc) })
+	return err
+}
+
+func (c *inprocCluster) isVoterMember(id uint64) bool {
+	rep, err := c.callControl(5*time.Second, "/v1/members", daemon.ControlRequest{})
+	if err != nil {
+		return false
+	}
+	for _, m := range rep.Members {
+		if m.NodeID == id {
+			return m.Role == "voter"
+		}
+	}
+	return false
 }
 
 func (c *inprocCluster) node(i int) *daemon.Daemon {
@@ -164,9 +476,18 @@ func (c *inprocCluster) restart(i int) error {
 	// The context passed to Start governs the peer transport for the
 	// node's whole life (cancelling it closes the peer listener), so it
 	// must not be a start-up timeout.
-	d, err := daemon.Start(context.Background(), c.cfgs[i], daemon.Options{Logger: c.logger, Now: c.clocks[i].Now})
+	c.mu.Lock()
+	cfg := c.cfgs[i]
+	c.mu.Unlock()
+	d, err := daemon.Start(context.Background(), cfg, daemon.Options{Logger: c.logger, Now: c.clocks[i].Now})
 	if err != nil {
 		return fmt.Errorf("restart node %d: %w", i+1, err)
+	}
+	// In control mode the raft id is issued by the cluster.
+	if id := d.Status(context.Background()).ID; id != 0 {
+		c.idMu.Lock()
+		c.ids[i] = id
+		c.idMu.Unlock()
 	}
 	c.mu.Lock()
 	c.nodes[i] = d
@@ -190,7 +511,7 @@ func (c *inprocCluster) restart(i int) error {
 func (c *inprocCluster) setLinks(allow func(from, to int) bool, _ linkMode) {
 	var f func(from, to uint64) bool
 	if allow != nil {
-		f = func(from, to uint64) bool { return allow(int(from)-1, int(to)-1) }
+		f = func(from, to uint64) bool { return allow(c.slot(from), c.slot(to)) }
 	}
 	c.mu.Lock()
 	c.filter = f

@@ -41,7 +41,10 @@ type Config struct {
 	Keep         bool
 	CheckTimeout time.Duration
 	Kinds        []string
-	logf         func(format string, args ...any)
+	// Control forms the in-process cluster through the control plane
+	// (bootstrap and joins) and adds the wipe-node fault.
+	Control bool
+	logf    func(format string, args ...any)
 }
 
 // Report is what a run found.
@@ -186,6 +189,10 @@ func run(cfg Config, c cluster, h *History) *Report {
 		}()
 		wg.Wait()
 		<-nemDone
+		for _, v := range nem.takeViolations() {
+			v.Round = round
+			rep.Violations = append(rep.Violations, v)
+		}
 		healedAt := h.Now()
 		if !waitLeader(c, 30*time.Second) {
 			liveness(round, "no leader within 30s after healing every fault")

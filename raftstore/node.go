@@ -641,14 +641,18 @@ func (n *Node) handleReady(rd raft.Ready) error {
 			obs.OnLeaderReady(n.term.Load())
 		}
 	}
-	return n.maybeSnapshot(applied, cs)
+	// A node added by a conf change can only restore a snapshot whose
+	// ConfState names it (raft refuses others), so membership changes get
+	// a fresh snapshot at once instead of waiting for the next interval.
+	return n.maybeSnapshot(applied, cs, len(confChanges) > 0)
 }
 
 // maybeSnapshot records a snapshot every SnapshotEntries applied entries
-// and compacts the log behind it, keeping CompactKeep entries so that a
+// (or now, when force is set) and compacts the log behind it, keeping
+// CompactKeep entries so that a
 // slightly lagging follower catches up from the log, not a snapshot.
-func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState) error {
-	if applied-n.snapIndex < n.cfg.SnapshotEntries {
+func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState, force bool) error {
+	if applied <= n.snapIndex || !force && applied-n.snapIndex < n.cfg.SnapshotEntries {
 		return nil
 	}
 	n.mu.RLock()
