@@ -751,11 +751,7 @@ func TestControlEntryRoundTrip(t *testing.T) {
 func TestControlEntryGolden(t *testing.T) {
 	h := [32]byte{0: 0xab, 31: 0xcd}
 	const hh = "ab000000000000000000000000000000000000000000000000000000000000cd"
-	tests := []struct {
-		name  string
-		entry core.Entry
-		hex   string
-	}{
+	tests := []entryGolden{
 		// 01 version | 05 request id | 04 control | 01 bootstrap | hash | 03 "a:1"
 		{"bootstrap", core.Entry{RequestID: 5, Command: core.Bootstrap(h, "a:1")}, "010504" + "01" + hh + "03613a31"},
 		// ... | 02 mint_join | hash
@@ -773,18 +769,7 @@ func TestControlEntryGolden(t *testing.T) {
 		// ... | 08 retire | 03 node | 03 incarnation
 		{"retire", core.Entry{RequestID: 5, Command: core.Retire(3, 3)}, "010504" + "08" + "0303"},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			want := mustHex(t, tc.hex)
-			if got := core.EncodeEntry(tc.entry); !bytes.Equal(got, want) {
-				t.Fatalf("EncodeEntry = %x, want %s", got, tc.hex)
-			}
-			got, err := core.DecodeEntry(want)
-			if err != nil || got != tc.entry {
-				t.Fatalf("DecodeEntry(%s) = %+v, %v; want %+v", tc.hex, got, err, tc.entry)
-			}
-		})
-	}
+	checkEntryGolden(t, tests)
 }
 
 func TestDecodeControlEntryRejects(t *testing.T) {

@@ -115,11 +115,7 @@ func TestDecodeEntryDoesNotAliasInput(t *testing.T) {
 // Golden bytes pin format version 1. If one of these fails, the encoding
 // changed: that needs a new version, not a new golden value.
 func TestEntryGolden(t *testing.T) {
-	tests := []struct {
-		name  string
-		entry core.Entry
-		hex   string
-	}{
+	tests := []entryGolden{
 		// 01 version | 07 request id | 01 grant | 01 'k' | e8 07 lease 1000 | 01 'o' | 05 granted_at
 		{"grant", core.Entry{RequestID: 7, Command: core.Grant("k", "o", 1000, 5)}, "010701016be807016f05"},
 		// 01 | ac 02 request id 300 | 02 release | 01 'k' | 2a token 42
@@ -127,18 +123,7 @@ func TestEntryGolden(t *testing.T) {
 		// 01 | 00 request id | 03 expire | 01 'k' | 80 01 token 128
 		{"expire", core.Entry{RequestID: 0, Command: core.Expire("k", 128)}, "010003016b8001"},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			want := mustHex(t, tc.hex)
-			if got := core.EncodeEntry(tc.entry); !bytes.Equal(got, want) {
-				t.Fatalf("EncodeEntry = %x, want %s", got, tc.hex)
-			}
-			got, err := core.DecodeEntry(want)
-			if err != nil || got != tc.entry {
-				t.Fatalf("DecodeEntry(%s) = %+v, %v; want %+v", tc.hex, got, err, tc.entry)
-			}
-		})
-	}
+	checkEntryGolden(t, tests)
 }
 
 func TestSnapshotGolden(t *testing.T) {
@@ -544,6 +529,31 @@ func TestDecodeLockRecordRejects(t *testing.T) {
 			wantCode(t, err, tc.code)
 			if l != (core.Lock{}) {
 				t.Fatalf("failed decode returned %+v", l)
+			}
+		})
+	}
+}
+
+// entryGolden pins the exact bytes of one encoded entry.
+type entryGolden struct {
+	name  string
+	entry core.Entry
+	hex   string
+}
+
+// checkEntryGolden checks that each entry encodes to exactly its bytes and
+// that those bytes decode back to it.
+func checkEntryGolden(t *testing.T, tests []entryGolden) {
+	t.Helper()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			want := mustHex(t, tc.hex)
+			if got := core.EncodeEntry(tc.entry); !bytes.Equal(got, want) {
+				t.Fatalf("EncodeEntry = %x, want %s", got, tc.hex)
+			}
+			got, err := core.DecodeEntry(want)
+			if err != nil || got != tc.entry {
+				t.Fatalf("DecodeEntry(%s) = %+v, %v; want %+v", tc.hex, got, err, tc.entry)
 			}
 		})
 	}
