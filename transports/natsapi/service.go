@@ -30,10 +30,6 @@ const ForwardTimeoutDefault = 5 * time.Second
 // which can still relay it or, failing that, release it.
 const ForwardGraceDefault = time.Second
 
-// ErrorCodeHeader carries the stable error code beside micro's own
-// Nats-Service-Error-Code header (which holds the same value).
-const ErrorCodeHeader = micro.ErrorCodeHeader
-
 // Config configures the service.
 type Config struct {
 	Conn   *nats.Conn
