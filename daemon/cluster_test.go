@@ -9,8 +9,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/sdk"
-	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 const testTickMS, testElectionTicks = 20, 10
@@ -99,7 +100,7 @@ func (c *testCluster) leader(within time.Duration) int {
 	waitFor(c.t, within, "a ready leader", func() bool {
 		idx = -1
 		for i, d := range c.nodes {
-			if d != nil && d.Server().IsLeader() {
+			if d != nil && d.Locks().IsLeader() {
 				if idx >= 0 {
 					return false
 				}
@@ -129,9 +130,13 @@ func (c *testCluster) converged(within time.Duration) {
 		if c.t.Failed() {
 			for i, d := range c.nodes {
 				if d != nil {
-					st := d.Status(context.Background())
-					c.t.Logf("node %d: state %s term %d commit %d applied %d locks %d last token %d digest %.12s err %v",
-						i+1, st.State, st.Term, st.CommitIndex, st.AppliedIndex, st.Locks, st.LastToken, st.Digest, d.Node().Err())
+					n := d.Node()
+					st := n.Status()
+					var locks int
+					var digest [32]byte
+					n.View(func(m *core.Machine) { locks, digest = m.Len(), m.Digest() })
+					c.t.Logf("node %d: state %s term %d commit %d applied %d locks %d digest %x err %v",
+						i+1, st.RaftState, st.Term, st.Commit, n.AppliedIndex(), locks, digest[:6], n.Err())
 				}
 			}
 		}
@@ -275,14 +280,14 @@ func TestIsolatedFollowerNeverAnswers(t *testing.T) {
 		}
 	}
 	isolate(fol)
-	srv := c.nodes[fol].Server()
+	srv := c.nodes[fol].Locks()
 	for i := 0; i < 20; i++ {
 		_, err := srv.Acquire(ctx, acquireParams("iso", time.Second))
-		var pe *protocol.Error
-		if !errors.As(err, &pe) || pe.Code != protocol.CodeNotLeader {
+		var nl *lockservice.NotLeaderError
+		if !errors.As(err, &nl) {
 			t.Fatalf("isolated follower answered acquire: %v", err)
 		}
-		if _, err := srv.Get(ctx, "k"); !errors.As(err, &pe) || pe.Code != protocol.CodeNotLeader {
+		if _, err := srv.Get(ctx, "k"); !errors.As(err, &nl) {
 			t.Fatalf("isolated follower answered get: %v", err)
 		}
 	}
@@ -297,7 +302,7 @@ func TestIsolatedFollowerNeverAnswers(t *testing.T) {
 	// queued on it gets a retryable error at once, not a silent hang.
 	lead = c.leader(5 * time.Second)
 	waiterErr := make(chan error, 1)
-	leaderSrv := c.nodes[lead].Server()
+	leaderSrv := c.nodes[lead].Locks()
 	go func() {
 		p := acquireParams("k", time.Second)
 		p.Wait, p.Timeout = 20*time.Second, 25*time.Second
@@ -310,24 +315,25 @@ func TestIsolatedFollowerNeverAnswers(t *testing.T) {
 	isolate(lead)
 	cutAt := time.Now()
 	waitFor(t, 10*electionTimeout, "isolated leader steps down", func() bool {
-		return !c.nodes[lead].Server().IsLeader()
+		return !c.nodes[lead].Locks().IsLeader()
 	})
 	t.Logf("isolated leader stepped down after %v", time.Since(cutAt))
 	select {
 	case err := <-waiterErr:
-		var pe *protocol.Error
-		if !errors.As(err, &pe) || !pe.Code.Retryable() {
+		// Retryable: this node certainly proposed nothing for it.
+		var nl *lockservice.NotLeaderError
+		if !errors.As(err, &nl) && !errors.Is(err, lockservice.ErrShuttingDown) {
 			t.Fatalf("queued waiter got %v, want a retryable error", err)
 		}
 	case <-time.After(5 * time.Second):
 		t.Fatal("queued waiter still hanging after its leader stepped down")
 	}
-	if _, err := c.nodes[lead].Server().Acquire(ctx, acquireParams("x", time.Second)); err == nil {
+	if _, err := c.nodes[lead].Locks().Acquire(ctx, acquireParams("x", time.Second)); err == nil {
 		t.Fatal("deposed leader granted a lock")
 	}
 	waitFor(t, 10*electionTimeout, "majority elects a new leader", func() bool {
 		for i, d := range c.nodes {
-			if i != lead && d.Server().IsLeader() {
+			if i != lead && d.Locks().IsLeader() {
 				return true
 			}
 		}

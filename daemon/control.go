@@ -225,7 +225,7 @@ func (d *Daemon) controlHandler(needAdmin bool, h func(*http.Request, ControlReq
 				return
 			}
 		}
-		if !d.srv.IsLeader() {
+		if !d.locks.IsLeader() {
 			fail(&ControlError{Code: ControlCodeNotLeader, Message: "ask the leader", Leader: d.node.Leader()})
 			return
 		}
@@ -421,7 +421,7 @@ func (d *Daemon) reconcileLoop() {
 		case <-t.C:
 		}
 		d.syncPeers()
-		if !d.srv.IsLeader() {
+		if !d.locks.IsLeader() {
 			continue
 		}
 		var (

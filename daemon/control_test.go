@@ -88,7 +88,7 @@ func (c *controlCluster) leader() *Daemon {
 	var l *Daemon
 	waitFor(c.t, 10*time.Second, "a leader", func() bool {
 		for _, d := range c.nodes {
-			if d != nil && d.Server().IsLeader() {
+			if d != nil && d.Locks().IsLeader() {
 				l = d
 				return true
 			}
@@ -105,7 +105,7 @@ func (c *controlCluster) waitVoters(voters ...uint64) {
 	want := fmt.Sprint(voters)
 	waitFor(c.t, 20*time.Second, "voters "+want, func() bool {
 		for _, d := range c.nodes {
-			if d != nil && d.Server().IsLeader() {
+			if d != nil && d.Locks().IsLeader() {
 				cs := d.Node().ConfState()
 				return fmt.Sprint(cs.Voters) == want && len(cs.Learners) == 0 && len(cs.VotersOutgoing) == 0
 			}
@@ -130,7 +130,7 @@ func TestControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Server().IsLeader() })
+	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
 
 	// Bootstrap: the admin credential is required, then the bootstrap one.
 	if _, err := c.call("/v1/bootstrap", "", ControlRequest{Credential: testBoot}); err == nil || !strings.Contains(err.Error(), ControlCodeUnauthorized) {
@@ -215,7 +215,7 @@ func TestControlPlane(t *testing.T) {
 	var victim *Daemon
 	var victimIdx int
 	for i, d := range c.nodes {
-		if d != nil && d != a && !d.Server().IsLeader() {
+		if d != nil && d != a && !d.Locks().IsLeader() {
 			victim, victimIdx = d, i
 			break
 		}
@@ -327,7 +327,7 @@ func TestDeadLearnerIsNotPromoted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Server().IsLeader() })
+	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
 	if _, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: testBoot}); err != nil {
 		t.Fatal(err)
 	}
@@ -371,7 +371,7 @@ func TestJoinAfterCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Server().IsLeader() })
+	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
 	if _, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: testBoot}); err != nil {
 		t.Fatal(err)
 	}

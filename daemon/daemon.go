@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,13 +26,11 @@ import (
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
-	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/raftstore"
-	"github.com/ticketd/ticketd/server"
 	"github.com/ticketd/ticketd/transports/natsapi"
 	"github.com/ticketd/ticketd/transports/peer"
-	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 // StartTimeoutDefault bounds how long Start waits for the embedded NATS
@@ -43,8 +40,9 @@ const StartTimeoutDefault = 10 * time.Second
 // Options are in-process hooks that have no config-file form.
 type Options struct {
 	Logger *slog.Logger
-	// Policy, if set, is asked before every Grant (plugins).
-	Policy server.Policy
+	// Policy, if set, is asked before every Grant instead of the loaded
+	// plugins.
+	Policy plugins.Policy
 	// Now overrides the lease clock (tests).
 	Now func() time.Time
 }
@@ -55,7 +53,7 @@ type Daemon struct {
 	log   *slog.Logger
 	store *raftstore.Store
 	node  *raftstore.Node
-	srv   *server.Server
+	locks *lockservice.Service
 	peers *peer.Transport
 	ns    *natsserver.Server
 	nc    *nats.Conn
@@ -97,7 +95,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		}
 	}()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := server.NewMetrics(d.reg)
+	metrics := lockservice.NewMetrics(d.reg)
 
 	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
 		return nil, fmt.Errorf("daemon: data dir: %w", err)
@@ -146,25 +144,25 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		transport = d.peers
 	}
 
-	scfg := server.Config{Logger: log.With("component", "server"), Metrics: metrics, Policy: opts.Policy, Now: opts.Now}
+	lcfg := lockservice.Config{Logger: log.With("component", "lockservice"), Metrics: metrics, Policy: opts.Policy, Now: opts.Now}
 	if d.plugins, err = loadPlugins(ctx, cfg, log.With("component", "plugins")); err != nil {
 		return nil, err
 	}
 	if d.plugins != nil {
-		if scfg.Policy == nil {
-			scfg.Policy = policyAdapter{d.plugins}
+		if lcfg.Policy == nil {
+			lcfg.Policy = d.plugins
 		}
 		d.audit = newAuditor(d.plugins, cfg.ID, log.With("component", "audit"), d.reg)
-		scfg.Applied = d.audit.offer
+		lcfg.Applied = d.audit.offer
 	}
-	d.srv = server.New(scfg)
+	d.locks = lockservice.New(lcfg)
 	d.node, err = raftstore.NewNode(raftstore.Config{
 		ID:              cfg.ID,
 		Peers:           peerIDs,
 		Join:            join != nil,
 		Store:           d.store,
 		Transport:       transport,
-		Observer:        d.srv,
+		Observer:        d.locks,
 		Logger:          log.With("component", "raftstore"),
 		TickInterval:    time.Duration(cfg.TickMS) * time.Millisecond,
 		ElectionTicks:   cfg.ElectionTicks,
@@ -180,7 +178,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		return nil, fmt.Errorf("daemon: start raft node: %w", err)
 	}
 	d.nodeRef.Store(d.node)
-	d.srv.Attach(d.node)
+	d.locks.Attach(d.node)
 	d.node.Start()
 
 	if err := d.startNATS(); err != nil {
@@ -194,7 +192,10 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if d.audit != nil {
 		d.audit.start(d.nc)
 	}
-	d.api, err = natsapi.Start(natsapi.Config{Conn: d.nc, Server: d.srv, Status: d.Status, Logger: log.With("component", "natsapi"), Now: opts.Now})
+	d.api, err = natsapi.Start(natsapi.Config{
+		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.memberAddr, Plugins: d.plugins,
+		Logger: log.With("component", "natsapi"), Now: opts.Now,
+	})
 	if err != nil {
 		return nil, fmt.Errorf("daemon: start client service: %w", err)
 	}
@@ -470,43 +471,11 @@ func (d *Daemon) Ready() error {
 	return nil
 }
 
-// Status is this node's view of the cluster.
-func (d *Daemon) Status(ctx context.Context) protocol.StatusReply {
-	st := d.node.Status()
-	out := protocol.StatusReply{
-		ID:           d.cfg.ID,
-		Leader:       st.Lead,
-		Term:         st.Term,
-		State:        st.RaftState.String(),
-		CommitIndex:  st.Commit,
-		AppliedIndex: d.node.AppliedIndex(),
-	}
-	d.node.View(func(m *core.Machine) {
-		out.Locks = m.Len()
-		out.LastToken = m.LastToken()
-		sum := m.Digest()
-		out.Digest = hex.EncodeToString(sum[:])
-	})
-	if d.plugins != nil {
-		for _, p := range d.plugins.Plugins() {
-			out.Plugins = append(out.Plugins, protocol.PluginInfo{Name: p.Name(), SHA256: p.SHA256()})
-		}
-	}
-	cs := d.node.ConfState()
-	add := func(id uint64, voter bool) {
-		m := protocol.Member{ID: id, Voter: voter, Address: d.members[id]}
-		if pr, ok := st.Progress[id]; ok {
-			m.Match, m.Next = pr.Match, pr.Next
-		}
-		out.Members = append(out.Members, m)
-	}
-	for _, id := range cs.Voters {
-		add(id, true)
-	}
-	for _, id := range cs.Learners {
-		add(id, false)
-	}
-	return out
+// memberAddr is a member's peer address as this node knows it.
+func (d *Daemon) memberAddr(id uint64) string {
+	d.peerMu.Lock()
+	defer d.peerMu.Unlock()
+	return d.members[id]
 }
 
 // ClientURL is the NATS URL clients use to reach this node.
@@ -525,9 +494,9 @@ func (d *Daemon) PeerAddr() string {
 	return d.peers.Addr().String()
 }
 
-// Node, Server, Peers and Registry expose the parts for tests and tools.
+// Node, Locks, Peers and Registry expose the parts for tests and tools.
 func (d *Daemon) Node() *raftstore.Node          { return d.node }
-func (d *Daemon) Server() *server.Server         { return d.srv }
+func (d *Daemon) Locks() *lockservice.Service    { return d.locks }
 func (d *Daemon) Peers() *peer.Transport         { return d.peers }
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
 
@@ -555,8 +524,8 @@ func (d *Daemon) Close() {
 				d.log.Warn("stop client service", "err", err)
 			}
 		}
-		if d.srv != nil {
-			d.srv.Close()
+		if d.locks != nil {
+			d.locks.Close()
 		}
 		if d.node != nil {
 			d.node.Stop()

@@ -13,8 +13,9 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/lockservice"
+	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/sdk"
-	"github.com/ticketd/ticketd/server"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
@@ -35,7 +36,7 @@ func startNode(t testing.TB, dir string, opts Options) *Daemon {
 	if err != nil {
 		t.Fatalf("start node: %v", err)
 	}
-	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Server().IsLeader() })
+	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Locks().IsLeader() })
 	return d
 }
 
@@ -341,9 +342,9 @@ func TestSDKIndeterminateWhenReplyIsLate(t *testing.T) {
 
 type slowPolicy struct{ release chan struct{} }
 
-func (p slowPolicy) ValidateGrant(ctx context.Context, key, owner string, leaseMS uint64) (serverVerdict, error) {
+func (p slowPolicy) ValidateGrant(ctx context.Context, key, owner string, leaseMS uint64) (plugins.Verdict, error) {
 	<-p.release
-	return serverVerdict{Allow: true}, nil
+	return plugins.Verdict{Allow: true}, nil
 }
 
 // TestWaitQueueFIFO: waiters get the key in arrival order as it frees.
@@ -442,8 +443,6 @@ func gaugeValue(t testing.TB, d *Daemon, name string) float64 {
 	return counterValue(t, d, name, "", "")
 }
 
-type serverVerdict = server.Verdict
-
 // histogramMean is sum/count of a histogram metric.
 func histogramMean(t testing.TB, d *Daemon, name string) float64 {
 	t.Helper()
@@ -463,8 +462,8 @@ func histogramMean(t testing.TB, d *Daemon, name string) float64 {
 	return 0
 }
 
-func acquireParams(key string, lease time.Duration) server.AcquireParams {
-	return server.AcquireParams{Key: key, Lease: lease, Timeout: 5 * time.Second}
+func acquireParams(key string, lease time.Duration) lockservice.AcquireParams {
+	return lockservice.AcquireParams{Key: key, Lease: lease, Timeout: 5 * time.Second}
 }
 
 func TestMetricsAndHealthEndpoints(t *testing.T) {
@@ -478,7 +477,7 @@ func TestMetricsAndHealthEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Server().IsLeader() })
+	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Locks().IsLeader() })
 	_, cl := connect(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

@@ -1,6 +1,6 @@
 // Package daemon assembles one ticketd node from its parts and runs it:
 // the Pebble store and raft node (raftstore), the leader-side lock service
-// (server), the peer transport (transports/peer), the NATS client service
+// (lockservice), the peer transport (transports/peer), the NATS client service
 // (transports/natsapi) on an embedded or external NATS, Prometheus
 // metrics and health endpoints.
 //

@@ -17,7 +17,6 @@ import (
 
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/raftstore"
-	"github.com/ticketd/ticketd/server"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
@@ -104,14 +103,6 @@ func closeAll(ctx context.Context, ps []*plugins.Plugin) {
 	for _, p := range ps {
 		_ = p.Close(ctx)
 	}
-}
-
-// policyAdapter lets a plugin set serve as the server's Grant policy.
-type policyAdapter struct{ set *plugins.Set }
-
-func (a policyAdapter) ValidateGrant(ctx context.Context, key, owner string, leaseMS uint64) (server.Verdict, error) {
-	v, err := a.set.ValidateGrant(ctx, key, owner, leaseMS)
-	return server.Verdict{Allow: v.Allow, Reason: v.Reason}, err
 }
 
 // auditor runs audit plugins off the raft loop and publishes their events.

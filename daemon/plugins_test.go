@@ -59,7 +59,7 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Server().IsLeader() })
+	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Locks().IsLeader() })
 	nc, cl := connect(t, d)
 	events := make(chan *nats.Msg, 64)
 	sub, err := nc.ChanSubscribe(AuditSubjectPrefix+".>", events)
@@ -144,7 +144,10 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	if info.State.Msgs != before {
 		t.Fatalf("duplicate audit event stored: %d -> %d messages", before, info.State.Msgs)
 	}
-	st := d.Status(ctx)
+	st, err := cl.Status(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
 	if len(st.Plugins) != 2 || len(st.Plugins[0].SHA256) != 64 {
 		t.Fatalf("status plugins %+v, want two with sha256", st.Plugins)
 	}

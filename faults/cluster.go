@@ -11,7 +11,7 @@ import (
 	"sync/atomic"
 	"time"
 
-	"github.com/ticketd/ticketd/transports/protocol"
+	"github.com/ticketd/ticketd/sdk"
 )
 
 // linkMode is how a cut peer link fails.
@@ -46,7 +46,7 @@ type cluster interface {
 	resume(i int) error
 	// jump moves node i's lease clock (Options.Now) by d.
 	jump(i int, d time.Duration) error
-	status(ctx context.Context, i int) (protocol.StatusReply, error)
+	status(ctx context.Context, i int) (sdk.Status, error)
 	// blackholes reports whether setLinks distinguishes linkBlackhole.
 	blackholes() bool
 	// electionTimeout is the configured base election timeout.

@@ -2,6 +2,7 @@ package faults
 
 import (
 	"context"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -15,9 +16,9 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/sdk"
 
 	"github.com/ticketd/ticketd/daemon"
-	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 const (
@@ -446,7 +447,7 @@ func (c *inprocCluster) leader() int {
 	best, term := -1, uint64(0)
 	for i := range c.cfgs {
 		d := c.node(i)
-		if d == nil || !d.Server().IsLeader() {
+		if d == nil || !d.Locks().IsLeader() {
 			continue
 		}
 		if t := d.Node().Term(); best < 0 || t > term {
@@ -484,7 +485,7 @@ func (c *inprocCluster) restart(i int) error {
 		return fmt.Errorf("restart node %d: %w", i+1, err)
 	}
 	// In control mode the raft id is issued by the cluster.
-	if id := d.Status(context.Background()).ID; id != 0 {
+	if id := d.Node().ID(); id != 0 {
 		c.idMu.Lock()
 		c.ids[i] = id
 		c.idMu.Unlock()
@@ -534,12 +535,26 @@ func (c *inprocCluster) jump(i int, d time.Duration) error {
 	return nil
 }
 
-func (c *inprocCluster) status(ctx context.Context, i int) (protocol.StatusReply, error) {
+func (c *inprocCluster) status(ctx context.Context, i int) (sdk.Status, error) {
 	d := c.node(i)
 	if d == nil {
-		return protocol.StatusReply{}, fmt.Errorf("node %d is down", i+1)
+		return sdk.Status{}, fmt.Errorf("node %d is down", i+1)
 	}
-	return d.Status(ctx), nil
+	return nodeStatus(d), nil
+}
+
+// nodeStatus reads what the harness compares across replicas straight
+// from an in-process node.
+func nodeStatus(d *daemon.Daemon) sdk.Status {
+	n := d.Node()
+	rs := n.Status()
+	st := sdk.Status{ID: n.ID(), Leader: rs.Lead, Term: rs.Term, State: rs.RaftState.String(), CommitIndex: rs.Commit, AppliedIndex: n.AppliedIndex()}
+	n.View(func(m *core.Machine) {
+		st.Locks, st.LastToken = m.Len(), m.LastToken()
+		sum := m.Digest()
+		st.Digest = hex.EncodeToString(sum[:])
+	})
+	return st
 }
 
 func (c *inprocCluster) unexpectedExits() []string {

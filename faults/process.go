@@ -2,7 +2,6 @@ package faults
 
 import (
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -15,7 +14,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
-	"github.com/ticketd/ticketd/transports/protocol"
+	"github.com/ticketd/ticketd/sdk"
 )
 
 // buildBinary builds ./cmd/ticketd into dir.
@@ -44,6 +43,7 @@ type procCluster struct {
 	nats     []string
 	proxies  map[[2]int]*proxy
 	nc       *nats.Conn
+	client   *sdk.Client // status requests to one named node
 
 	mu    sync.Mutex
 	procs []*proc
@@ -138,6 +138,9 @@ func startProcesses(bin, dir string, n int) (_ *procCluster, err error) {
 	)
 	if err != nil {
 		return nil, fmt.Errorf("harness NATS connection: %w", err)
+	}
+	if c.client, err = sdk.New(c.nc); err != nil {
+		return nil, fmt.Errorf("harness status client: %w", err)
 	}
 	return c, nil
 }
@@ -303,13 +306,12 @@ func (c *procCluster) setLinks(allow func(from, to int) bool, mode linkMode) {
 	}
 }
 
-func (c *procCluster) status(ctx context.Context, i int) (protocol.StatusReply, error) {
-	var st protocol.StatusReply
-	m, err := c.nc.RequestWithContext(ctx, fmt.Sprintf("%s.node.%d.status", protocol.SubjectPrefix, i+1), []byte("{}"))
+func (c *procCluster) status(ctx context.Context, i int) (sdk.Status, error) {
+	st, err := c.client.NodeStatus(ctx, uint64(i+1))
 	if err != nil {
-		return st, err
+		return sdk.Status{}, err
 	}
-	return st, json.Unmarshal(m.Data, &st)
+	return *st, nil
 }
 
 func (c *procCluster) unexpectedExits() []string {

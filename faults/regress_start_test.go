@@ -45,7 +45,7 @@ func TestStartContextDoesNotBoundPeerTransport(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for time.Now().Before(deadline) {
 		for _, d := range nodes {
-			if d.Server().IsLeader() {
+			if d.Locks().IsLeader() {
 				return
 			}
 		}

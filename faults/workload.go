@@ -12,7 +12,6 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/ticketd/ticketd/sdk"
-	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 // resource is the fenced resource the lock holders write to: it remembers
@@ -108,14 +107,14 @@ func classify(kind OpKind, err error) (Outcome, string) {
 	case kind == OpGet:
 		// Read-only: whatever went wrong, nothing changed.
 		return OutFail, string(code)
-	case code == protocol.CodeHeld && kind == OpAcquire:
+	case errors.Is(err, sdk.ErrHeld) && kind == OpAcquire:
 		return OutHeld, string(code)
-	case code == protocol.CodeTimeout && kind == OpAcquire:
+	case errors.Is(err, sdk.ErrTimeout) && kind == OpAcquire:
 		return OutTimeout, string(code)
-	case code == protocol.CodeNotFound && kind == OpRelease:
+	case errors.Is(err, sdk.ErrNotFound) && kind == OpRelease:
 		return OutNotFound, string(code)
-	case code == protocol.CodeInvalidArgument, code == protocol.CodeMalformed, code == protocol.CodeTooLarge,
-		code == protocol.CodeDenied, code == protocol.CodeControlRefused:
+	case errors.Is(err, sdk.ErrInvalidArgument), errors.Is(err, sdk.ErrMalformed), errors.Is(err, sdk.ErrTooLarge),
+		errors.Is(err, sdk.ErrDenied), errors.Is(err, sdk.ErrControlRefused):
 		return OutFail, string(code)
 	}
 	// indeterminate, internal, an unknown code, or a code the operation

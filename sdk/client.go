@@ -192,6 +192,8 @@ type request struct {
 	op, key, subject string
 	// readOnly operations (get, status) may be retried after a lost reply.
 	readOnly bool
+	// once: a single attempt, never retried (a request to one named node).
+	once bool
 	// build returns the body of attempt n (0-based), prepared at now, and
 	// how long to wait for its reply; ok is false when the context leaves
 	// no time for another attempt.
@@ -215,6 +217,9 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 	}
 	var last *Error // the last failure after which a retry is safe
 	for n := 0; ; n++ {
+		if n > 0 && r.once {
+			return nil, last
+		}
 		if n > 0 {
 			pause := c.backoff(n - 1)
 			if !retryUntil.IsZero() && time.Now().Add(pause).After(retryUntil) {

@@ -279,10 +279,23 @@ func (c *Client) Get(ctx context.Context, key string) (Holder, error) {
 	return h, nil
 }
 
+// Status is one node's view of the cluster (docs/protocol.md, "status").
+type Status = protocol.StatusReply
+
 // Status asks one node (whichever the queue group picks) for its view of
 // the cluster. It is read-only and retried like Get.
-func (c *Client) Status(ctx context.Context) (*protocol.StatusReply, error) {
-	r := &request{op: "status", subject: protocol.SubjectStatus, readOnly: true}
+func (c *Client) Status(ctx context.Context) (*Status, error) {
+	return c.status(ctx, &request{op: "status", subject: protocol.SubjectStatus, readOnly: true})
+}
+
+// NodeStatus asks the node with the given raft id for its own view, in one
+// attempt: a node that does not answer (down, or cut off from this NATS
+// server) is an ErrUnavailable error at once, not retried.
+func (c *Client) NodeStatus(ctx context.Context, id uint64) (*Status, error) {
+	return c.status(ctx, &request{op: "status", subject: protocol.NodeStatusSubject(id), readOnly: true, once: true})
+}
+
+func (c *Client) status(ctx context.Context, r *request) (*Status, error) {
 	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
 		w, ok := c.requestWait(ctx, now)
 		return []byte("{}"), w, ok

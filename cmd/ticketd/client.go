@@ -171,7 +171,7 @@ func status(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	// Per-peer match indexes are known only to the leader: ask it.
 	if st.Leader != 0 && st.Leader != st.ID {
-		subj := fmt.Sprintf("%s.node.%d.status", protocol.SubjectPrefix, st.Leader)
+		subj := protocol.NodeStatusSubject(st.Leader)
 		if m, err := cl.Conn().RequestWithContext(ctx, subj, []byte("{}")); err == nil {
 			var ls protocol.StatusReply
 			if protocol.ParseReply(m.Data, &ls) == nil {
@@ -198,7 +198,7 @@ func statusWithPluginCheck(ctx context.Context, nc *nats.Conn, st *protocol.Stat
 		if m.ID == st.ID {
 			continue
 		}
-		subj := fmt.Sprintf("%s.node.%d.status", protocol.SubjectPrefix, m.ID)
+		subj := protocol.NodeStatusSubject(m.ID)
 		msg, err := nc.RequestWithContext(ctx, subj, []byte("{}"))
 		if err != nil {
 			diff = append(diff, mismatch{ID: m.ID, Error: err.Error()})

@@ -20,7 +20,7 @@ func nodeStatus(url string, id int) (protocol.StatusReply, error) {
 		return st, err
 	}
 	defer nc.Close()
-	m, err := nc.Request(fmt.Sprintf("%s.node.%d.status", protocol.SubjectPrefix, id), []byte("{}"), time.Second)
+	m, err := nc.Request(protocol.NodeStatusSubject(uint64(id)), []byte("{}"), time.Second)
 	if err != nil {
 		return st, err
 	}

@@ -14,11 +14,23 @@
 // answer in time the follower answers `indeterminate` for acquire and
 // release: the leader may have applied it.
 //
+// # Errors
+//
+// The lock service returns domain errors (lockservice.ErrHeld,
+// NotLeaderError, ...); errors.go holds the one table that maps them to
+// the stable codes of docs/protocol.md. Nothing else in ticketd speaks the
+// wire protocol except the SDK and the CLI.
+//
+// # Status
+//
+// status.go assembles a node's status reply from the raft node, the peer
+// addresses and the loaded plugins.
+//
 // # Lost replies
 //
 // A granted acquire whose reply cannot be written (the publish fails) is
-// released with its exact token through server.ReleaseAbandoned. Connect
-// the server's NATS connection with nats.ReconnectBufSize(-1) so a reply
+// released with its exact token through lockservice.ReleaseUndelivered. Connect
+// the node's NATS connection with nats.ReconnectBufSize(-1) so a reply
 // during a disconnect fails at once instead of sitting in a buffer.
 //
 // # Control

@@ -13,7 +13,8 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
-	"github.com/ticketd/ticketd/server"
+	"github.com/ticketd/ticketd/lockservice"
+	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
@@ -32,14 +33,17 @@ const ForwardGraceDefault = time.Second
 
 // Config configures the service.
 type Config struct {
-	Conn   *nats.Conn
-	Server *server.Server
-	// Status builds this node's status reply.
-	Status      func(ctx context.Context) protocol.StatusReply
+	Conn  *nats.Conn
+	Locks *lockservice.Service
+	// Node, MemberAddr and Plugins are what the status endpoints report.
+	Node StatusNode
+	// MemberAddr names a member's peer address ("" when unknown).
+	MemberAddr  func(id uint64) string
+	Plugins     *plugins.Set
 	Logger      *slog.Logger
 	MaxInflight int
-	// Now is the server's lease clock (server.Config.Now), used only to
-	// stamp requests for the server; context deadlines use the real clock.
+	// Now is the lock service's lease clock (lockservice.Config.Now), used
+	// only to stamp requests for it; context deadlines use the real clock.
 	// nil means time.Now.
 	Now func() time.Time
 }
@@ -67,7 +71,7 @@ type request struct {
 	reply  string
 	header nats.Header
 	// received is when the request arrived on the real clock, for context
-	// deadlines; receivedLease is the same moment on the server's lease
+	// deadlines; receivedLease is the same moment on the lock service's lease
 	// clock (Config.Now), which may be skewed or jumped in tests.
 	received      time.Time
 	receivedLease time.Time
@@ -78,8 +82,8 @@ type request struct {
 
 // Start registers the service on cfg.Conn.
 func Start(cfg Config) (*Service, error) {
-	if cfg.Conn == nil || cfg.Server == nil {
-		return nil, errors.New("natsapi: Conn and Server are required")
+	if cfg.Conn == nil || cfg.Locks == nil || cfg.Node == nil {
+		return nil, errors.New("natsapi: Conn, Locks and Node are required")
 	}
 	if cfg.Logger == nil {
 		cfg.Logger = slog.Default()
@@ -92,7 +96,7 @@ func Start(cfg Config) (*Service, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel}
-	id := cfg.Server.ID()
+	id := cfg.Locks.ID()
 	svc, err := micro.AddService(cfg.Conn, micro.Config{
 		Name:        protocol.ServiceName,
 		Version:     protocol.ServiceVersion,
@@ -119,7 +123,7 @@ func Start(cfg Config) (*Service, error) {
 		return nil, fmt.Errorf("natsapi: add status endpoint: %w", err)
 	}
 	if err := svc.AddEndpoint("node_status", s.microHandler("status"),
-		micro.WithEndpointSubject(fmt.Sprintf("%s.node.%d.status", protocol.SubjectPrefix, id)),
+		micro.WithEndpointSubject(protocol.NodeStatusSubject(id)),
 		micro.WithEndpointQueueGroupDisabled()); err != nil {
 		_ = svc.Stop()
 		cancel()
@@ -217,11 +221,9 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 }
 
 func (s *Service) handle(req *request, forwarded bool) {
-	srv := s.cfg.Server
+	srv := s.cfg.Locks
 	if req.op == "status" {
-		ctx, cancel := context.WithTimeout(s.ctx, 2*time.Second)
-		defer cancel()
-		s.reply(req, s.cfg.Status(ctx))
+		s.reply(req, s.status())
 		return
 	}
 	if !srv.IsLeader() {
@@ -249,7 +251,7 @@ func (s *Service) handle(req *request, forwarded bool) {
 // follower never answers from its own state: it relays what the leader
 // said, or says why it could not reach it.
 func (s *Service) forward(req *request) {
-	srv := s.cfg.Server
+	srv := s.cfg.Locks
 	leader := srv.Leader()
 	if leader == 0 || leader == srv.ID() {
 		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "no leader is known; retry"))
@@ -259,7 +261,7 @@ func (s *Service) forward(req *request) {
 	if req.op == "acquire" {
 		ar, err := protocol.DecodeAcquire(req.data)
 		if err != nil {
-			s.replyErr(req, asProto(err))
+			s.replyErr(req, toProtocolError(err))
 			return
 		}
 		_, _, timeout, _ = ar.Validate()
@@ -306,38 +308,37 @@ func (s *Service) releaseUndelivered(leader uint64, reply []byte) {
 func (s *Service) acquire(req *request) {
 	ar, err := protocol.DecodeAcquire(req.data)
 	if err != nil {
-		s.replyErr(req, asProto(err))
+		s.replyErr(req, toProtocolError(err))
 		return
 	}
 	lease, wait, timeout, _ := ar.Validate()
 	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout))
 	defer cancel()
-	g, err := s.cfg.Server.Acquire(ctx, server.AcquireParams{
+	g, err := s.cfg.Locks.Acquire(ctx, lockservice.AcquireParams{
 		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout,
 	})
 	if err != nil {
-		s.replyErr(req, asProto(err))
+		s.replyErr(req, toProtocolError(err))
 		return
 	}
 	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index})
 	if err := req.ok(body); err != nil {
 		// The reply never left this node: nobody can hold this token.
 		s.log.Warn("acquire reply could not be written; releasing", "key", g.Key, "token", g.Token, "err", err)
-		s.cfg.Server.Metrics().Abandoned.Inc()
-		s.cfg.Server.ReleaseAbandoned(g.Key, g.Token)
+		s.cfg.Locks.ReleaseUndelivered(g.Key, g.Token)
 	}
 }
 
 func (s *Service) release(req *request) {
 	rr, err := protocol.DecodeRelease(req.data)
 	if err != nil {
-		s.replyErr(req, asProto(err))
+		s.replyErr(req, toProtocolError(err))
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, protocol.DefaultReplyMargin*2)
 	defer cancel()
-	if err := s.cfg.Server.Release(ctx, rr.Key, rr.Token); err != nil {
-		s.replyErr(req, asProto(err))
+	if err := s.cfg.Locks.Release(ctx, rr.Key, rr.Token); err != nil {
+		s.replyErr(req, toProtocolError(err))
 		return
 	}
 	s.reply(req, protocol.ReleaseReply{Key: rr.Key, Released: true})
@@ -346,14 +347,14 @@ func (s *Service) release(req *request) {
 func (s *Service) get(req *request) {
 	gr, err := protocol.DecodeGet(req.data)
 	if err != nil {
-		s.replyErr(req, asProto(err))
+		s.replyErr(req, toProtocolError(err))
 		return
 	}
 	ctx, cancel := context.WithTimeout(s.ctx, protocol.DefaultReplyMargin*2)
 	defer cancel()
-	h, err := s.cfg.Server.Get(ctx, gr.Key)
+	h, err := s.cfg.Locks.Get(ctx, gr.Key)
 	if err != nil {
-		s.replyErr(req, asProto(err))
+		s.replyErr(req, toProtocolError(err))
 		return
 	}
 	out := protocol.GetReply{Key: gr.Key, Held: h.Held}
@@ -382,14 +383,6 @@ func (s *Service) replyErr(req *request, e *protocol.Error) {
 	if err := req.fail(e); err != nil {
 		s.log.Debug("error reply not written", "op", req.op, "code", e.Code, "err", err)
 	}
-}
-
-func asProto(err error) *protocol.Error {
-	var pe *protocol.Error
-	if errors.As(err, &pe) {
-		return pe
-	}
-	return protocol.Errorf(protocol.CodeInternal, "%v", err)
 }
 
 func errorBody(e *protocol.Error) []byte {

@@ -9,19 +9,19 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/raftstore"
-	"github.com/ticketd/ticketd/server"
+	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
-// singleNode runs a one-voter raft node with its lock server, no NATS.
-func singleNode(t *testing.T) *server.Server {
+// singleNode runs a one-voter raft node with its lock service, no NATS.
+func singleNode(t *testing.T) *lockservice.Service {
 	t.Helper()
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := raftstore.Open(t.TempDir(), raftstore.StoreOptions{NoSync: true, Logger: log})
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := server.New(server.Config{Logger: log})
+	srv := lockservice.New(lockservice.Config{Logger: log})
 	n, err := raftstore.NewNode(raftstore.Config{ID: 1, Peers: []uint64{1}, Store: st, Observer: srv, Logger: log, TickInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
@@ -44,7 +44,7 @@ func singleNode(t *testing.T) *server.Server {
 // with that exact token (SPEC §4.4).
 func TestUnwritableReplyReleasesGrant(t *testing.T) {
 	srv := singleNode(t)
-	s := &Service{cfg: Config{Server: srv, Now: time.Now}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), ctx: context.Background()}
+	s := &Service{cfg: Config{Locks: srv, Now: time.Now}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), ctx: context.Background()}
 	var failed *protocol.Error
 	req := &request{
 		op:       "acquire",
@@ -75,7 +75,7 @@ func TestUnwritableReplyReleasesGrant(t *testing.T) {
 		time.Sleep(2 * time.Millisecond)
 	}
 	// The token was consumed and released: the next grant gets a larger one.
-	g, err := srv.Acquire(ctx, server.AcquireParams{Key: "k", Lease: time.Second, Timeout: 5 * time.Second})
+	g, err := srv.Acquire(ctx, lockservice.AcquireParams{Key: "k", Lease: time.Second, Timeout: 5 * time.Second})
 	if err != nil || g.Token != 2 {
 		t.Fatalf("next grant %+v %v, want token 2", g, err)
 	}

@@ -33,6 +33,12 @@ func ForwardSubject(leader uint64, op string) string {
 	return fmt.Sprintf("%s.fwd.%d.%s", SubjectPrefix, leader, op)
 }
 
+// NodeStatusSubject is where the node with the given raft id answers
+// status requests itself (no queue group), whichever node leads.
+func NodeStatusSubject(id uint64) string {
+	return fmt.Sprintf("%s.node.%d.status", SubjectPrefix, id)
+}
+
 // Limits of the protocol.
 const (
 	// MaxRequestSize bounds a request body.

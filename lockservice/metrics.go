@@ -1,14 +1,14 @@
-package server
+package lockservice
 
 import (
 	"github.com/prometheus/client_golang/prometheus"
 )
 
-// Metrics are the node's Prometheus collectors. They are registered on
+// Metrics are the lock service's Prometheus collectors. They are registered on
 // the registry given to NewMetrics, never on a global one.
 type Metrics struct {
 	Proposals     *prometheus.CounterVec // by command kind
-	ProposalFails *prometheus.CounterVec // by kind and error code
+	ProposalFails *prometheus.CounterVec // by kind and failure class (failureClass)
 	Grants        prometheus.Counter
 	Releases      prometheus.Counter
 	Expiries      *prometheus.CounterVec // by existed=true|false

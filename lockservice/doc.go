@@ -1,0 +1,32 @@
+// Package lockservice is the leader's lease and waiter service: it turns
+// lock requests into raft proposals and keeps the state that lives only on
+// the leader, outside the replicated state machine.
+//
+// # What it owns
+//
+//   - Lease timers (leases.go, expiry.go): one min-heap on the leader's
+//     monotonic clock. When a lease runs out the leader proposes
+//     Expire{key, token}; the lock disappears only when that Expire commits
+//     and applies, and only if the token still matches (SPEC §4.1–4.2).
+//     When a node becomes leader it re-arms every held lock with its full
+//     lease, so no lease is ever shortened by a leader change or a restart.
+//   - Waiter queues (waiters.go): a FIFO per key for acquires that wait.
+//     The leader proposes a Grant only for a key it believes free and not
+//     already reserved for a Grant in flight, handing the key to the head
+//     of the queue first. Waiters queued on a leader that loses leadership
+//     get a retryable error at once.
+//   - The lost-reply path (SPEC §4.4): a Grant that applies after the
+//     requester's deadline, or whose reply cannot be delivered, is released
+//     with its exact token. An outcome the leader cannot know is reported
+//     as ErrIndeterminate; it never guesses a token or re-acquires.
+//   - Grant policy: an optional plugins.Policy is asked before a Grant is
+//     proposed; a denied request never enters the log.
+//
+// # What it does not own
+//
+// The wire: it returns domain errors (errors.go) and the NATS edge
+// (transports/natsapi) maps them to the protocol's stable codes. The raft
+// node, its storage and the replicated state machine (raftstore, core).
+// Followers keep no lease or queue state; transports forward their client
+// requests to the leader.
+package lockservice

@@ -1,0 +1,48 @@
+package lockservice
+
+import (
+	"errors"
+	"fmt"
+)
+
+// Errors the lock service returns. They speak the domain; the transports
+// map them to their wire codes in one table at the edge (natsapi). Each is
+// wrapped with detail, so match with errors.Is / errors.As.
+var (
+	// ErrHeld: the key is held (or has a Grant in flight) and the request
+	// would not wait. Nothing was proposed.
+	ErrHeld = errors.New("lockservice: key is held")
+	// ErrNotFound: no lock with that key and token. The Release applied
+	// and changed nothing.
+	ErrNotFound = errors.New("lockservice: no lock with that key and token")
+	// ErrDenied: the Grant policy refused the request (or failed, which
+	// denies). Nothing was proposed and no token was consumed.
+	ErrDenied = errors.New("lockservice: denied by policy")
+	// ErrTimeout: the request's time ran out with nothing held for it (the
+	// wait ended, or a late Grant was released again with its token).
+	ErrTimeout = errors.New("lockservice: timed out")
+	// ErrIndeterminate: the command was handed to raft but its outcome is
+	// unknown; a Grant may exist and will expire within its lease.
+	ErrIndeterminate = errors.New("lockservice: outcome unknown")
+	// ErrShuttingDown: the service or its node is stopping; nothing changed.
+	ErrShuttingDown = errors.New("lockservice: stopping")
+)
+
+// NotLeaderError: this node is not the ready leader, so it certainly did
+// not propose anything. Leader is the leader this node knows (0: none).
+type NotLeaderError struct {
+	Node   uint64
+	Leader uint64
+}
+
+func (e *NotLeaderError) Error() string {
+	return fmt.Sprintf("lockservice: node %d is not the leader", e.Node)
+}
+
+// DeniedError carries the policy's reason; it matches ErrDenied.
+type DeniedError struct{ Reason string }
+
+func (e *DeniedError) Error() string { return "lockservice: denied: " + e.Reason }
+
+// Is makes errors.Is(err, ErrDenied) hold.
+func (e *DeniedError) Is(target error) bool { return target == ErrDenied }

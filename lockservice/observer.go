@@ -1,0 +1,117 @@
+package lockservice
+
+import (
+	"fmt"
+	"time"
+
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/raftstore"
+)
+
+// OnApplied implements raftstore.Observer. The leader tracks lease timers
+// and frees keys for waiters; followers keep no state.
+func (s *Service) OnApplied(a raftstore.Applied) {
+	if s.cfg.Applied != nil {
+		s.cfg.Applied(a)
+	}
+	s.countApplied(a.Result)
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	if !s.lead.ready {
+		return
+	}
+	key := a.Command.Key
+	switch a.Result.Kind {
+	case core.ResultGranted:
+		delete(s.lead.reserved, key)
+		s.lead.leases.arm(key, a.Result.Token, time.Duration(a.Command.LeaseMS)*time.Millisecond, s.cfg.Now())
+		s.signalTimersChanged()
+	case core.ResultGrantRejected:
+		delete(s.lead.reserved, key)
+	case core.ResultReleased:
+		s.lead.leases.remove(key, a.Command.Token)
+		s.handOff(key)
+	case core.ResultExpired:
+		if a.Result.Existed {
+			s.lead.leases.remove(key, a.Command.Token)
+			s.handOff(key)
+		}
+	}
+}
+
+func (s *Service) countApplied(r core.Result) {
+	m := s.cfg.Metrics
+	switch r.Kind {
+	case core.ResultGranted:
+		m.Grants.Inc()
+		m.HeldLocks.Inc()
+	case core.ResultReleased:
+		m.Releases.Inc()
+		m.HeldLocks.Dec()
+	case core.ResultExpired:
+		m.Expiries.WithLabelValues(fmt.Sprint(r.Existed)).Inc()
+		if r.Existed {
+			m.HeldLocks.Dec()
+		}
+	}
+}
+
+// OnLeaderReady implements raftstore.Observer: re-arm every held lock with
+// its full lease (never shorter than what its holder may assume) and start
+// serving.
+func (s *Service) OnLeaderReady(term uint64) {
+	now := s.cfg.Now()
+	var locks []core.Lock
+	s.node.View(func(m *core.Machine) { locks = m.Locks() })
+	s.lead.mu.Lock()
+	s.lead.leases.reset()
+	for _, l := range locks {
+		s.lead.leases.arm(l.Key, l.Token, time.Duration(l.LeaseMS)*time.Millisecond, now)
+	}
+	s.lead.reserved = make(map[string]uint64)
+	s.lead.epoch++
+	s.lead.ready = true
+	s.signalTimersChanged()
+	s.lead.mu.Unlock()
+	s.cfg.Metrics.HeldLocks.Set(float64(len(locks)))
+	s.cfg.Metrics.LeaderChanges.Inc()
+	s.cfg.Metrics.IsLeader.Set(1)
+	s.log.Info("leader ready; lease timers re-armed", "term", term, "locks", len(locks))
+}
+
+// OnLeadershipLost implements raftstore.Observer: every queued waiter gets
+// a retryable not-leader error at once.
+func (s *Service) OnLeadershipLost() {
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	was := s.lead.ready
+	s.lead.ready = false
+	s.lead.epoch++
+	for key, q := range s.lead.queues {
+		for w := q.pop(); w != nil; w = q.pop() {
+			close(w.lost)
+		}
+		delete(s.lead.queues, key)
+	}
+	s.lead.waiters = 0
+	s.cfg.Metrics.Waiters.Set(0)
+	s.lead.reserved = make(map[string]uint64)
+	s.lead.leases.reset()
+	if was {
+		s.cfg.Metrics.LeaderChanges.Inc()
+		s.cfg.Metrics.IsLeader.Set(0)
+		s.log.Info("leadership lost; waiters failed")
+	}
+}
+
+// OnRestored implements raftstore.Observer.
+func (s *Service) OnRestored(index uint64) {
+	var n int
+	s.node.View(func(m *core.Machine) { n = m.Len() })
+	s.cfg.Metrics.HeldLocks.Set(float64(n))
+}
+
+// OnConfChange implements raftstore.Observer.
+func (s *Service) OnConfChange(cc raftpb.ConfChangeV2, cs raftpb.ConfState) {}

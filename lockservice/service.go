@@ -1,0 +1,399 @@
+package lockservice
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"sync"
+	"time"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/plugins"
+	"github.com/ticketd/ticketd/raftstore"
+)
+
+// Defaults of Config; tests shorten them.
+const (
+	// ExpireRetryDefault is how long the leader waits for a proposed Expire
+	// to apply before proposing it again.
+	ExpireRetryDefault = time.Second
+	// ReplyMarginDefault is taken off a requester's declared timeout, so a
+	// reply written just before the deadline still has time to travel.
+	ReplyMarginDefault = 50 * time.Millisecond
+	// BackgroundProposeTimeoutDefault bounds Expire and lost-reply Release
+	// proposals.
+	BackgroundProposeTimeoutDefault = 5 * time.Second
+)
+
+// Node is what the service needs from the raft node (raftstore.Node).
+type Node interface {
+	ID() uint64
+	Leader() uint64
+	Propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error)
+	ReadIndex(ctx context.Context) error
+	View(f func(m *core.Machine))
+}
+
+var _ Node = (*raftstore.Node)(nil)
+
+// Config configures a Service.
+type Config struct {
+	Logger  *slog.Logger
+	Metrics *Metrics
+	// Policy, if set, is asked before every Grant is proposed.
+	Policy plugins.Policy
+	// Now is the local monotonic clock that times leases; nil means
+	// time.Now.
+	Now func() time.Time
+	// WallClockMS stamps Grant.GrantedAtMS (information only); nil means
+	// time.Now().UnixMilli.
+	WallClockMS func() uint64
+	// Applied, if set, is called for every applied command in log order,
+	// on the raft loop: it must not block (audit queues the command).
+	Applied                  func(a raftstore.Applied)
+	ExpireRetry              time.Duration
+	ReplyMargin              time.Duration
+	BackgroundProposeTimeout time.Duration
+}
+
+// AcquireParams is one acquire request.
+type AcquireParams struct {
+	Key   string
+	Owner string
+	Lease time.Duration
+	// Wait is 0 to try once, or how long to wait in the key's queue.
+	Wait time.Duration
+	// Received is when the request arrived (local monotonic clock) and
+	// Timeout how long its requester waits for the reply from sending it.
+	Received time.Time
+	Timeout  time.Duration
+}
+
+// Grant is an issued lock.
+type Grant struct {
+	Key   string
+	Token uint64
+	Lease time.Duration
+	Index uint64
+}
+
+// Holder is the current holder of a key.
+type Holder struct {
+	Lock      core.Lock
+	Held      bool
+	Remaining time.Duration
+}
+
+// Service is the leader-side lock service. It implements
+// raftstore.Observer; register it on the node and call Attach before
+// serving.
+type Service struct {
+	cfg  Config
+	log  *slog.Logger
+	node Node
+
+	ctx    context.Context // ends when the service closes
+	cancel context.CancelFunc
+	wg     sync.WaitGroup // the expiry loop and background proposals
+	// timersChanged wakes the expiry loop when the earliest deadline may
+	// have moved.
+	timersChanged chan struct{}
+
+	lead leaderState
+}
+
+// leaderState is valid only while this node is the ready leader; it is
+// rebuilt from the applied lock table each time the node becomes one.
+type leaderState struct {
+	mu     sync.Mutex // guards every field below
+	ready  bool
+	leases *leaseHeap
+	// epoch counts leadership changes; reserved maps a key with a Grant in
+	// flight to the epoch that proposed it, so work left over from an
+	// earlier leadership never clears a later one's reservation.
+	epoch    uint64
+	reserved map[string]uint64
+	queues   map[string]*waitQueue
+	waiters  int
+}
+
+var _ raftstore.Observer = (*Service)(nil)
+
+// New creates a Service. Call Attach, then the node's events drive it.
+func New(cfg Config) *Service {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Metrics == nil {
+		cfg.Metrics = NewMetrics(nil)
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.WallClockMS == nil {
+		cfg.WallClockMS = func() uint64 { return uint64(time.Now().UnixMilli()) }
+	}
+	if cfg.ExpireRetry <= 0 {
+		cfg.ExpireRetry = ExpireRetryDefault
+	}
+	if cfg.ReplyMargin <= 0 {
+		cfg.ReplyMargin = ReplyMarginDefault
+	}
+	if cfg.BackgroundProposeTimeout <= 0 {
+		cfg.BackgroundProposeTimeout = BackgroundProposeTimeoutDefault
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	return &Service{
+		cfg:           cfg,
+		log:           cfg.Logger,
+		ctx:           ctx,
+		cancel:        cancel,
+		timersChanged: make(chan struct{}, 1),
+		lead: leaderState{
+			leases:   newLeaseHeap(),
+			reserved: make(map[string]uint64),
+			queues:   make(map[string]*waitQueue),
+		},
+	}
+}
+
+// Attach binds the service to its node and starts the expiry loop.
+func (s *Service) Attach(n Node) {
+	s.node = n
+	s.wg.Add(1)
+	go s.expiryLoop()
+}
+
+// Close stops background work and fails queued waiters.
+func (s *Service) Close() {
+	s.cancel()
+	s.OnLeadershipLost()
+	s.wg.Wait()
+}
+
+// IsLeader reports whether this node is the ready leader.
+func (s *Service) IsLeader() bool {
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	return s.lead.ready
+}
+
+// Leader is the raft id of the leader as this node knows it (0: none).
+func (s *Service) Leader() uint64 { return s.node.Leader() }
+
+// ID is this node's raft id.
+func (s *Service) ID() uint64 { return s.node.ID() }
+
+func (s *Service) notLeader() error {
+	return &NotLeaderError{Node: s.node.ID(), Leader: s.node.Leader()}
+}
+
+// Acquire takes a lock for p, waiting in the key's queue when p.Wait > 0.
+func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
+	if p.Received.IsZero() {
+		p.Received = s.cfg.Now()
+	}
+	deadline := p.Received.Add(p.Timeout - s.cfg.ReplyMargin)
+	cmd := core.Grant(p.Key, p.Owner, uint64(p.Lease/time.Millisecond), 0)
+	if err := cmd.Validate(); err != nil {
+		return Grant{}, err
+	}
+	if !s.IsLeader() {
+		return Grant{}, s.notLeader()
+	}
+	if err := s.checkPolicy(ctx, p, cmd.LeaseMS); err != nil {
+		return Grant{}, err
+	}
+
+	s.lead.mu.Lock()
+	if !s.lead.ready {
+		s.lead.mu.Unlock()
+		return Grant{}, s.notLeader()
+	}
+	if !s.busy(p.Key) {
+		epoch := s.lead.epoch
+		s.lead.reserved[p.Key] = epoch
+		s.lead.mu.Unlock()
+		return s.grant(p, cmd, deadline, epoch)
+	}
+	if p.Wait <= 0 {
+		s.lead.mu.Unlock()
+		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
+	}
+	w := s.enqueue(p.Key)
+	s.lead.mu.Unlock()
+	if err := s.await(ctx, p, w, deadline); err != nil {
+		return Grant{}, err
+	}
+	// The key is reserved for us now, in the epoch that handed it over
+	// (written before the turn was sent).
+	return s.grant(p, cmd, deadline, w.epoch)
+}
+
+// checkPolicy asks the Grant policy; a failing policy denies (fail closed).
+func (s *Service) checkPolicy(ctx context.Context, p AcquireParams, leaseMS uint64) error {
+	if s.cfg.Policy == nil {
+		return nil
+	}
+	v, err := s.cfg.Policy.ValidateGrant(ctx, p.Key, p.Owner, leaseMS)
+	if err == nil && v.Allow {
+		return nil
+	}
+	s.cfg.Metrics.Denied.Inc()
+	reason := v.Reason
+	if err != nil {
+		reason = fmt.Sprintf("policy failed (fail closed): %v", err)
+	}
+	return &DeniedError{Reason: reason}
+}
+
+// grant proposes the Grant for a key already reserved in epoch and applies
+// the lost-reply rule to its outcome.
+func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, epoch uint64) (Grant, error) {
+	cmd.GrantedAtMS = s.cfg.WallClockMS()
+	s.lead.mu.Lock()
+	current := s.lead.ready && s.lead.epoch == epoch
+	s.lead.mu.Unlock()
+	if !current {
+		// Leadership changed since the key was reserved for us: that
+		// reservation is gone, and proposing now could race a newer one.
+		return Grant{}, s.notLeader()
+	}
+	// The proposal is not bound to the request's context: if the entry
+	// applies after the requester gave up we must still learn its token to
+	// release it. Node.Propose returns when it applies, or indeterminate
+	// when leadership is lost.
+	a, err := s.propose(s.ctx, cmd)
+	if err != nil {
+		s.lead.mu.Lock()
+		s.unreserve(p.Key, epoch)
+		s.lead.mu.Unlock()
+		return Grant{}, err
+	}
+	switch a.Result.Kind {
+	case core.ResultGranted:
+		if s.cfg.Now().After(deadline) {
+			s.ReleaseUndelivered(p.Key, a.Result.Token)
+			return Grant{}, fmt.Errorf("%w: granted token %d after the requester's deadline; released", ErrTimeout, a.Result.Token)
+		}
+		return Grant{Key: p.Key, Token: a.Result.Token, Lease: p.Lease, Index: a.Index}, nil
+	case core.ResultGrantRejected:
+		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
+	}
+	return Grant{}, fmt.Errorf("lockservice: grant applied as %v", a.Result)
+}
+
+// ReleaseUndelivered proposes Release with the exact token of a Grant whose
+// reply could not reach its requester (SPEC §4.4): nobody can hold that
+// token. It does not wait.
+func (s *Service) ReleaseUndelivered(key string, token uint64) {
+	s.cfg.Metrics.Abandoned.Inc()
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BackgroundProposeTimeout)
+		defer cancel()
+		a, err := s.propose(ctx, core.Release(key, token))
+		if err != nil {
+			s.log.Warn("lost-reply release failed; the lock will expire with its lease", "key", key, "token", token, "err", err)
+			return
+		}
+		s.log.Info("released a grant whose reply was lost", "key", key, "token", token, "result", a.Result.String())
+	}()
+}
+
+// Release gives back key if token is the token it is held with.
+func (s *Service) Release(ctx context.Context, key string, token uint64) error {
+	cmd := core.Release(key, token)
+	if err := cmd.Validate(); err != nil {
+		return err
+	}
+	if !s.IsLeader() {
+		return s.notLeader()
+	}
+	a, err := s.propose(ctx, cmd)
+	if err != nil {
+		return err
+	}
+	switch a.Result.Kind {
+	case core.ResultReleased:
+		return nil
+	case core.ResultNotFound:
+		return fmt.Errorf("%w: %q with token %d", ErrNotFound, key, token)
+	}
+	return fmt.Errorf("lockservice: release applied as %v", a.Result)
+}
+
+// Get returns the current holder of key, read linearizably (ReadIndex).
+func (s *Service) Get(ctx context.Context, key string) (Holder, error) {
+	if err := core.ValidateKey(key); err != nil {
+		return Holder{}, err
+	}
+	if !s.IsLeader() {
+		return Holder{}, s.notLeader()
+	}
+	if err := s.node.ReadIndex(ctx); err != nil {
+		return Holder{}, s.nodeErr(err)
+	}
+	var h Holder
+	s.node.View(func(m *core.Machine) { h.Lock, h.Held = m.Get(key) })
+	if !h.Held {
+		return h, nil
+	}
+	h.Remaining = time.Duration(h.Lock.LeaseMS) * time.Millisecond
+	s.lead.mu.Lock()
+	if it, ok := s.lead.leases.get(key); ok && it.token == h.Lock.Token {
+		h.Remaining = max(0, it.deadline.Sub(s.cfg.Now()))
+	}
+	s.lead.mu.Unlock()
+	return h, nil
+}
+
+func (s *Service) propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error) {
+	kind := cmd.Kind.String()
+	s.cfg.Metrics.Proposals.WithLabelValues(kind).Inc()
+	start := time.Now()
+	a, err := s.node.Propose(ctx, cmd)
+	if err != nil {
+		err = s.nodeErr(err)
+		s.cfg.Metrics.ProposalFails.WithLabelValues(kind, failureClass(err)).Inc()
+		return a, err
+	}
+	s.cfg.Metrics.ProposeTime.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	return a, nil
+}
+
+// nodeErr turns the raft node's errors into the service's own. An entry
+// that may have been taken by raft is indeterminate even when the node is
+// also stopping, so that check comes first.
+func (s *Service) nodeErr(err error) error {
+	switch {
+	case errors.Is(err, raftstore.ErrNotLeader):
+		return s.notLeader()
+	case errors.Is(err, raftstore.ErrIndeterminate):
+		return fmt.Errorf("%w: %w", ErrIndeterminate, err)
+	case errors.Is(err, raftstore.ErrStopped):
+		return fmt.Errorf("%w: %w", ErrShuttingDown, err)
+	}
+	return err
+}
+
+// failureClass labels a failed proposal in metrics.
+func failureClass(err error) string {
+	var nl *NotLeaderError
+	var ce *core.Error
+	switch {
+	case errors.As(err, &nl):
+		return "not_leader"
+	case errors.Is(err, ErrIndeterminate):
+		return "indeterminate"
+	case errors.Is(err, ErrShuttingDown):
+		return "shutting_down"
+	case errors.Is(err, context.DeadlineExceeded), errors.Is(err, context.Canceled):
+		return "timeout"
+	case errors.As(err, &ce):
+		return "invalid_argument"
+	}
+	return "internal"
+}

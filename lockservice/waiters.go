@@ -1,0 +1,144 @@
+package lockservice
+
+import (
+	"container/list"
+	"context"
+	"fmt"
+	"time"
+)
+
+// waiter is one acquire waiting for its key.
+type waiter struct {
+	// turn receives once when the waiter may propose its Grant; the
+	// service has reserved the key on its behalf.
+	turn chan struct{}
+	// lost is closed when leadership is lost while the waiter is queued.
+	lost chan struct{}
+	// handedOff is set, with epoch, when the key was reserved for it.
+	handedOff bool
+	epoch     uint64 // the leadership epoch that reserved the key for it
+	elem      *list.Element
+}
+
+// waitQueue is the FIFO of waiters for one key.
+type waitQueue struct{ l list.List }
+
+func (q *waitQueue) push(w *waiter) { w.elem = q.l.PushBack(w) }
+
+func (q *waitQueue) remove(w *waiter) {
+	if w.elem != nil {
+		q.l.Remove(w.elem)
+		w.elem = nil
+	}
+}
+
+// pop removes and returns the head, or nil.
+func (q *waitQueue) pop() *waiter {
+	e := q.l.Front()
+	if e == nil {
+		return nil
+	}
+	w := q.l.Remove(e).(*waiter)
+	w.elem = nil
+	return w
+}
+
+func (q *waitQueue) len() int { return q.l.Len() }
+
+// enqueue adds a waiter at the back of key's queue. s.lead.mu held.
+func (s *Service) enqueue(key string) *waiter {
+	w := &waiter{turn: make(chan struct{}, 1), lost: make(chan struct{})}
+	q := s.lead.queues[key]
+	if q == nil {
+		q = &waitQueue{}
+		s.lead.queues[key] = q
+	}
+	q.push(w)
+	s.lead.waiters++
+	s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
+	return w
+}
+
+// await blocks until w's turn, its wait runs out, ctx ends or leadership
+// is lost.
+func (s *Service) await(ctx context.Context, p AcquireParams, w *waiter, deadline time.Time) error {
+	waitUntil := p.Received.Add(p.Wait)
+	if deadline.Before(waitUntil) {
+		waitUntil = deadline
+	}
+	timer := time.NewTimer(waitUntil.Sub(s.cfg.Now()))
+	defer timer.Stop()
+	var cause error
+	select {
+	case <-w.turn:
+		return nil
+	case <-w.lost:
+		return s.notLeader()
+	case <-timer.C:
+		cause = fmt.Errorf("%w: key %q still held after waiting %v", ErrTimeout, p.Key, p.Wait)
+	case <-ctx.Done():
+		cause = fmt.Errorf("%w: request abandoned while waiting: %w", ErrTimeout, ctx.Err())
+	case <-s.ctx.Done():
+		cause = ErrShuttingDown
+	}
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	if w.handedOff {
+		// Our turn came as we gave up: hand the key to the next waiter.
+		s.unreserve(p.Key, w.epoch)
+		return cause
+	}
+	if q := s.lead.queues[p.Key]; q != nil {
+		if w.elem != nil {
+			q.remove(w)
+			s.lead.waiters--
+			s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
+		}
+		if q.len() == 0 {
+			delete(s.lead.queues, p.Key)
+		}
+	}
+	return cause
+}
+
+// busy reports whether key is held or reserved for a Grant in flight.
+// s.lead.mu held.
+func (s *Service) busy(key string) bool {
+	if _, ok := s.lead.reserved[key]; ok {
+		return true
+	}
+	_, held := s.lead.leases.get(key)
+	return held
+}
+
+// unreserve drops key's reservation if epoch made it, and hands the key
+// on. s.lead.mu held.
+func (s *Service) unreserve(key string, epoch uint64) {
+	if e, ok := s.lead.reserved[key]; ok && e == epoch {
+		delete(s.lead.reserved, key)
+		s.handOff(key)
+	}
+}
+
+// handOff reserves a free key for the head of its queue and wakes it.
+// s.lead.mu held.
+func (s *Service) handOff(key string) {
+	if s.busy(key) {
+		return
+	}
+	q := s.lead.queues[key]
+	if q == nil {
+		return
+	}
+	if w := q.pop(); w != nil {
+		s.lead.waiters--
+		s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
+		w.handedOff = true
+		w.epoch = s.lead.epoch
+		s.lead.reserved[key] = s.lead.epoch
+		w.turn <- struct{}{}
+	}
+	if q.len() == 0 {
+		delete(s.lead.queues, key)
+	}
+}

@@ -1,0 +1,50 @@
+package natsapi
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"testing"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/lockservice"
+	"github.com/ticketd/ticketd/raftstore"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+func TestToProtocolError(t *testing.T) {
+	wrap := func(err error) error { return fmt.Errorf("lockservice: detail: %w", err) }
+	tests := []struct {
+		name string
+		err  error
+		want protocol.Code
+	}{
+		{"held", wrap(lockservice.ErrHeld), protocol.CodeHeld},
+		{"not found", wrap(lockservice.ErrNotFound), protocol.CodeNotFound},
+		{"denied", &lockservice.DeniedError{Reason: "owner must start with svc-"}, protocol.CodeDenied},
+		{"timeout", wrap(lockservice.ErrTimeout), protocol.CodeTimeout},
+		{"indeterminate", fmt.Errorf("%w: %w", lockservice.ErrIndeterminate, raftstore.ErrIndeterminate), protocol.CodeIndeterminate},
+		{"indeterminate while stopping", fmt.Errorf("%w: %w", lockservice.ErrIndeterminate, lockservice.ErrShuttingDown), protocol.CodeIndeterminate},
+		{"shutting down", wrap(lockservice.ErrShuttingDown), protocol.CodeShuttingDown},
+		{"not leader", &lockservice.NotLeaderError{Node: 2, Leader: 3}, protocol.CodeNotLeader},
+		{"context deadline", fmt.Errorf("raftstore: read index: %w", context.DeadlineExceeded), protocol.CodeTimeout},
+		{"invalid", &core.Error{Code: core.CodeInvalidArgument, Detail: "lease_ms 5 below the minimum"}, protocol.CodeInvalidArgument},
+		{"protocol error passes through", protocol.Errorf(protocol.CodeTooLarge, "big"), protocol.CodeTooLarge},
+		{"anything else", errors.New("disk on fire"), protocol.CodeInternal},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got := toProtocolError(tc.err)
+			if got.Code != tc.want || got.Message == "" {
+				t.Fatalf("toProtocolError(%v) = %+v, want code %s and a message", tc.err, got, tc.want)
+			}
+		})
+	}
+	nl := toProtocolError(&lockservice.NotLeaderError{Node: 2, Leader: 3})
+	if nl.Leader != 3 {
+		t.Fatalf("not_leader lost the leader hint: %+v", nl)
+	}
+	if d := toProtocolError(&lockservice.DeniedError{Reason: "owner must start with svc-"}); d.Message != "owner must start with svc-" {
+		t.Fatalf("denied message %q, want the policy's reason", d.Message)
+	}
+}

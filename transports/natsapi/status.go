@@ -1,0 +1,66 @@
+package natsapi
+
+import (
+	"encoding/hex"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/raftstore"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// StatusNode is what the status endpoints read from the raft node.
+type StatusNode interface {
+	Status() raft.Status
+	AppliedIndex() uint64
+	ConfState() raftpb.ConfState
+	View(f func(m *core.Machine))
+}
+
+var _ StatusNode = (*raftstore.Node)(nil)
+
+// status is this node's view of the cluster, assembled from the raft node,
+// the peer addresses and the loaded plugins.
+func (s *Service) status() protocol.StatusReply {
+	node := s.cfg.Node
+	st := node.Status()
+	out := protocol.StatusReply{
+		ID:           s.cfg.Locks.ID(),
+		Leader:       st.Lead,
+		Term:         st.Term,
+		State:        st.RaftState.String(),
+		CommitIndex:  st.Commit,
+		AppliedIndex: node.AppliedIndex(),
+	}
+	node.View(func(m *core.Machine) {
+		out.Locks = m.Len()
+		out.LastToken = m.LastToken()
+		sum := m.Digest()
+		out.Digest = hex.EncodeToString(sum[:])
+	})
+	if s.cfg.Plugins != nil {
+		for _, p := range s.cfg.Plugins.Plugins() {
+			out.Plugins = append(out.Plugins, protocol.PluginInfo{Name: p.Name(), SHA256: p.SHA256()})
+		}
+	}
+	cs := node.ConfState()
+	add := func(id uint64, voter bool) {
+		m := protocol.Member{ID: id, Voter: voter}
+		if s.cfg.MemberAddr != nil {
+			m.Address = s.cfg.MemberAddr(id)
+		}
+		if pr, ok := st.Progress[id]; ok {
+			m.Match, m.Next = pr.Match, pr.Next
+		}
+		out.Members = append(out.Members, m)
+	}
+	for _, id := range cs.Voters {
+		add(id, true)
+	}
+	for _, id := range cs.Learners {
+		add(id, false)
+	}
+	return out
+}
