@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
-	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/lockservice"
+	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
