@@ -4,11 +4,14 @@
 //
 // # What it owns
 //
-// The peer listener and the connections to and from every other member;
-// the wire format (frame.go); the authentication handshake and per-frame
-// integrity (handshake.go); per-peer bounded send queues, one writer per
-// peer, reconnection with backoff, snapshot streaming, and delivery of
-// inbound messages to Config.Handler (transport.go). It does not own raft
+// The peer listener and the connections to and from every other member:
+// the Transport, its configuration and its peer table (transport.go); the
+// wire format (frame.go); the authentication handshake (handshake.go);
+// authenticated sessions with per-frame integrity, and how either side
+// opens one (session.go); per-peer bounded send queues, one writer per
+// peer and reconnection with backoff (outbound.go); snapshot streaming
+// (snapshot.go); and the accept loop and delivery of inbound messages to
+// Config.Handler (inbound.go). It does not own raft
 // state: it reports to a Reporter (raft.Node satisfies it) and hands
 // messages to a Handler (typically raft.Node.Step). Fault injection for
 // tests and the harness goes through SetFilter.
