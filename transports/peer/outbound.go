@@ -143,88 +143,123 @@ func (t *Transport) pause(p *peer, d time.Duration) bool {
 }
 
 // writeLoop writes queued messages in batches until the connection fails
-// or the peer stops. The listener never writes on a message connection
-// after its accept, so a watcher read returning means it has closed.
+// or the peer stops.
 func (t *Transport) writeLoop(p *peer, s *session) error {
-	watch := make(chan struct{})
-	t.wg.Add(1)
-	go func() {
-		defer t.wg.Done()
-		defer close(watch)
-		var b [1]byte
-		_, _ = s.conn.Read(b[:])
-	}()
+	remoteClosed := t.watchRemoteClose(s)
 	defer func() {
 		s.close()
-		<-watch
+		<-remoteClosed
 	}()
-	var (
-		buf     []byte
-		pending uint64
-	)
-	flush := func() error {
-		if len(buf) == 0 {
-			return nil
-		}
-		err := s.write(buf, t.cfg.WriteTimeout)
-		if err != nil {
-			p.dropped.Add(pending)
-		} else {
-			p.sent.Add(pending)
-		}
-		if cap(buf) > 2*maxBatchBytes {
-			buf = nil
-		}
-		buf, pending = buf[:0], 0
-		return err
-	}
+	w := batchWriter{t: t, p: p, s: s}
 	for {
 		var m raftpb.Message
 		select {
 		case <-p.ctx.Done():
 			return p.ctx.Err()
-		case <-watch:
+		case <-remoteClosed:
 			return fmt.Errorf("peer: connection to %d closed by remote", p.id)
 		case m = <-p.queue:
 		}
-		for {
-			if size := m.Size(); size <= MaxFrameSize {
-				var err error
-				if buf, err = s.appendMsg(buf, &m, size); err != nil {
-					p.dropped.Add(1)
-					t.log.Error("peer: message dropped", "peer", p.id, "type", m.Type, "err", err)
-				} else {
-					pending++
-				}
-			} else {
-				if err := flush(); err != nil {
-					return err
-				}
-				if err := s.writeMessage(&m, t.cfg.WriteTimeout); err != nil {
-					p.dropped.Add(1)
-					if !errors.Is(err, errEncode) {
-						return err
-					}
-					t.log.Error("peer: message dropped", "peer", p.id, "type", m.Type, "err", err)
-				} else {
-					p.sent.Add(1)
-				}
-			}
-			if len(buf) >= maxBatchBytes || pending >= maxBatchMsgs {
-				break
-			}
-			var more bool
-			select {
-			case m = <-p.queue:
-				more = true
-			default:
-			}
-			if !more {
-				break
-			}
-		}
-		if err := flush(); err != nil {
+		if err := w.writeBatch(m); err != nil {
 			return err
 		}
 	}
+}
+
+// watchRemoteClose returns a channel closed once s can no longer be read.
+// The listener never writes on a message connection after its accept, so
+// a read returning means the connection has closed.
+func (t *Transport) watchRemoteClose(s *session) <-chan struct{} {
+	closed := make(chan struct{})
+	t.wg.Add(1)
+	go func() {
+		defer t.wg.Done()
+		defer close(closed)
+		var b [1]byte
+		_, _ = s.conn.Read(b[:])
+	}()
+	return closed
+}
+
+// batchWriter seals the messages of one message connection into a buffer
+// and writes them with as few Writes as the batch limits allow. It is used
+// by writeLoop's goroutine only.
+type batchWriter struct {
+	t       *Transport
+	p       *peer
+	s       *session
+	buf     []byte // sealed frames not yet written
+	pending uint64 // messages in buf
+}
+
+// writeBatch writes m and whatever else is queued already, up to
+// maxBatchBytes or maxBatchMsgs per Write. Only a failed write is an
+// error: a message that cannot be sealed is dropped and logged.
+func (w *batchWriter) writeBatch(m raftpb.Message) error {
+	for {
+		if err := w.add(&m); err != nil {
+			return err
+		}
+		if len(w.buf) >= maxBatchBytes || w.pending >= maxBatchMsgs {
+			return w.flush()
+		}
+		select {
+		case m = <-w.p.queue:
+		default:
+			return w.flush()
+		}
+	}
+}
+
+// add appends m to the batch or, when m does not fit in one frame,
+// flushes the batch and streams m on its own.
+func (w *batchWriter) add(m *raftpb.Message) error {
+	size := m.Size()
+	if size > MaxFrameSize {
+		return w.stream(m)
+	}
+	var err error
+	if w.buf, err = w.s.appendMsg(w.buf, m, size); err != nil {
+		w.p.dropped.Add(1)
+		w.t.log.Error("peer: message dropped", "peer", w.p.id, "type", m.Type, "err", err)
+		return nil
+	}
+	w.pending++
+	return nil
+}
+
+// stream flushes the batch, then writes m as a stream of frames.
+func (w *batchWriter) stream(m *raftpb.Message) error {
+	if err := w.flush(); err != nil {
+		return err
+	}
+	if err := w.s.writeMessage(m, w.t.cfg.WriteTimeout); err != nil {
+		w.p.dropped.Add(1)
+		if !errors.Is(err, errEncode) {
+			return err
+		}
+		w.t.log.Error("peer: message dropped", "peer", w.p.id, "type", m.Type, "err", err)
+		return nil
+	}
+	w.p.sent.Add(1)
+	return nil
+}
+
+// flush writes the batch and counts its messages as sent or, if the write
+// failed, dropped. A buffer grown far beyond a batch is not kept.
+func (w *batchWriter) flush() error {
+	if len(w.buf) == 0 {
+		return nil
+	}
+	err := w.s.write(w.buf, w.t.cfg.WriteTimeout)
+	if err != nil {
+		w.p.dropped.Add(w.pending)
+	} else {
+		w.p.sent.Add(w.pending)
+	}
+	if cap(w.buf) > 2*maxBatchBytes {
+		w.buf = nil
+	}
+	w.buf, w.pending = w.buf[:0], 0
+	return err
 }
