@@ -10,11 +10,11 @@
 // authenticated sessions with per-frame integrity, and how either side
 // opens one (session.go); per-peer bounded send queues, one writer per
 // peer and reconnection with backoff (outbound.go); snapshot streaming
-// (snapshot.go); and the accept loop and delivery of inbound messages to
-// Config.Handler (inbound.go). It does not own raft
-// state: it reports to a Reporter (raft.Node satisfies it) and hands
-// messages to a Handler (typically raft.Node.Step). Fault injection for
-// tests and the harness goes through SetFilter.
+// (snapshot.go); and the accept loop and delivery of inbound messages
+// (inbound.go). It does not own raft state: it delivers to the local raft
+// node through the Raft interface (Step, ReportUnreachable,
+// ReportSnapshot; raft.Node satisfies it), bound by Start. Fault injection
+// for tests and the harness goes through SetFilter.
 //
 // # Connections
 //
@@ -93,7 +93,7 @@
 // After the handshake every message must have From equal to the
 // authenticated peer id and To equal to our id, and must not be a
 // raft-local type; anything else is logged, counted in Stats.Rejected and
-// closes the connection. Nothing unauthenticated ever reaches the Handler.
+// closes the connection. Nothing unauthenticated ever reaches Raft.Step.
 //
 // # Limits
 //
@@ -112,13 +112,13 @@
 //
 // # Failure reporting
 //
-// A failed dial or a lost connection calls Reporter.ReportUnreachable. While
+// A failed dial or a lost connection calls Raft.ReportUnreachable. While
 // the transport runs, each MsgSnap given to Send ends in one
-// Reporter.ReportSnapshot: SnapshotFinish once the receiver has
-// acknowledged delivering it to its Handler, SnapshotFailure if it could
+// Raft.ReportSnapshot: SnapshotFinish once the receiver has
+// acknowledged delivering it to its Raft.Step, SnapshotFailure if it could
 // not be queued, was filtered, or the stream or acknowledgement failed
 // (snapshots still queued when the transport closes or the peer is removed
-// are not reported). Reporter methods are called from transport goroutines,
+// are not reported). Raft's methods are called from transport goroutines,
 // never from Send.
 //
 // Logs an unauthenticated party can trigger (refused handshakes) are

@@ -126,20 +126,16 @@ func (t *Transport) readLoop(s *session) error {
 			return err
 		}
 		if s.kind == kindSnap {
-			status := ackOK
-			if !ok {
-				status = ackRejected
-			}
-			if err := s.writeFrame(FrameAck, []byte{status}, t.cfg.WriteTimeout); err != nil {
+			if err := t.ackSnapshot(s, ok); err != nil {
 				return err
 			}
 		}
 	}
 }
 
-// deliver checks m against the authenticated peer and hands it to the
-// Handler. A false result without error means it was dropped (filter,
-// handler error); an error is a protocol violation.
+// deliver checks m against the authenticated peer and hands it to
+// Raft.Step. A false result without error means it was dropped (filter,
+// Step error); an error is a protocol violation.
 func (t *Transport) deliver(s *session, m raftpb.Message) (bool, error) {
 	switch {
 	case m.From != s.peer:
@@ -159,8 +155,8 @@ func (t *Transport) deliver(s *session, m raftpb.Message) (bool, error) {
 		p.filtered.Add(1)
 		return false, nil
 	}
-	if err := t.cfg.Handler(t.ctx, m); err != nil {
-		t.log.Debug("peer: handler failed", "peer", s.peer, "type", m.Type, "err", err)
+	if err := t.raft.Step(t.ctx, m); err != nil {
+		t.log.Debug("peer: raft step failed", "peer", s.peer, "type", m.Type, "err", err)
 		return false, nil
 	}
 	p.received.Add(1)
@@ -170,7 +166,7 @@ func (t *Transport) deliver(s *session, m raftpb.Message) (bool, error) {
 // logLimiter lets through at most logBurst records per second and counts
 // the rest, so a flood of bad connections cannot flood the log.
 type logLimiter struct {
-	mu         sync.Mutex
+	mu         sync.Mutex // guards the fields below
 	window     time.Time
 	n          int
 	suppressed int

@@ -14,21 +14,20 @@ import (
 // acknowledged it (or it failed).
 
 // failSnapshotAsync reports a snapshot failure off the caller's goroutine:
-// Send is called from the raft loop, which the Reporter may feed back into.
+// Send is called from the raft loop, which ReportSnapshot may feed back
+// into. Before Start no raft is bound, so there is nobody to report to.
 func (t *Transport) failSnapshotAsync(p *peer) {
 	p.snapsFailed.Add(1)
-	if t.cfg.Reporter == nil {
-		return
-	}
 	t.mu.RLock()
 	defer t.mu.RUnlock()
-	if t.closed {
+	if t.closed || t.raft == nil {
 		return
 	}
+	r := t.raft
 	t.wg.Add(1)
 	go func() {
 		defer t.wg.Done()
-		t.cfg.Reporter.ReportSnapshot(p.id, raft.SnapshotFailure)
+		r.ReportSnapshot(p.id, raft.SnapshotFailure)
 	}()
 }
 
@@ -56,9 +55,7 @@ func (t *Transport) runSnapshots(p *peer) {
 				t.log.Info("peer: snapshot sent", "peer", p.id, "index", m.Snapshot.Metadata.Index,
 					"bytes", len(m.Snapshot.Data), "took", time.Since(start))
 			}
-			if t.cfg.Reporter != nil {
-				t.cfg.Reporter.ReportSnapshot(p.id, status)
-			}
+			t.raft.ReportSnapshot(p.id, status)
 		}
 	}
 }
@@ -94,4 +91,14 @@ func (t *Transport) sendSnapshot(p *peer, m *raftpb.Message) error {
 		return ErrSnapshotRejected
 	}
 	return nil
+}
+
+// ackSnapshot answers the MsgSnap just read from a snapshot connection:
+// ackOK once Raft.Step has taken it, ackRejected if it was dropped.
+func (t *Transport) ackSnapshot(s *session, delivered bool) error {
+	status := ackOK
+	if !delivered {
+		status = ackRejected
+	}
+	return s.writeFrame(FrameAck, []byte{status}, t.cfg.WriteTimeout)
 }

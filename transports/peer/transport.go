@@ -56,16 +56,23 @@ var (
 	errEncode = errors.New("peer: cannot encode message")
 )
 
-// Reporter receives delivery failures, as raft.Node's methods of the same
-// names expect. Its methods are called from the transport's goroutines,
-// never from Send, and must not block for long: Close waits for them.
-type Reporter interface {
+// Raft is what the transport delivers to: the local raft node. Its methods
+// are called from the transport's goroutines, never from Send.
+type Raft interface {
+	// Step receives every authenticated, well-addressed message. It is
+	// called from one goroutine per inbound connection (so concurrently for
+	// different peers), may block briefly, and must return when ctx is
+	// done. An error is logged; for a MsgSnap it fails the snapshot.
+	Step(ctx context.Context, m raftpb.Message) error
+	// ReportUnreachable and ReportSnapshot are told about unreachable peers
+	// and snapshot results. They must not block for long: Close waits for
+	// them.
 	ReportUnreachable(id uint64)
 	ReportSnapshot(id uint64, status raft.SnapshotStatus)
 }
 
-// raft.Node is the Reporter the transport is made for.
-var _ Reporter = raft.Node(nil)
+// raft.Node is the Raft the transport is made for.
+var _ Raft = raft.Node(nil)
 
 // Config configures a Transport. Zero durations and sizes take the
 // ...Default constants.
@@ -88,13 +95,6 @@ type Config struct {
 	// the host of the address dialled. MinVersion is raised to TLS 1.3. The
 	// HMAC handshake still runs inside TLS.
 	TLS *tls.Config
-	// Handler receives every authenticated, well-addressed message. It is
-	// called from one goroutine per inbound connection (so concurrently for
-	// different peers), may block briefly, and must return when ctx is done.
-	// An error is logged; for a MsgSnap it fails the snapshot.
-	Handler func(ctx context.Context, m raftpb.Message) error
-	// Reporter, if set, is told about unreachable peers and snapshot results.
-	Reporter Reporter
 	// Logger receives structured logs; nil discards them.
 	Logger *slog.Logger
 	// QueueSize bounds each peer's outbound queue (messages).
@@ -125,9 +125,6 @@ func (c Config) withDefaults() (Config, error) {
 	}
 	if len(c.Secret) < MinSecretSize {
 		return c, invalid("Secret is %d bytes, need at least %d", len(c.Secret), MinSecretSize)
-	}
-	if c.Handler == nil {
-		return c, invalid("Handler is nil")
 	}
 	if c.QueueSize < 0 {
 		return c, invalid("QueueSize %d is negative", c.QueueSize)
@@ -198,7 +195,7 @@ type PeerStats struct {
 	// Sent counts messages written to the peer; Dropped those given up
 	// (queue full, not connected, write failed, not encodable); Filtered
 	// those the filter dropped, in either direction; Received those
-	// delivered to the Handler.
+	// delivered to Raft.Step without error.
 	Sent, Dropped, Filtered, Received uint64
 	// SnapshotsSent and SnapshotsFailed count MsgSnap outcomes reported.
 	SnapshotsSent, SnapshotsFailed uint64
@@ -247,16 +244,21 @@ type Transport struct {
 	// inboundLogs rate-limits the logs anyone on the network can trigger.
 	inboundLogs logLimiter
 
+	// mu guards the peer table, the inbound sessions and the lifecycle
+	// fields up to closed.
 	mu      sync.RWMutex
 	peers   map[uint64]*peer
-	inbound map[inKey]*session
+	inbound map[inKey]*session // the current inbound session per peer and kind
 	ln      net.Listener
-	ctx     context.Context
 	cancel  context.CancelFunc
 	started bool
 	closed  bool
+	// ctx and raft are set by Start under mu before it starts any goroutine,
+	// and never change after; the goroutines read them without mu.
+	ctx  context.Context
+	raft Raft
 
-	wg sync.WaitGroup
+	wg sync.WaitGroup // every goroutine of the transport; Close waits for it
 }
 
 // New validates cfg and returns a Transport that is not yet listening.
@@ -288,11 +290,16 @@ func (t *Transport) newPeer(id uint64, addr string) *peer {
 	}
 }
 
-// Start listens on Config.Listen and starts the accept loop and one writer
-// per peer. ctx bounds the transport's life: cancelling it stops everything
-// as Close does (call Close anyway to wait), and the Handler's ctx derives
-// from it.
-func (t *Transport) Start(ctx context.Context) error {
+// Start binds r, the raft node that inbound messages are delivered to and
+// failures reported to, then listens on Config.Listen and starts the accept
+// loop and one writer per peer. Nothing listens before Start, so nothing
+// arrives before r is bound. ctx bounds the transport's life: cancelling it
+// stops everything as Close does (call Close anyway to wait), and the ctx
+// given to r.Step derives from it.
+func (t *Transport) Start(ctx context.Context, r Raft) error {
+	if r == nil {
+		return invalid("Raft is nil")
+	}
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	switch {
@@ -307,6 +314,7 @@ func (t *Transport) Start(ctx context.Context) error {
 		return fmt.Errorf("peer: listen on %s: %w", t.cfg.Listen, err)
 	}
 	t.ctx, t.cancel = context.WithCancel(ctx)
+	t.raft = r
 	t.ln, t.started = ln, true
 	context.AfterFunc(t.ctx, func() { _ = ln.Close() })
 	t.log.Info("peer: listening", "addr", ln.Addr().String(), "tls", t.tlsServer != nil)
@@ -348,7 +356,7 @@ func (t *Transport) Close() error {
 
 // SetFilter installs a fault-injection filter: a message from -> to is
 // dropped when f returns false. It applies to outbound messages in Send and
-// to inbound messages before the Handler; nil removes it. f must be fast and
+// to inbound messages before Raft.Step; nil removes it. f must be fast and
 // must not call back into the Transport.
 func (t *Transport) SetFilter(f func(from, to uint64) bool) {
 	if f == nil {
@@ -451,11 +459,9 @@ func (t *Transport) Stats() Stats {
 	return st
 }
 
-func (t *Transport) reportUnreachable(id uint64) {
-	if t.cfg.Reporter != nil {
-		t.cfg.Reporter.ReportUnreachable(id)
-	}
-}
+// reportUnreachable is called only from goroutines Start started, after
+// it bound t.raft.
+func (t *Transport) reportUnreachable(id uint64) { t.raft.ReportUnreachable(id) }
 
 func (t *Transport) isMember(id uint64) bool {
 	t.mu.RLock()
