@@ -215,6 +215,8 @@ type Stats struct {
 	Unroutable uint64
 }
 
+// peer is one member the transport sends to: its queues, the context of
+// its goroutines and its counters.
 type peer struct {
 	id    uint64
 	addr  string
