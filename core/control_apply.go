@@ -54,125 +54,148 @@ func rejected(reason ControlReason) Result {
 	return Result{Kind: ResultControlRejected, Reason: reason}
 }
 
-// applyControl applies a validated control request. Every branch checks all
-// its conditions before it changes anything, so a rejection changes
-// nothing.
+// applyControl applies a validated control request. Every transition
+// checks all its conditions before it changes anything, so a rejection
+// changes nothing.
 func (m *Machine) applyControl(r ControlRequest) Result {
 	c := &m.ctl
 	switch r.Op {
 	case ControlBootstrap:
-		if c.bootstrapped {
-			return rejected(ReasonAlreadyBootstrapped)
-		}
-		id, inc, why := c.nextIdentity()
-		if why != "" {
-			return rejected(why)
-		}
-		c.bootstrapped = true
-		c.bootstrapHash = r.CredentialHash
-		c.issue(id, inc, r.Address, RoleVoter)
-		return Result{Kind: ResultBootstrapRecorded, NodeID: id, Incarnation: inc}
-
+		return c.applyBootstrap(r)
 	case ControlMintJoin:
-		if !c.bootstrapped {
-			return rejected(ReasonNotBootstrapped)
-		}
-		if c.credential(r.CredentialHash) != CredentialUnknown {
-			return rejected(ReasonCredentialReused)
-		}
-		if len(c.creds) >= MaxJoinCredentials {
-			return rejected(ReasonLimitReached)
-		}
-		if c.creds == nil {
-			c.creds = make(map[[32]byte]CredentialState)
-		}
-		c.creds[r.CredentialHash] = CredentialMinted
-		return Result{Kind: ResultControlApplied}
-
+		return c.applyMintJoin(r)
 	case ControlAdmit:
-		switch c.credential(r.CredentialHash) {
-		case CredentialUnknown:
-			return rejected(ReasonCredentialUnknown)
-		case CredentialConsumed:
-			return rejected(ReasonCredentialReused)
-		}
-		if c.addressUsed(r.Address, 0) {
-			return rejected(ReasonAddressInUse)
-		}
-		id, inc, why := c.nextIdentity()
-		if why != "" {
-			return rejected(why)
-		}
-		c.creds[r.CredentialHash] = CredentialConsumed
-		c.issue(id, inc, r.Address, RoleLearner)
-		return Result{Kind: ResultAdmissionAccepted, NodeID: id, Incarnation: inc}
-
+		return c.applyAdmit(r)
 	case ControlPromote:
-		mem, why := c.member(r.NodeID, r.Incarnation)
-		switch {
-		case why != "":
-			return rejected(why)
-		case mem.Role != RoleLearner:
-			return rejected(ReasonNotALearner)
-		case c.inReplacement(mem.NodeID):
-			return rejected(ReasonInReplacement)
-		}
-		mem.Role = RoleVoter
-		c.members[mem.NodeID] = mem
-		return Result{Kind: ResultControlApplied, NodeID: mem.NodeID, Incarnation: mem.Incarnation}
-
+		return c.applyPromote(r)
 	case ControlPrepareReplacement:
-		if c.pending != nil {
-			return rejected(ReasonReplacementPending)
-		}
-		old, why := c.member(r.OldNodeID, 0)
-		switch {
-		case why != "":
-			return rejected(why)
-		case old.Role != RoleVoter:
-			return rejected(ReasonNotAVoter)
-		case c.addressUsed(r.Address, old.NodeID):
-			return rejected(ReasonAddressInUse)
-		}
-		id, inc, why := c.nextIdentity()
-		if why != "" {
-			return rejected(why)
-		}
-		c.issue(id, inc, r.Address, RoleLearner)
-		c.pending = &Replacement{Old: old.NodeID, New: id, NewIncarnation: inc, Address: r.Address}
-		return Result{Kind: ResultReplacementPrepared, NodeID: id, Incarnation: inc}
-
+		return c.applyPrepareReplacement(r)
 	case ControlCompleteReplacement, ControlAbortReplacement:
-		p := c.pending
-		switch {
-		case p == nil:
-			return rejected(ReasonNoReplacement)
-		case p.Old != r.OldNodeID || p.New != r.NewNodeID || p.NewIncarnation != r.NewIncarnation:
-			return rejected(ReasonReplacementMismatch)
-		}
-		c.pending = nil
-		if r.Op == ControlAbortReplacement {
-			c.retire(p.New)
-			return Result{Kind: ResultControlApplied, NodeID: p.New, Incarnation: p.NewIncarnation}
-		}
-		nm := c.members[p.New]
-		nm.Role = RoleVoter
-		c.members[p.New] = nm
-		c.retire(p.Old)
-		return Result{Kind: ResultControlApplied, NodeID: p.New, Incarnation: p.NewIncarnation}
-
+		return c.applyEndReplacement(r)
 	case ControlRetire:
-		mem, why := c.member(r.NodeID, r.Incarnation)
-		switch {
-		case why != "":
-			return rejected(why)
-		case c.inReplacement(mem.NodeID):
-			return rejected(ReasonInReplacement)
-		case mem.Role == RoleVoter && c.voters() == 1:
-			return rejected(ReasonLastVoter)
-		}
-		c.retire(mem.NodeID)
-		return Result{Kind: ResultControlApplied, NodeID: mem.NodeID, Incarnation: mem.Incarnation}
+		return c.applyRetire(r)
 	}
 	return Result{Kind: ResultNoop} // unreachable: Validate rejects unknown ops
+}
+
+func (c *control) applyBootstrap(r ControlRequest) Result {
+	if c.bootstrapped {
+		return rejected(ReasonAlreadyBootstrapped)
+	}
+	id, inc, why := c.nextIdentity()
+	if why != "" {
+		return rejected(why)
+	}
+	c.bootstrapped = true
+	c.bootstrapHash = r.CredentialHash
+	c.issue(id, inc, r.Address, RoleVoter)
+	return Result{Kind: ResultBootstrapRecorded, NodeID: id, Incarnation: inc}
+}
+
+func (c *control) applyMintJoin(r ControlRequest) Result {
+	if !c.bootstrapped {
+		return rejected(ReasonNotBootstrapped)
+	}
+	if c.credential(r.CredentialHash) != CredentialUnknown {
+		return rejected(ReasonCredentialReused)
+	}
+	if len(c.creds) >= MaxJoinCredentials {
+		return rejected(ReasonLimitReached)
+	}
+	if c.creds == nil {
+		c.creds = make(map[[32]byte]CredentialState)
+	}
+	c.creds[r.CredentialHash] = CredentialMinted
+	return Result{Kind: ResultControlApplied}
+}
+
+func (c *control) applyAdmit(r ControlRequest) Result {
+	switch c.credential(r.CredentialHash) {
+	case CredentialUnknown:
+		return rejected(ReasonCredentialUnknown)
+	case CredentialConsumed:
+		return rejected(ReasonCredentialReused)
+	}
+	if c.addressUsed(r.Address, 0) {
+		return rejected(ReasonAddressInUse)
+	}
+	id, inc, why := c.nextIdentity()
+	if why != "" {
+		return rejected(why)
+	}
+	c.creds[r.CredentialHash] = CredentialConsumed
+	c.issue(id, inc, r.Address, RoleLearner)
+	return Result{Kind: ResultAdmissionAccepted, NodeID: id, Incarnation: inc}
+}
+
+func (c *control) applyPromote(r ControlRequest) Result {
+	mem, why := c.member(r.NodeID, r.Incarnation)
+	switch {
+	case why != "":
+		return rejected(why)
+	case mem.Role != RoleLearner:
+		return rejected(ReasonNotALearner)
+	case c.inReplacement(mem.NodeID):
+		return rejected(ReasonInReplacement)
+	}
+	mem.Role = RoleVoter
+	c.members[mem.NodeID] = mem
+	return Result{Kind: ResultControlApplied, NodeID: mem.NodeID, Incarnation: mem.Incarnation}
+}
+
+func (c *control) applyPrepareReplacement(r ControlRequest) Result {
+	if c.pending != nil {
+		return rejected(ReasonReplacementPending)
+	}
+	old, why := c.member(r.OldNodeID, 0)
+	switch {
+	case why != "":
+		return rejected(why)
+	case old.Role != RoleVoter:
+		return rejected(ReasonNotAVoter)
+	case c.addressUsed(r.Address, old.NodeID):
+		return rejected(ReasonAddressInUse)
+	}
+	id, inc, why := c.nextIdentity()
+	if why != "" {
+		return rejected(why)
+	}
+	c.issue(id, inc, r.Address, RoleLearner)
+	c.pending = &Replacement{Old: old.NodeID, New: id, NewIncarnation: inc, Address: r.Address}
+	return Result{Kind: ResultReplacementPrepared, NodeID: id, Incarnation: inc}
+}
+
+// applyEndReplacement completes or aborts the pending replacement.
+func (c *control) applyEndReplacement(r ControlRequest) Result {
+	p := c.pending
+	switch {
+	case p == nil:
+		return rejected(ReasonNoReplacement)
+	case p.Old != r.OldNodeID || p.New != r.NewNodeID || p.NewIncarnation != r.NewIncarnation:
+		return rejected(ReasonReplacementMismatch)
+	}
+	c.pending = nil
+	if r.Op == ControlAbortReplacement {
+		c.retire(p.New)
+		return Result{Kind: ResultControlApplied, NodeID: p.New, Incarnation: p.NewIncarnation}
+	}
+	nm := c.members[p.New]
+	nm.Role = RoleVoter
+	c.members[p.New] = nm
+	c.retire(p.Old)
+	return Result{Kind: ResultControlApplied, NodeID: p.New, Incarnation: p.NewIncarnation}
+}
+
+func (c *control) applyRetire(r ControlRequest) Result {
+	mem, why := c.member(r.NodeID, r.Incarnation)
+	switch {
+	case why != "":
+		return rejected(why)
+	case c.inReplacement(mem.NodeID):
+		return rejected(ReasonInReplacement)
+	case mem.Role == RoleVoter && c.voters() == 1:
+		return rejected(ReasonLastVoter)
+	}
+	c.retire(mem.NodeID)
+	return Result{Kind: ResultControlApplied, NodeID: mem.NodeID, Incarnation: mem.Incarnation}
 }
