@@ -217,7 +217,8 @@ func (d *decoder) identities(what string) []Identity {
 	return ids
 }
 
-// validateControlState checks the invariants listed on ControlState.
+// validateControlState checks the invariants listed on ControlState, in
+// the order of the steps below; the first failure is the error.
 func validateControlState(cs ControlState) error {
 	if !cs.Bootstrapped {
 		if cs.BootstrapHash != ([32]byte{}) || cs.LastNodeID != 0 || cs.LastIncarnation != 0 ||
@@ -233,48 +234,80 @@ func validateControlState(cs ControlState) error {
 		len(cs.JoinCredentials) > MaxJoinCredentials {
 		return malformedf("control state above its limits")
 	}
-	identity := func(what string, x Identity) error {
-		switch {
-		case x.NodeID == 0 || x.Incarnation == 0:
-			return malformedf("%s node %d incarnation %d: zero id", what, x.NodeID, x.Incarnation)
-		case x.NodeID > cs.LastNodeID || x.Incarnation > cs.LastIncarnation:
-			return malformedf("%s node %d incarnation %d above the counters %d/%d", what, x.NodeID, x.Incarnation, cs.LastNodeID, cs.LastIncarnation)
-		}
-		return nil
-	}
 	// NodeID -> incarnation of every member and retired node: together they
 	// must be exactly the issued set.
 	known := make(map[uint64]uint64, len(cs.Members)+len(cs.Retired))
+	members, err := validateMembers(&cs, known)
+	if err != nil {
+		return err
+	}
+	if err := validateRetired(&cs, known); err != nil {
+		return err
+	}
+	if err := validateIssued(&cs, known); err != nil {
+		return err
+	}
+	if err := validateJoinCredentials(&cs); err != nil {
+		return err
+	}
+	if err := validatePending(cs.Pending, members); err != nil {
+		return err
+	}
+	return validateAddresses(&cs)
+}
+
+// validateIdentity checks that x has non-zero ids that are not above the
+// counters of cs.
+func validateIdentity(cs *ControlState, what string, x Identity) error {
+	switch {
+	case x.NodeID == 0 || x.Incarnation == 0:
+		return malformedf("%s node %d incarnation %d: zero id", what, x.NodeID, x.Incarnation)
+	case x.NodeID > cs.LastNodeID || x.Incarnation > cs.LastIncarnation:
+		return malformedf("%s node %d incarnation %d above the counters %d/%d", what, x.NodeID, x.Incarnation, cs.LastNodeID, cs.LastIncarnation)
+	}
+	return nil
+}
+
+// validateMembers checks the members' order, identities, roles and
+// addresses, and that at least one is a voter. It records each member's
+// incarnation in known and returns the members by NodeID.
+func validateMembers(cs *ControlState, known map[uint64]uint64) (map[uint64]Member, error) {
 	members := make(map[uint64]Member, len(cs.Members))
 	voters := 0
 	for i, mem := range cs.Members {
 		if i > 0 && mem.NodeID <= cs.Members[i-1].NodeID {
-			return malformedf("members not strictly ascending at %d", i)
+			return nil, malformedf("members not strictly ascending at %d", i)
 		}
-		if err := identity("member", Identity{mem.NodeID, mem.Incarnation}); err != nil {
-			return err
+		if err := validateIdentity(cs, "member", Identity{mem.NodeID, mem.Incarnation}); err != nil {
+			return nil, err
 		}
 		switch mem.Role {
 		case RoleVoter:
 			voters++
 		case RoleLearner:
 		default:
-			return malformedf("member %d has role %d", mem.NodeID, uint8(mem.Role))
+			return nil, malformedf("member %d has role %d", mem.NodeID, uint8(mem.Role))
 		}
 		if err := ValidateAddress(mem.Address); err != nil {
-			return err
+			return nil, err
 		}
 		known[mem.NodeID] = mem.Incarnation
 		members[mem.NodeID] = mem
 	}
 	if voters == 0 {
-		return malformedf("bootstrapped control state has no voter")
+		return nil, malformedf("bootstrapped control state has no voter")
 	}
+	return members, nil
+}
+
+// validateRetired checks the retired nodes' order and identities and that
+// none is a member, and records each one's incarnation in known.
+func validateRetired(cs *ControlState, known map[uint64]uint64) error {
 	for i, x := range cs.Retired {
 		if i > 0 && x.NodeID <= cs.Retired[i-1].NodeID {
 			return malformedf("retired not strictly ascending at %d", i)
 		}
-		if err := identity("retired", x); err != nil {
+		if err := validateIdentity(cs, "retired", x); err != nil {
 			return err
 		}
 		if _, dup := known[x.NodeID]; dup {
@@ -282,6 +315,13 @@ func validateControlState(cs ControlState) error {
 		}
 		known[x.NodeID] = x.Incarnation
 	}
+	return nil
+}
+
+// validateIssued checks that the issued set is exactly known, the members
+// and retired nodes with their incarnations, and that no incarnation was
+// issued twice.
+func validateIssued(cs *ControlState, known map[uint64]uint64) error {
 	if len(cs.Issued) != len(known) {
 		return malformedf("%d issued identities, %d members and retired", len(cs.Issued), len(known))
 	}
@@ -290,7 +330,7 @@ func validateControlState(cs ControlState) error {
 		if i > 0 && x.NodeID <= cs.Issued[i-1].NodeID {
 			return malformedf("issued not strictly ascending at %d", i)
 		}
-		if err := identity("issued", x); err != nil {
+		if err := validateIdentity(cs, "issued", x); err != nil {
 			return err
 		}
 		if inc, ok := known[x.NodeID]; !ok || inc != x.Incarnation {
@@ -301,6 +341,11 @@ func validateControlState(cs ControlState) error {
 		}
 		incs[x.Incarnation] = struct{}{}
 	}
+	return nil
+}
+
+// validateJoinCredentials checks the credentials' order, hashes and states.
+func validateJoinCredentials(cs *ControlState) error {
 	for i, jc := range cs.JoinCredentials {
 		switch {
 		case i > 0 && compareHash(jc.Hash, cs.JoinCredentials[i-1].Hash) <= 0:
@@ -311,21 +356,32 @@ func validateControlState(cs ControlState) error {
 			return malformedf("join credential %d has state %d", i, uint8(jc.State))
 		}
 	}
-	p := cs.Pending
-	if p != nil {
-		old, oldOK := members[p.Old]
-		nw, newOK := members[p.New]
-		switch {
-		case !oldOK || old.Role != RoleVoter:
-			return malformedf("pending replacement of %d, which is not a voter", p.Old)
-		case !newOK || nw.Role != RoleLearner || p.Old == p.New:
-			return malformedf("pending replacement by %d, which is not a learner", p.New)
-		case nw.Incarnation != p.NewIncarnation || nw.Address != p.Address:
-			return malformedf("pending replacement by %d does not match the member", p.New)
-		}
+	return nil
+}
+
+// validatePending checks that a pending replacement (nil: none) names a
+// current voter and a distinct current learner that matches it.
+func validatePending(p *Replacement, members map[uint64]Member) error {
+	if p == nil {
+		return nil
 	}
-	// Addresses are unique, except that a replacement may take the address
-	// of the node it replaces.
+	old, oldOK := members[p.Old]
+	nw, newOK := members[p.New]
+	switch {
+	case !oldOK || old.Role != RoleVoter:
+		return malformedf("pending replacement of %d, which is not a voter", p.Old)
+	case !newOK || nw.Role != RoleLearner || p.Old == p.New:
+		return malformedf("pending replacement by %d, which is not a learner", p.New)
+	case nw.Incarnation != p.NewIncarnation || nw.Address != p.Address:
+		return malformedf("pending replacement by %d does not match the member", p.New)
+	}
+	return nil
+}
+
+// validateAddresses checks that addresses are unique, except that a
+// replacement may take the address of the node it replaces.
+func validateAddresses(cs *ControlState) error {
+	p := cs.Pending
 	byAddr := make(map[string]uint64, len(cs.Members))
 	for _, mem := range cs.Members {
 		// Members ascend and a replacement is issued after the node it
