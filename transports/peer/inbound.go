@@ -15,8 +15,11 @@ import (
 
 // Inbound: the accept loop authenticates each connection (session.go),
 // then one goroutine per connection reads its frames, checks every message
-// against the authenticated peer and delivers it to raft.
+// against the authenticated peer and delivers it to Raft.Step (a snapshot
+// connection also gets its acknowledgement, snapshot.go).
 
+// acceptLoop accepts connections until the listener closes, with at most
+// MaxPendingHandshakes of them not yet authenticated at a time.
 func (t *Transport) acceptLoop(ln net.Listener) {
 	defer t.wg.Done()
 	var delay time.Duration
@@ -52,6 +55,8 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 	}
 }
 
+// serveConn authenticates one inbound connection, makes it its peer's
+// current one of its kind, and reads it until it fails or closes.
 func (t *Transport) serveConn(raw net.Conn) {
 	defer t.wg.Done()
 	stop := context.AfterFunc(t.ctx, func() { _ = raw.Close() })
