@@ -4,8 +4,10 @@
 //
 // The replicated commands of SPEC §2 (Grant, Release, Expire, Control),
 // their results (SPEC §3), the lock table, the fencing-token counter, the
-// replicated control state (control.go), and the versioned binary encodings
-// of log entries, snapshots, lock records and the control record.
+// replicated control state (control.go: requests; control_apply.go: their
+// application; control_state.go: the state), and the versioned binary
+// encodings of log entries and lock records (encoding.go), snapshots
+// (encoding_snapshot.go) and the control record (encoding_control.go).
 //
 // # Control
 //

@@ -15,7 +15,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -23,8 +22,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
-	"go.etcd.io/raft/v3"
-	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
@@ -64,7 +61,6 @@ type Daemon struct {
 	plugins *plugins.Set
 	audit   *auditor
 
-	nodeRef   atomic.Pointer[raftstore.Node]
 	peerMu    sync.Mutex
 	members   map[uint64]string // peers the transport knows
 	closeOnce sync.Once
@@ -138,7 +134,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	}
 	var transport raftstore.Transport
 	if len(members) > 1 || cfg.PeerListen != "" && len(cfg.PeerSecret) >= MinPeerSecretLen {
-		if err := d.startPeers(members); err != nil {
+		if err := d.newPeers(members); err != nil {
 			return nil, err
 		}
 		transport = d.peers
@@ -177,7 +173,13 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if err != nil {
 		return nil, fmt.Errorf("daemon: start raft node: %w", err)
 	}
-	d.nodeRef.Store(d.node)
+	if d.peers != nil {
+		// The transport lives until Close, not as long as Start's context: a
+		// caller bounding start-up with a timeout must not cut the raft links.
+		if err := d.peers.Start(context.Background(), d.node); err != nil {
+			return nil, fmt.Errorf("daemon: peer transport: %w", err)
+		}
+	}
 	d.locks.Attach(d.node)
 	d.node.Start()
 
@@ -268,7 +270,9 @@ func (d *Daemon) resolveIdentity(ctx context.Context) (*ControlReply, error) {
 	return &rep, nil
 }
 
-func (d *Daemon) startPeers(members []Member) error {
+// newPeers creates the peer transport. It is started, bound to the raft
+// node, once the node exists: the node needs the transport to be created.
+func (d *Daemon) newPeers(members []Member) error {
 	peers := make(map[uint64]string, len(members))
 	for _, m := range members {
 		if m.ID != d.cfg.ID {
@@ -288,42 +292,17 @@ func (d *Daemon) startPeers(members []Member) error {
 		Peers:  peers,
 		Secret: []byte(d.cfg.PeerSecret),
 		TLS:    tlsCfg,
-		Handler: func(ctx context.Context, m raftpb.Message) error {
-			n := d.nodeRef.Load()
-			if n == nil {
-				return errors.New("node not started")
-			}
-			return n.Step(ctx, m)
-		},
-		Reporter: reporter{d},
-		Logger:   d.log.With("component", "peer"),
+		Logger: d.log.With("component", "peer"),
 	})
 	if err != nil {
-		return fmt.Errorf("daemon: peer transport: %w", err)
-	}
-	// The transport lives until Close, not as long as Start's context: a
-	// caller bounding start-up with a timeout must not cut the raft links
-	// (found by the fault harness).
-	if err := t.Start(context.Background()); err != nil {
 		return fmt.Errorf("daemon: peer transport: %w", err)
 	}
 	d.peers = t
 	return nil
 }
 
-type reporter struct{ d *Daemon }
-
-func (r reporter) ReportUnreachable(id uint64) {
-	if n := r.d.nodeRef.Load(); n != nil {
-		n.ReportUnreachable(id)
-	}
-}
-
-func (r reporter) ReportSnapshot(id uint64, status raft.SnapshotStatus) {
-	if n := r.d.nodeRef.Load(); n != nil {
-		n.ReportSnapshot(id, status)
-	}
-}
+// The raft node is what the peer transport delivers to.
+var _ peer.Raft = (*raftstore.Node)(nil)
 
 func loadPeerTLS(cfg Config) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(cfg.PeerTLSCert, cfg.PeerTLSKey)

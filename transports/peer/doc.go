@@ -4,14 +4,17 @@
 //
 // # What it owns
 //
-// The peer listener and the connections to and from every other member;
-// the wire format (frame.go); the authentication handshake and per-frame
-// integrity (handshake.go); per-peer bounded send queues, one writer per
-// peer, reconnection with backoff, snapshot streaming, and delivery of
-// inbound messages to Config.Handler (transport.go). It does not own raft
-// state: it reports to a Reporter (raft.Node satisfies it) and hands
-// messages to a Handler (typically raft.Node.Step). Fault injection for
-// tests and the harness goes through SetFilter.
+// The peer listener and the connections to and from every other member:
+// the Transport, its configuration and its peer table (transport.go); the
+// wire format (frame.go); the authentication handshake (handshake.go);
+// authenticated sessions with per-frame integrity, and how either side
+// opens one (session.go); per-peer bounded send queues, one writer per
+// peer and reconnection with backoff (outbound.go); snapshot streaming
+// (snapshot.go); and the accept loop and delivery of inbound messages
+// (inbound.go). It does not own raft state: it delivers to the local raft
+// node through the Raft interface (Step, ReportUnreachable,
+// ReportSnapshot; raft.Node satisfies it), bound by Start. Fault injection
+// for tests and the harness goes through SetFilter.
 //
 // # Connections
 //
@@ -90,7 +93,7 @@
 // After the handshake every message must have From equal to the
 // authenticated peer id and To equal to our id, and must not be a
 // raft-local type; anything else is logged, counted in Stats.Rejected and
-// closes the connection. Nothing unauthenticated ever reaches the Handler.
+// closes the connection. Nothing unauthenticated ever reaches Raft.Step.
 //
 // # Limits
 //
@@ -109,13 +112,13 @@
 //
 // # Failure reporting
 //
-// A failed dial or a lost connection calls Reporter.ReportUnreachable. While
+// A failed dial or a lost connection calls Raft.ReportUnreachable. While
 // the transport runs, each MsgSnap given to Send ends in one
-// Reporter.ReportSnapshot: SnapshotFinish once the receiver has
-// acknowledged delivering it to its Handler, SnapshotFailure if it could
+// Raft.ReportSnapshot: SnapshotFinish once the receiver has
+// acknowledged delivering it to its Raft.Step, SnapshotFailure if it could
 // not be queued, was filtered, or the stream or acknowledgement failed
 // (snapshots still queued when the transport closes or the peer is removed
-// are not reported). Reporter methods are called from transport goroutines,
+// are not reported). Raft's methods are called from transport goroutines,
 // never from Send.
 //
 // Logs an unauthenticated party can trigger (refused handshakes) are

@@ -8,12 +8,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
-	"hash"
 	"net"
-	"slices"
-	"time"
-
-	"go.etcd.io/raft/v3/raftpb"
 )
 
 // Errors of the handshake and of authenticated sessions.
@@ -91,149 +86,6 @@ func (tr *transcript) mac(secret []byte, label string) [MACSize]byte {
 	var out [MACSize]byte
 	h.Sum(out[:0])
 	return out
-}
-
-// macer computes the MAC trailer of the session frames of one direction:
-// HMAC-SHA256(key, seq:8 | header | payload). seq counts frames from 0, so
-// a replayed, dropped or reordered frame fails the check.
-type macer struct {
-	h   hash.Hash
-	seq uint64
-	pre [8 + HeaderSize]byte
-	sum [MACSize]byte
-}
-
-func newMacer(key []byte) *macer { return &macer{h: hmac.New(sha256.New, key)} }
-
-// next computes the MAC of the next frame and advances the sequence.
-func (m *macer) next(hdr, payload []byte) []byte {
-	binary.BigEndian.PutUint64(m.pre[:8], m.seq)
-	copy(m.pre[8:], hdr)
-	m.h.Reset()
-	m.h.Write(m.pre[:])
-	m.h.Write(payload)
-	m.seq++
-	return m.h.Sum(m.sum[:0])
-}
-
-// session is an authenticated connection to one peer.
-type session struct {
-	raw  net.Conn // the TCP connection; closing it unblocks everything
-	conn net.Conn // raw, or a *tls.Conn over it
-	r    *Reader
-	peer uint64
-	kind connKind
-	in   *macer
-	out  *macer
-	wbuf []byte
-	stop func() bool // unregisters the close-on-cancel hook
-}
-
-func newSession(raw, conn net.Conn, r *Reader, peer uint64, kind connKind, in, out []byte) *session {
-	return &session{raw: raw, conn: conn, r: r, peer: peer, kind: kind, in: newMacer(in), out: newMacer(out)}
-}
-
-func (s *session) close() {
-	if s.stop != nil {
-		s.stop()
-	}
-	_ = s.raw.Close()
-}
-
-// readFrame reads the next session frame and verifies its MAC.
-func (s *session) readFrame() (Frame, error) {
-	f, err := s.r.Next()
-	if err != nil {
-		return Frame{}, err
-	}
-	if err := s.verify(f); err != nil {
-		return Frame{}, err
-	}
-	return f, nil
-}
-
-// appendFrame appends a sealed session frame to dst.
-func (s *session) appendFrame(dst []byte, t FrameType, payload []byte) []byte {
-	start := len(dst)
-	dst = slices.Grow(dst, HeaderSize+len(payload)+MACSize)
-	dst = dst[:start+HeaderSize]
-	putHeader(dst[start:], t, len(payload))
-	dst = append(dst, payload...)
-	return append(dst, s.out.next(dst[start:start+HeaderSize], payload)...)
-}
-
-// appendMsg appends m, whose marshalled size is size <= MaxFrameSize, as a
-// sealed FrameMsg.
-func (s *session) appendMsg(dst []byte, m *raftpb.Message, size int) ([]byte, error) {
-	start := len(dst)
-	dst = slices.Grow(dst, HeaderSize+size+MACSize)
-	dst = dst[:start+HeaderSize+size]
-	putHeader(dst[start:], FrameMsg, size)
-	if _, err := m.MarshalToSizedBuffer(dst[start+HeaderSize:]); err != nil {
-		return dst[:start], fmt.Errorf("peer: marshal %s: %w", m.Type, err)
-	}
-	return append(dst, s.out.next(dst[start:start+HeaderSize], dst[start+HeaderSize:])...), nil
-}
-
-// write writes b with a deadline.
-func (s *session) write(b []byte, timeout time.Duration) error {
-	if err := s.conn.SetWriteDeadline(time.Now().Add(timeout)); err != nil {
-		return fmt.Errorf("peer: set write deadline: %w", err)
-	}
-	if _, err := s.conn.Write(b); err != nil {
-		return fmt.Errorf("peer: write to %d: %w", s.peer, err)
-	}
-	return nil
-}
-
-// writeFrame seals and writes one session frame.
-func (s *session) writeFrame(t FrameType, payload []byte, timeout time.Duration) error {
-	s.wbuf = s.appendFrame(s.wbuf[:0], t, payload)
-	return s.write(s.wbuf, timeout)
-}
-
-// writeMessage writes one message: as a single FrameMsg when it fits, or
-// else as a stream whose chunks carry the message with Snapshot.Data
-// emptied, then Snapshot.Data itself, so neither side ever holds a second
-// copy of the snapshot.
-func (s *session) writeMessage(m *raftpb.Message, timeout time.Duration) error {
-	if size := m.Size(); size <= MaxFrameSize {
-		var err error
-		if s.wbuf, err = s.appendMsg(s.wbuf[:0], m, size); err != nil {
-			return err
-		}
-		return s.write(s.wbuf, timeout)
-	}
-	meta, data := *m, []byte(nil)
-	if m.Snapshot != nil && len(m.Snapshot.Data) > 0 {
-		snap := *m.Snapshot
-		data, snap.Data = snap.Data, nil
-		meta.Snapshot = &snap
-	}
-	mb, err := meta.Marshal()
-	if err != nil {
-		return fmt.Errorf("peer: marshal %s: %w", m.Type, err)
-	}
-	if uint64(len(mb))+uint64(len(data)) > MaxSnapshotSize {
-		return fmt.Errorf("%w: %s of %d bytes to %d, the limit is %d", ErrSnapshotTooLarge, m.Type, len(mb)+len(data), m.To, MaxSnapshotSize)
-	}
-	st := streamStart{metaLen: uint64(len(mb)), dataLen: uint64(len(data))}
-	if err := s.writeFrame(FrameStreamStart, st.encode(), timeout); err != nil {
-		return err
-	}
-	for _, part := range [][]byte{mb, data} {
-		for len(part) > 0 {
-			n := min(len(part), ChunkSize)
-			if err := s.writeFrame(FrameStreamChunk, part[:n], timeout); err != nil {
-				return err
-			}
-			part = part[n:]
-		}
-	}
-	if cap(s.wbuf) > 2*ChunkSize {
-		s.wbuf = nil
-	}
-	return nil
 }
 
 func randomNonce() [nonceSize]byte {
@@ -321,19 +173,6 @@ func dialHandshake(raw, conn net.Conn, secret []byte, self, target uint64, kind 
 	}
 	r.SetLimit(MaxFrameSize)
 	return s, nil
-}
-
-// verify checks the MAC of a frame that was read outside readFrame.
-func (s *session) verify(f Frame) error {
-	if !f.Type.Authenticated() {
-		return fmt.Errorf("%w: %s frame inside a session", ErrProtocol, f.Type)
-	}
-	var hdr [HeaderSize]byte
-	putHeader(hdr[:], f.Type, len(f.Payload))
-	if !hmac.Equal(s.in.next(hdr[:], f.Payload), f.MAC[:]) {
-		return fmt.Errorf("%w: %s frame %d from peer %d", ErrBadMAC, f.Type, s.in.seq-1, s.peer)
-	}
-	return nil
 }
 
 // acceptHandshake runs the listener's side. known reports whether an id is

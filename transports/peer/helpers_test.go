@@ -115,21 +115,33 @@ func (r *logRecorder) dump() string {
 	return strings.Join(r.recs, "\n")
 }
 
-// inbox collects delivered messages.
+// inbox collects delivered messages: it is the Step of a fakeRaft.
 type inbox struct {
 	mu   sync.Mutex
 	msgs []raftpb.Message
-	err  error // returned by the handler when set
+	err  error                                       // returned by Step when set
+	step func(context.Context, raftpb.Message) error // when set, Step calls it instead of collecting
 }
 
-func (b *inbox) handle(_ context.Context, m raftpb.Message) error {
+func (b *inbox) Step(ctx context.Context, m raftpb.Message) error {
 	b.mu.Lock()
+	if step := b.step; step != nil {
+		b.mu.Unlock()
+		return step(ctx, m)
+	}
 	defer b.mu.Unlock()
 	if b.err != nil {
 		return b.err
 	}
 	b.msgs = append(b.msgs, m)
 	return nil
+}
+
+// setStep makes Step call step instead of collecting.
+func (b *inbox) setStep(step func(context.Context, raftpb.Message) error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.step = step
 }
 
 func (b *inbox) len() int {
@@ -182,6 +194,17 @@ func (r *fakeReporter) snapshots() []snapReport {
 	return append([]snapReport(nil), r.snaps...)
 }
 
+// fakeRaft is the Raft a test transport delivers to: messages go to the
+// inbox, reports to the fakeReporter.
+type fakeRaft struct {
+	*inbox
+	*fakeReporter
+}
+
+var _ Raft = fakeRaft{}
+
+func newFakeRaft() fakeRaft { return fakeRaft{&inbox{}, &fakeReporter{}} }
+
 // node is a started Transport with its observers.
 type node struct {
 	id   uint64
@@ -194,13 +217,11 @@ type node struct {
 func (n *node) addr() string { return n.tr.Addr().String() }
 
 // testConfig is a Config with short timeouts.
-func testConfig(id uint64, in *inbox, logs *logRecorder, rep *fakeReporter) Config {
+func testConfig(id uint64, logs *logRecorder) Config {
 	return Config{
 		ID:               id,
 		Listen:           "127.0.0.1:0",
 		Secret:           testSecret,
-		Handler:          in.handle,
-		Reporter:         rep,
 		Logger:           slog.New(&recHandler{rec: logs}),
 		DialTimeout:      time.Second,
 		WriteTimeout:     2 * time.Second,
@@ -215,7 +236,7 @@ func testConfig(id uint64, in *inbox, logs *logRecorder, rep *fakeReporter) Conf
 func startNode(t testing.TB, id uint64, peers map[uint64]string, mod func(*Config)) *node {
 	t.Helper()
 	n := &node{id: id, in: &inbox{}, logs: &logRecorder{tb: t}, rep: &fakeReporter{}}
-	cfg := testConfig(id, n.in, n.logs, n.rep)
+	cfg := testConfig(id, n.logs)
 	cfg.Peers = peers
 	if mod != nil {
 		mod(&cfg)
@@ -224,7 +245,7 @@ func startNode(t testing.TB, id uint64, peers map[uint64]string, mod func(*Confi
 	if err != nil {
 		t.Fatalf("New(%d): %v", id, err)
 	}
-	if err := tr.Start(context.Background()); err != nil {
+	if err := tr.Start(context.Background(), fakeRaft{n.in, n.rep}); err != nil {
 		t.Fatalf("Start(%d): %v", id, err)
 	}
 	t.Cleanup(func() { tr.Close() })

@@ -50,9 +50,8 @@ func meshed(t testing.TB, size int, mod func(*Config)) []*node {
 }
 
 func TestNewValidatesConfig(t *testing.T) {
-	handler := func(context.Context, raftpb.Message) error { return nil }
 	base := func() Config {
-		return Config{ID: 1, Listen: "127.0.0.1:0", Secret: testSecret, Handler: handler}
+		return Config{ID: 1, Listen: "127.0.0.1:0", Secret: testSecret}
 	}
 	cases := []struct {
 		name string
@@ -62,7 +61,6 @@ func TestNewValidatesConfig(t *testing.T) {
 		{"no listen address", func(c *Config) { c.Listen = "" }},
 		{"no secret", func(c *Config) { c.Secret = nil }},
 		{"short secret", func(c *Config) { c.Secret = make([]byte, MinSecretSize-1) }},
-		{"no handler", func(c *Config) { c.Handler = nil }},
 		{"negative queue", func(c *Config) { c.QueueSize = -1 }},
 		{"negative dial timeout", func(c *Config) { c.DialTimeout = -time.Second }},
 		{"negative write timeout", func(c *Config) { c.WriteTimeout = -time.Second }},
@@ -100,10 +98,13 @@ func TestNewValidatesConfig(t *testing.T) {
 	if tr.Addr() != nil {
 		t.Fatal("Addr before Start")
 	}
+	if err := tr.Start(context.Background(), nil); !errors.Is(err, ErrInvalidConfig) {
+		t.Fatalf("Start without a Raft: %v, want ErrInvalidConfig", err)
+	}
 	if err := tr.Close(); err != nil {
 		t.Fatal(err)
 	}
-	if err := tr.Start(context.Background()); !errors.Is(err, ErrClosed) {
+	if err := tr.Start(context.Background(), newFakeRaft()); !errors.Is(err, ErrClosed) {
 		t.Fatalf("Start after Close: %v, want ErrClosed", err)
 	}
 }
@@ -111,17 +112,17 @@ func TestNewValidatesConfig(t *testing.T) {
 func TestStartErrors(t *testing.T) {
 	checkGoroutines(t)
 	n := startNode(t, 1, nil, nil)
-	if err := n.tr.Start(context.Background()); !errors.Is(err, ErrStarted) {
+	if err := n.tr.Start(context.Background(), newFakeRaft()); !errors.Is(err, ErrStarted) {
 		t.Fatalf("second Start: %v, want ErrStarted", err)
 	}
-	cfg := testConfig(2, &inbox{}, &logRecorder{tb: t}, nil)
+	cfg := testConfig(2, &logRecorder{tb: t})
 	cfg.Listen = n.addr()
 	tr, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer tr.Close()
-	if err := tr.Start(context.Background()); err == nil || !strings.HasPrefix(err.Error(), "peer: listen") {
+	if err := tr.Start(context.Background(), newFakeRaft()); err == nil || !strings.HasPrefix(err.Error(), "peer: listen") {
 		t.Fatalf("Start on a busy address: %v", err)
 	}
 }
@@ -229,7 +230,7 @@ func TestSnapshotFailuresReported(t *testing.T) {
 		return n
 	}
 
-	t.Run("receiver handler fails", func(t *testing.T) {
+	t.Run("receiver step fails", func(t *testing.T) {
 		nodes := meshed(t, 2, nil)
 		nodes[1].in.mu.Lock()
 		nodes[1].in.err = errors.New("raft stopped")
@@ -420,17 +421,15 @@ func TestSendNeverBlocks(t *testing.T) {
 		nodes := meshed(t, 2, func(c *Config) {
 			c.QueueSize = 64
 			c.WriteTimeout = 300 * time.Millisecond
-			if c.ID == 2 {
-				c.Handler = func(ctx context.Context, m raftpb.Message) error {
-					select {
-					case <-release:
-					case <-ctx.Done():
-						return ctx.Err()
-					}
-					got.Add(1)
-					return nil
-				}
+		})
+		nodes[1].in.setStep(func(ctx context.Context, m raftpb.Message) error {
+			select {
+			case <-release:
+			case <-ctx.Done():
+				return ctx.Err()
 			}
+			got.Add(1)
+			return nil
 		})
 		msgs := batch(1, 2, 16, 64<<10) // 1 MiB per Send: the socket buffers fill fast
 		worst, total := measure(func() { nodes[0].tr.Send(msgs) })
@@ -491,7 +490,7 @@ func TestFilterDropsOneWay(t *testing.T) {
 	if st := n1.tr.Stats().Peers[2]; st.Filtered != 10 || st.Sent != 0 || n2.in.len() != 0 {
 		t.Fatalf("1->2 not filtered: %+v, delivered %d", st, n2.in.len())
 	}
-	// Inbound: node 2 drops what comes from 1 before its Handler.
+	// Inbound: node 2 drops what comes from 1 before its Raft.Step.
 	n1.tr.SetFilter(nil)
 	n2.tr.SetFilter(func(from, to uint64) bool { return from != 1 })
 	n1.tr.Send(tenOf(1, 2))
@@ -732,19 +731,18 @@ func TestCloseStopsGoroutines(t *testing.T) {
 			return nodes[2].in.len() > 0
 		})
 	}
-	// A handler stuck until its context ends must not keep Close waiting.
+	// A Step stuck until its context ends must not keep Close waiting.
 	stuck := make(chan struct{})
 	var once sync.Once
-	n5 := startNode(t, 5, map[uint64]string{1: n1.addr()}, func(c *Config) {
-		c.Handler = func(ctx context.Context, m raftpb.Message) error {
-			once.Do(func() { close(stuck) })
-			<-ctx.Done()
-			return ctx.Err()
-		}
+	n5 := startNode(t, 5, map[uint64]string{1: n1.addr()}, nil)
+	n5.in.setStep(func(ctx context.Context, m raftpb.Message) error {
+		once.Do(func() { close(stuck) })
+		<-ctx.Done()
+		return ctx.Err()
 	})
 	n1.tr.AddPeer(5, n5.addr())
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 5, 1)})
-	eventually(t, waitFor, "handler entered", func() bool {
+	eventually(t, waitFor, "step entered", func() bool {
 		select {
 		case <-stuck:
 			return true
@@ -762,7 +760,7 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	select {
 	case <-done:
 	case <-time.After(waitFor):
-		t.Fatal("Close blocked on a handler")
+		t.Fatal("Close blocked on a stuck Step")
 	}
 	for _, n := range nodes {
 		n.tr.Close()
@@ -772,18 +770,14 @@ func TestCloseStopsGoroutines(t *testing.T) {
 }
 
 // BenchmarkSendReceive measures MsgApp throughput between two transports:
-// Send on one, Handler on the other, with the sender kept under its queue
+// Send on one, Raft.Step on the other, with the sender kept under its queue
 // bound so nothing is dropped.
 func BenchmarkSendReceive(b *testing.B) {
 	for _, entry := range []int{128, 1024, 16 << 10} {
 		b.Run(fmt.Sprintf("entries=4x%dB", entry), func(b *testing.B) {
 			var got atomic.Int64
-			nodes := meshed(b, 2, func(c *Config) {
-				c.Logger = nil
-				if c.ID == 2 {
-					c.Handler = func(context.Context, raftpb.Message) error { got.Add(1); return nil }
-				}
-			})
+			nodes := meshed(b, 2, func(c *Config) { c.Logger = nil })
+			nodes[1].in.setStep(func(context.Context, raftpb.Message) error { got.Add(1); return nil })
 			m := raftpb.Message{Type: raftpb.MsgApp, From: 1, To: 2, Term: 5, LogTerm: 5, Index: 100, Commit: 99}
 			for i := range 4 {
 				m.Entries = append(m.Entries, raftpb.Entry{Term: 5, Index: uint64(101 + i), Data: make([]byte, entry)})
