@@ -270,8 +270,9 @@ func (d *Daemon) resolveIdentity(ctx context.Context) (*ControlReply, error) {
 	return &rep, nil
 }
 
-// newPeers creates the peer transport. It is started, bound to the raft
-// node, once the node exists: the node needs the transport to be created.
+// newPeers creates the peer transport, which listens at once; it starts
+// accepting, bound to the raft node, once the node exists (the node needs
+// the transport to be created).
 func (d *Daemon) newPeers(members []Member) error {
 	peers := make(map[uint64]string, len(members))
 	for _, m := range members {

@@ -263,13 +263,21 @@ type Transport struct {
 	wg sync.WaitGroup // every goroutine of the transport; Close waits for it
 }
 
-// New validates cfg and returns a Transport that is not yet listening.
+// New validates cfg and listens on Config.Listen. Peers that connect
+// before Start wait in the listen backlog (their handshake completes once
+// Start accepts), so a restarting node is reachable as soon as its raft
+// node exists, without peers backing off.
 func New(cfg Config) (*Transport, error) {
 	cfg, err := cfg.withDefaults()
 	if err != nil {
 		return nil, err
 	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return nil, fmt.Errorf("peer: listen on %s: %w", cfg.Listen, err)
+	}
 	t := &Transport{
+		ln:         ln,
 		cfg:        cfg,
 		log:        cfg.Logger.With("local", cfg.ID),
 		tlsServer:  cfg.TLS,
@@ -293,9 +301,9 @@ func (t *Transport) newPeer(id uint64, addr string) *peer {
 }
 
 // Start binds r, the raft node that inbound messages are delivered to and
-// failures reported to, then listens on Config.Listen and starts the accept
-// loop and one writer per peer. Nothing listens before Start, so nothing
-// arrives before r is bound. ctx bounds the transport's life: cancelling it
+// failures reported to, then starts the accept loop and one writer per
+// peer. Nothing is accepted before Start, so nothing arrives before r is
+// bound. ctx bounds the transport's life: cancelling it
 // stops everything as Close does (call Close anyway to wait), and the ctx
 // given to r.Step derives from it.
 func (t *Transport) Start(ctx context.Context, r Raft) error {
@@ -310,14 +318,10 @@ func (t *Transport) Start(ctx context.Context, r Raft) error {
 	case t.started:
 		return ErrStarted
 	}
-	var lc net.ListenConfig
-	ln, err := lc.Listen(ctx, "tcp", t.cfg.Listen)
-	if err != nil {
-		return fmt.Errorf("peer: listen on %s: %w", t.cfg.Listen, err)
-	}
+	ln := t.ln
 	t.ctx, t.cancel = context.WithCancel(ctx)
 	t.raft = r
-	t.ln, t.started = ln, true
+	t.started = true
 	context.AfterFunc(t.ctx, func() { _ = ln.Close() })
 	t.log.Info("peer: listening", "addr", ln.Addr().String(), "tls", t.tlsServer != nil)
 	t.wg.Add(1)
@@ -328,7 +332,7 @@ func (t *Transport) Start(ctx context.Context, r Raft) error {
 	return nil
 }
 
-// Addr is the listening address, or nil before Start.
+// Addr is the listening address.
 func (t *Transport) Addr() net.Addr {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
@@ -344,10 +348,13 @@ func (t *Transport) Close() error {
 	t.mu.Lock()
 	already := t.closed
 	t.closed = true
-	cancel := t.cancel
+	cancel, started := t.cancel, t.started
 	t.mu.Unlock()
 	if cancel != nil {
 		cancel()
+	}
+	if !started {
+		_ = t.ln.Close() // a started transport closes it when its ctx ends
 	}
 	t.wg.Wait()
 	if !already {

@@ -95,8 +95,8 @@ func TestNewValidatesConfig(t *testing.T) {
 		t.Fatal("New kept the caller's secret slice")
 	}
 	cfg.Secret[0] ^= 1
-	if tr.Addr() != nil {
-		t.Fatal("Addr before Start")
+	if tr.Addr() == nil {
+		t.Fatal("New did not listen: no Addr before Start")
 	}
 	if err := tr.Start(context.Background(), nil); !errors.Is(err, ErrInvalidConfig) {
 		t.Fatalf("Start without a Raft: %v, want ErrInvalidConfig", err)
@@ -117,13 +117,11 @@ func TestStartErrors(t *testing.T) {
 	}
 	cfg := testConfig(2, &logRecorder{tb: t})
 	cfg.Listen = n.addr()
-	tr, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer tr.Close()
-	if err := tr.Start(context.Background(), newFakeRaft()); err == nil || !strings.HasPrefix(err.Error(), "peer: listen") {
-		t.Fatalf("Start on a busy address: %v", err)
+	if tr, err := New(cfg); err == nil || !strings.HasPrefix(err.Error(), "peer: listen") {
+		if tr != nil {
+			_ = tr.Close()
+		}
+		t.Fatalf("New on a busy address: %v", err)
 	}
 }
 
