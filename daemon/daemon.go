@@ -29,6 +29,7 @@ import (
 
 	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/plugins"
+	"github.com/ticketd/ticketd/plugins/audit"
 	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/server"
 	"github.com/ticketd/ticketd/transports/natsapi"
@@ -64,7 +65,7 @@ type Daemon struct {
 	reg   *prometheus.Registry
 
 	plugins *plugins.Set
-	audit   *auditor
+	audit   *audit.Publisher
 
 	nodeRef   atomic.Pointer[raftstore.Node]
 	peerMu    sync.Mutex
@@ -154,8 +155,8 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		if scfg.Policy == nil {
 			scfg.Policy = policyAdapter{d.plugins}
 		}
-		d.audit = newAuditor(d.plugins, cfg.ID, log.With("component", "audit"), d.reg)
-		scfg.Applied = d.audit.offer
+		d.audit = audit.NewPublisher(audit.Config{Auditor: d.plugins, Node: cfg.ID, Logger: log.With("component", "audit"), Registerer: d.reg})
+		scfg.Applied = d.audit.Offer
 	}
 	d.srv = server.New(scfg)
 	d.node, err = raftstore.NewNode(raftstore.Config{
@@ -187,12 +188,15 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		return nil, err
 	}
 	if cfg.AuditStream != "" {
-		if err := d.ensureAuditStream(ctx); err != nil {
-			return nil, err
+		sctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
+		err := audit.EnsureStream(sctx, d.nc, cfg.AuditStream)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
 		}
 	}
 	if d.audit != nil {
-		d.audit.start(d.nc)
+		d.audit.Start(d.nc)
 	}
 	d.api, err = natsapi.Start(natsapi.Config{Conn: d.nc, Server: d.srv, Status: d.Status, Logger: log.With("component", "natsapi"), Now: opts.Now})
 	if err != nil {
@@ -564,8 +568,8 @@ func (d *Daemon) Close() {
 		if d.peers != nil {
 			_ = d.peers.Close()
 		}
-		if d.audit != nil && d.audit.nc != nil {
-			d.audit.close()
+		if d.audit != nil {
+			d.audit.Close()
 		}
 		if d.plugins != nil {
 			_ = d.plugins.Close(context.Background())
