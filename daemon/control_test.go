@@ -11,6 +11,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/sdk"
 )
@@ -78,10 +79,10 @@ func (c *controlCluster) urls() []string {
 	return out
 }
 
-func (c *controlCluster) call(path, cred string, body ControlRequest) (ControlReply, error) {
+func (c *controlCluster) call(path, cred string, body control.Request) (control.Reply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	return CallControl(ctx, c.urls(), path, cred, body)
+	return control.Call(ctx, c.urls(), path, cred, body)
 }
 
 func (c *controlCluster) leader() *Daemon {
@@ -115,8 +116,8 @@ func (c *controlCluster) waitVoters(voters ...uint64) {
 }
 
 func rejectedWith(err error, reason string) bool {
-	var ce *ControlError
-	return errors.As(err, &ce) && ce.Code == ControlCodeRejected && ce.Reason == reason
+	var ce *control.Error
+	return errors.As(err, &ce) && ce.Code == control.CodeRejected && ce.Reason == reason
 }
 
 // TestControlPlane forms a cluster by bootstrap and two joins, replaces a
@@ -133,24 +134,24 @@ func TestControlPlane(t *testing.T) {
 	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
 
 	// Bootstrap: the admin credential is required, then the bootstrap one.
-	if _, err := c.call("/v1/bootstrap", "", ControlRequest{Credential: testBoot}); err == nil || !strings.Contains(err.Error(), ControlCodeUnauthorized) {
+	if _, err := c.call("/v1/bootstrap", "", control.Request{Credential: testBoot}); err == nil || !strings.Contains(err.Error(), control.CodeUnauthorized) {
 		t.Fatalf("bootstrap without admin credential: %v", err)
 	}
-	if _, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: "wrong"}); err == nil || !strings.Contains(err.Error(), ControlCodeUnauthorized) {
+	if _, err := c.call("/v1/bootstrap", testAdmin, control.Request{Credential: "wrong"}); err == nil || !strings.Contains(err.Error(), control.CodeUnauthorized) {
 		t.Fatalf("bootstrap with a wrong credential: %v", err)
 	}
-	rep, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: testBoot})
+	rep, err := c.call("/v1/bootstrap", testAdmin, control.Request{Credential: testBoot})
 	if err != nil || rep.NodeID != 1 || rep.Incarnation != 1 {
 		t.Fatalf("bootstrap: %+v %v", rep, err)
 	}
-	if _, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: testBoot}); !rejectedWith(err, "already_bootstrapped") {
+	if _, err := c.call("/v1/bootstrap", testAdmin, control.Request{Credential: testBoot}); !rejectedWith(err, "already_bootstrapped") {
 		t.Fatalf("second bootstrap: %v", err)
 	}
 
 	// Two joins with one-time credentials.
 	var creds []string
 	for i := 0; i < 3; i++ {
-		rep, err := c.call("/v1/join-credentials", testAdmin, ControlRequest{})
+		rep, err := c.call("/v1/join-credentials", testAdmin, control.Request{})
 		if err != nil || len(rep.Credential) != 64 {
 			t.Fatalf("mint: %+v %v", rep, err)
 		}
@@ -167,7 +168,7 @@ func TestControlPlane(t *testing.T) {
 	c.waitVoters(1, 2, 3)
 	// The bootstrap credential is consumed on every node: asking through
 	// any of them is refused by the replicated state.
-	if _, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: testBoot}); !rejectedWith(err, "already_bootstrapped") {
+	if _, err := c.call("/v1/bootstrap", testAdmin, control.Request{Credential: testBoot}); !rejectedWith(err, "already_bootstrapped") {
 		t.Fatalf("bootstrap after joins: %v", err)
 	}
 	// A join credential works once.
@@ -177,7 +178,7 @@ func TestControlPlane(t *testing.T) {
 		t.Fatalf("reused join credential: %v", err)
 	}
 	for _, d := range c.nodes {
-		waitFor(t, 10*time.Second, "three members everywhere", func() bool { return len(d.controlMembers()) == 3 })
+		waitFor(t, 10*time.Second, "three members everywhere", func() bool { return len(d.ctl.Members()) == 3 })
 	}
 
 	// Clients keep taking locks through node 1 while a voter is replaced.
@@ -232,10 +233,10 @@ func TestControlPlane(t *testing.T) {
 		t.Fatalf("replacement node: %v", err)
 	}
 	newID := e.cfg.ID
-	id, _, _ := readIdentity(repl.Data)
-	var done ControlReply
+	id, _, _ := control.ReadIdentity(repl.Data)
+	var done control.Reply
 	waitFor(t, 20*time.Second, "replacement completes once caught up", func() bool {
-		done, err = c.call("/v1/replacements/complete", testAdmin, ControlRequest{OldNodeID: victimID, NodeID: newID, Incarnation: id.Incarnation})
+		done, err = c.call("/v1/replacements/complete", testAdmin, control.Request{OldNodeID: victimID, NodeID: newID, Incarnation: id.Incarnation})
 		return err == nil
 	})
 	voters := []uint64{1, 2, 3, 4}
@@ -254,12 +255,12 @@ func TestControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatalf("second replacement: %v", err)
 	}
-	fid, _, _ := readIdentity(abortCfg.Data)
-	if _, err := c.call("/v1/replacements/abort", testAdmin, ControlRequest{OldNodeID: 1, NodeID: fid.NodeID, Incarnation: fid.Incarnation}); err != nil {
+	fid, _, _ := control.ReadIdentity(abortCfg.Data)
+	if _, err := c.call("/v1/replacements/abort", testAdmin, control.Request{OldNodeID: 1, NodeID: fid.NodeID, Incarnation: fid.Incarnation}); err != nil {
 		t.Fatalf("abort: %v", err)
 	}
 	c.waitVoters(want...)
-	if _, err := c.call("/v1/replacements/abort", testAdmin, ControlRequest{OldNodeID: 1, NodeID: fid.NodeID, Incarnation: fid.Incarnation}); !rejectedWith(err, "no_replacement") {
+	if _, err := c.call("/v1/replacements/abort", testAdmin, control.Request{OldNodeID: 1, NodeID: fid.NodeID, Incarnation: fid.Incarnation}); !rejectedWith(err, "no_replacement") {
 		t.Fatalf("second abort: %v", err)
 	}
 	f.Close()
@@ -275,7 +276,7 @@ func TestControlPlane(t *testing.T) {
 	if err := os.MkdirAll(stale.Data, 0o750); err != nil {
 		t.Fatal(err)
 	}
-	if err := writeIdentity(stale.Data, Identity{NodeID: want[1], Incarnation: 1, ControlURLs: c.urls()}); err != nil {
+	if err := control.WriteIdentity(stale.Data, control.Identity{NodeID: want[1], Incarnation: 1, ControlURLs: c.urls()}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.start(stale); err == nil || !strings.Contains(err.Error(), "refuses identity") {
@@ -328,14 +329,14 @@ func TestDeadLearnerIsNotPromoted(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
-	if _, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: testBoot}); err != nil {
+	if _, err := c.call("/v1/bootstrap", testAdmin, control.Request{Credential: testBoot}); err != nil {
 		t.Fatal(err)
 	}
-	mint, err := c.call("/v1/join-credentials", testAdmin, ControlRequest{})
+	mint, err := c.call("/v1/join-credentials", testAdmin, control.Request{})
 	if err != nil {
 		t.Fatal(err)
 	}
-	ghost, err := c.call("/v1/join", "", ControlRequest{Credential: mint.Credential, Address: freeAddr(t)})
+	ghost, err := c.call("/v1/join", "", control.Request{Credential: mint.Credential, Address: freeAddr(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -344,14 +345,14 @@ func TestDeadLearnerIsNotPromoted(t *testing.T) {
 		return len(cs.Learners) == 1 && cs.Learners[0] == ghost.NodeID
 	})
 	// Give the promoter many rounds to get it wrong.
-	deadline := time.Now().Add(20 * ReconcileIntervalDefault)
+	deadline := time.Now().Add(20 * control.ReconcileIntervalDefault)
 	for time.Now().Before(deadline) {
 		if cs := a.Node().ConfState(); len(cs.Voters) != 1 {
 			t.Fatalf("a learner that never replicated was promoted: voters %v", cs.Voters)
 		}
-		time.Sleep(ReconcileIntervalDefault / 2)
+		time.Sleep(control.ReconcileIntervalDefault / 2)
 	}
-	if _, err := c.call("/v1/retire", testAdmin, ControlRequest{NodeID: ghost.NodeID, Incarnation: ghost.Incarnation}); err != nil {
+	if _, err := c.call("/v1/retire", testAdmin, control.Request{NodeID: ghost.NodeID, Incarnation: ghost.Incarnation}); err != nil {
 		t.Fatalf("retire the ghost: %v", err)
 	}
 	c.waitVoters(1)
@@ -372,7 +373,7 @@ func TestJoinAfterCompaction(t *testing.T) {
 		t.Fatal(err)
 	}
 	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
-	if _, err := c.call("/v1/bootstrap", testAdmin, ControlRequest{Credential: testBoot}); err != nil {
+	if _, err := c.call("/v1/bootstrap", testAdmin, control.Request{Credential: testBoot}); err != nil {
 		t.Fatal(err)
 	}
 	_, cl := connect(t, a)
@@ -386,7 +387,7 @@ func TestJoinAfterCompaction(t *testing.T) {
 	if first, _ := a.store.FirstIndex(); first <= 2 {
 		t.Fatalf("log not compacted (first index %d): the test would not need a snapshot", first)
 	}
-	mint, err := c.call("/v1/join-credentials", testAdmin, ControlRequest{})
+	mint, err := c.call("/v1/join-credentials", testAdmin, control.Request{})
 	if err != nil {
 		t.Fatal(err)
 	}

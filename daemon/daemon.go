@@ -23,8 +23,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
+	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
+	"github.com/ticketd/ticketd/plugins/audit"
 	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/transports/natsapi"
 	"github.com/ticketd/ticketd/transports/peer"
@@ -59,16 +61,10 @@ type Daemon struct {
 	reg   *prometheus.Registry
 
 	plugins *plugins.Set
-	audit   *auditor
+	audit   *audit.Publisher
+	ctl     *control.Plane
 
-	peerMu    sync.Mutex
-	members   map[uint64]string // peers the transport knows
 	closeOnce sync.Once
-
-	control   *http.Server
-	controlLn net.Listener
-	bg        sync.WaitGroup
-	stopBG    chan struct{}
 }
 
 // Start brings up a node. ctx bounds start-up only (joining, identity
@@ -83,7 +79,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		log = slog.Default()
 	}
 	log = log.With("node", cfg.ID)
-	d := &Daemon{cfg: cfg, log: log, reg: prometheus.NewRegistry(), members: map[uint64]string{}, stopBG: make(chan struct{})}
+	d := &Daemon{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
 	// Every error return below leaves through here: undo what started.
 	defer func() {
 		if err != nil {
@@ -108,9 +104,25 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		return nil, fmt.Errorf("daemon: open store: %w", err)
 	}
 
-	join, err := d.resolveIdentity(ctx)
+	ident, err := control.ResolveIdentity(ctx, control.StartConfig{
+		DataDir:        cfg.Data,
+		Join:           cfg.Join != "",
+		JoinURLs:       cfg.JoinURLs(),
+		JoinCredential: cfg.JoinCredential,
+		Replace:        cfg.Replace,
+		Credential:     cfg.ControlCredential,
+		PeerListen:     cfg.PeerListen,
+		Log:            d.store,
+		Logger:         d.log,
+	})
 	if err != nil {
 		return nil, err
+	}
+	if ident.NodeID != 0 {
+		d.cfg.ID = ident.NodeID
+	}
+	if ident.Join != nil {
+		d.log = d.log.With("node", ident.NodeID)
 	}
 	cfg = d.cfg // the identity may have set the node id
 	members, err := cfg.Members()
@@ -118,17 +130,18 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		return nil, err
 	}
 	var peerIDs []uint64
-	if join == nil {
+	addrs := map[uint64]string{} // peers the transport knows
+	if ident.Join == nil {
 		for _, m := range members {
 			peerIDs = append(peerIDs, m.ID)
-			d.members[m.ID] = m.Addr
+			addrs[m.ID] = m.Addr
 		}
 	} else {
 		members = nil
-		for _, m := range join.Members {
+		for _, m := range ident.Join.Members {
 			if m.NodeID != cfg.ID {
 				members = append(members, Member{ID: m.NodeID, Addr: m.Address})
-				d.members[m.NodeID] = m.Address
+				addrs[m.NodeID] = m.Address
 			}
 		}
 	}
@@ -148,14 +161,14 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		if lcfg.Policy == nil {
 			lcfg.Policy = d.plugins
 		}
-		d.audit = newAuditor(d.plugins, cfg.ID, log.With("component", "audit"), d.reg)
-		lcfg.Applied = d.audit.offer
+		d.audit = audit.NewPublisher(audit.Config{Auditor: d.plugins, Node: cfg.ID, Logger: log.With("component", "audit"), Registerer: d.reg})
+		lcfg.Applied = d.audit.Offer
 	}
 	d.locks = lockservice.New(lcfg)
 	d.node, err = raftstore.NewNode(raftstore.Config{
 		ID:              cfg.ID,
 		Peers:           peerIDs,
-		Join:            join != nil,
+		Join:            ident.Join != nil,
 		Store:           d.store,
 		Transport:       transport,
 		Observer:        d.locks,
@@ -183,19 +196,40 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	d.locks.Attach(d.node)
 	d.node.Start()
 
+	ccfg := control.Config{
+		ID:                  cfg.ID,
+		Node:                d.node,
+		Leadership:          d.locks,
+		Addresses:           addrs,
+		Listen:              cfg.ControlListen,
+		Credential:          cfg.ControlCredential,
+		BootstrapCredential: cfg.BootstrapCredential,
+		DataDir:             cfg.Data,
+		PeerListen:          cfg.PeerListen,
+		PeerAddr:            d.PeerAddr(),
+		Logger:              d.log.With("component", "control"),
+	}
+	if d.peers != nil {
+		ccfg.Peers = d.peers
+	}
+	d.ctl = control.New(ccfg)
+
 	if err := d.startNATS(); err != nil {
 		return nil, err
 	}
 	if cfg.AuditStream != "" {
-		if err := d.ensureAuditStream(ctx); err != nil {
-			return nil, err
+		sctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
+		err := audit.EnsureStream(sctx, d.nc, cfg.AuditStream)
+		cancel()
+		if err != nil {
+			return nil, fmt.Errorf("daemon: %w", err)
 		}
 	}
 	if d.audit != nil {
-		d.audit.start(d.nc)
+		d.audit.Start(d.nc)
 	}
 	d.api, err = natsapi.Start(natsapi.Config{
-		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.memberAddr, Plugins: d.plugins,
+		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins,
 		Logger: log.With("component", "natsapi"), Now: opts.Now,
 	})
 	if err != nil {
@@ -206,68 +240,11 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 			return nil, err
 		}
 	}
-	if cfg.ControlListen != "" {
-		if err := d.startControl(); err != nil {
-			return nil, err
-		}
+	if err := d.ctl.Start(); err != nil {
+		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	d.bg.Add(1)
-	go d.reconcileLoop()
 	log.Info("node started", "data", cfg.Data, "nats", d.ClientURL(), "members", len(members))
 	return d, nil
-}
-
-// resolveIdentity decides the node's identity: an identity file from an
-// earlier bootstrap or join (checked against the cluster: a retired
-// NodeID or an old incarnation is refused), a fresh join or replacement
-// through the control API, or the configured --id (static membership and
-// bootstrap). It returns the join reply for a node joining now.
-func (d *Daemon) resolveIdentity(ctx context.Context) (*ControlReply, error) {
-	id, ok, err := readIdentity(d.cfg.Data)
-	if err != nil {
-		return nil, err
-	}
-	if ok {
-		d.cfg.ID = id.NodeID
-		urls := append(d.cfg.JoinURLs(), id.ControlURLs...)
-		if len(urls) == 0 {
-			return nil, nil
-		}
-		cctx, cancel := context.WithTimeout(ctx, 3*time.Second)
-		defer cancel()
-		_, err := CallControl(cctx, urls, "/v1/identity", "", ControlRequest{NodeID: id.NodeID, Incarnation: id.Incarnation})
-		var ce *ControlError
-		if errors.As(err, &ce) && ce.Code == ControlCodeRejected {
-			return nil, fmt.Errorf("daemon: the cluster refuses identity %d/%d: %w", id.NodeID, id.Incarnation, err)
-		}
-		if err != nil {
-			d.log.Warn("identity not confirmed (no leader reachable); starting anyway", "node_id", id.NodeID, "err", err)
-		}
-		return nil, nil
-	}
-	if d.cfg.Join == "" {
-		return nil, nil
-	}
-	if last, err := d.store.LastIndex(); err != nil || last > 0 {
-		return nil, fmt.Errorf("daemon: %s holds raft state but no identity; refusing to join with it", d.cfg.Data)
-	}
-	addr := d.cfg.PeerListen
-	var rep ControlReply
-	if d.cfg.Replace != 0 {
-		rep, err = CallControl(ctx, d.cfg.JoinURLs(), "/v1/replacements", d.cfg.ControlCredential, ControlRequest{OldNodeID: d.cfg.Replace, Address: addr})
-	} else {
-		rep, err = CallControl(ctx, d.cfg.JoinURLs(), "/v1/join", "", ControlRequest{Credential: d.cfg.JoinCredential, Address: addr})
-	}
-	if err != nil {
-		return nil, fmt.Errorf("daemon: join: %w", err)
-	}
-	if err := writeIdentity(d.cfg.Data, Identity{NodeID: rep.NodeID, Incarnation: rep.Incarnation, ControlURLs: d.cfg.JoinURLs()}); err != nil {
-		return nil, err
-	}
-	d.cfg.ID = rep.NodeID
-	d.log = d.log.With("node", rep.NodeID)
-	d.log.Info("joined the cluster as a learner", "node_id", rep.NodeID, "incarnation", rep.Incarnation)
-	return &rep, nil
 }
 
 // newPeers creates the peer transport, which listens at once; it starts
@@ -451,19 +428,20 @@ func (d *Daemon) Ready() error {
 	return nil
 }
 
-// memberAddr is a member's peer address as this node knows it.
-func (d *Daemon) memberAddr(id uint64) string {
-	d.peerMu.Lock()
-	defer d.peerMu.Unlock()
-	return d.members[id]
-}
-
 // ClientURL is the NATS URL clients use to reach this node.
 func (d *Daemon) ClientURL() string {
 	if d.ns != nil {
 		return d.ns.ClientURL()
 	}
 	return d.cfg.NATSURL
+}
+
+// ControlAddr is the bound control listener address ("" if none).
+func (d *Daemon) ControlAddr() string {
+	if d.ctl == nil {
+		return ""
+	}
+	return d.ctl.Addr()
 }
 
 // PeerAddr is the bound peer listener address ("" for a single node).
@@ -487,12 +465,8 @@ func (d *Daemon) Done() <-chan struct{} { return d.node.Done() }
 // than once and on a partly started daemon.
 func (d *Daemon) Close() {
 	d.closeOnce.Do(func() {
-		close(d.stopBG)
-		d.bg.Wait()
-		if d.control != nil {
-			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
-			_ = d.control.Shutdown(ctx)
-			cancel()
+		if d.ctl != nil {
+			d.ctl.Close()
 		}
 		if d.http != nil {
 			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -513,8 +487,8 @@ func (d *Daemon) Close() {
 		if d.peers != nil {
 			_ = d.peers.Close()
 		}
-		if d.audit != nil && d.audit.nc != nil {
-			d.audit.close()
+		if d.audit != nil {
+			d.audit.Close()
 		}
 		if d.plugins != nil {
 			_ = d.plugins.Close(context.Background())

@@ -1,13 +1,27 @@
 // Package daemon assembles one ticketd node from its parts and runs it:
 // the Pebble store and raft node (raftstore), the leader-side lock service
-// (lockservice), the peer transport (transports/peer), the NATS client service
-// (transports/natsapi) on an embedded or external NATS, Prometheus
-// metrics and health endpoints.
+// (lockservice), the peer transport (transports/peer), the control plane
+// (control), WebAssembly plugins (plugins) and their audit publisher
+// (plugins/audit), the NATS client service (transports/natsapi) on an
+// embedded or external NATS, Prometheus metrics and health endpoints.
 //
 // # What it owns
 //
 // Config (config.go): every setting with its default, validated before
-// anything starts. Run (daemon.go): start in dependency order, stop in
-// reverse order. cmd/ticketd parses files, TICKETD_* env and flags into a
+// anything starts. Start and Close (daemon.go): start the parts in
+// dependency order, hand each one the others it needs, stop them in
+// reverse order. Plugin loading from the configured files and the adapter
+// that makes a plugin set the lock service's Grant policy (plugins.go).
+// The node's health, readiness and status views, which read several parts
+// at once. cmd/ticketd parses files, TICKETD_* env and flags into a
 // Config; tests start in-process nodes with Start directly.
+//
+// # What it does not own
+//
+// Each part's behaviour lives in its package: the control API, identity
+// file and membership reconciliation in control, audit events in
+// plugins/audit, leases and waiters in lockservice, the Ready loop in
+// raftstore. The daemon only wires them: which identity the node starts
+// with comes from control.ResolveIdentity, and applied commands reach the
+// audit publisher through the lock service's Applied hook.
 package daemon

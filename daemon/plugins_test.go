@@ -16,6 +16,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ticketd/ticketd/plugins/audit"
 	"github.com/ticketd/ticketd/sdk"
 )
 
@@ -44,13 +45,13 @@ func buildExample(t *testing.T, name, dir string) string {
 func TestPluginsPolicyAndAudit(t *testing.T) {
 	dir := t.TempDir()
 	policy := buildExample(t, "ownerprefix", dir)
-	audit := buildExample(t, "audit", dir)
+	auditPlugin := buildExample(t, "audit", dir)
 
 	cfg := Defaults()
 	cfg.Data = t.TempDir()
 	cfg.NATSListen = "127.0.0.1:0"
 	cfg.TickMS = 20
-	cfg.Plugins = policy + "," + audit
+	cfg.Plugins = policy + "," + auditPlugin
 	// A loaded 2-core CI box can stall a healthy call past the 50ms default.
 	cfg.PluginCallTimeoutMS = 2000
 	cfg.AuditStream = "TICKETD_AUDIT"
@@ -62,7 +63,7 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Locks().IsLeader() })
 	nc, cl := connect(t, d)
 	events := make(chan *nats.Msg, 64)
-	sub, err := nc.ChanSubscribe(AuditSubjectPrefix+".>", events)
+	sub, err := nc.ChanSubscribe(audit.SubjectPrefix+".>", events)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -96,11 +97,11 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	for !want["lock.granted"] || !want["lock.released"] {
 		select {
 		case m := <-events:
-			var ev AuditEvent
+			var ev audit.Event
 			if err := json.Unmarshal(m.Data, &ev); err != nil {
 				t.Fatalf("audit body %q: %v", m.Data, err)
 			}
-			if m.Subject != AuditSubjectPrefix+"."+ev.Type || ev.Index == 0 || m.Header.Get(nats.MsgIdHdr) == "" {
+			if m.Subject != audit.SubjectPrefix+"."+ev.Type || ev.Index == 0 || m.Header.Get(nats.MsgIdHdr) == "" {
 				t.Fatalf("bad audit event %s %s %v", m.Subject, m.Data, m.Header)
 			}
 			if ev.Type == "lock.granted" && !bytes.Contains(ev.Data, []byte(`"svc-payments-7"`)) {

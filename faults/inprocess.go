@@ -15,6 +15,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/sdk"
 
@@ -92,7 +93,7 @@ func startInProcessControl(dataDir string, n int, logger *slog.Logger, tickMS, e
 	return startInProcessMode(dataDir, n, logger, tickMS, electionTicks, true)
 }
 
-func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, electionTicks int, control bool) (*inprocCluster, error) {
+func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, electionTicks int, controlMode bool) (*inprocCluster, error) {
 	peers, err := freeAddrs(n)
 	if err != nil {
 		return nil, err
@@ -110,7 +111,7 @@ func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, elec
 		members = append(members, fmt.Sprintf("%d=%s", i+1, peers[i]))
 	}
 	var controls []string
-	if control {
+	if controlMode {
 		if controls, err = freeAddrs(n); err != nil {
 			return nil, err
 		}
@@ -118,7 +119,7 @@ func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, elec
 	c := &inprocCluster{
 		logger:   logger,
 		election: time.Duration(tickMS*electionTicks) * time.Millisecond,
-		control:  control,
+		control:  controlMode,
 		dataDir:  dataDir,
 		ids:      make([]uint64, n),
 		nodes:    make([]*daemon.Daemon, n),
@@ -142,7 +143,7 @@ func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, elec
 		cfg.SnapshotEntries = 300
 		cfg.CompactKeep = 50
 		cfg.LogLevel = "warn"
-		if control {
+		if controlMode {
 			cfg.InitialCluster = ""
 			cfg.ControlListen = controls[i]
 			cfg.ControlCredential = faultsAdminCredential
@@ -154,7 +155,7 @@ func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, elec
 		c.clocks[i] = &jumpClock{}
 		c.ids[i] = uint64(i + 1)
 	}
-	if control {
+	if controlMode {
 		if err := c.formByControl(); err != nil {
 			c.close()
 			return nil, err
@@ -217,10 +218,10 @@ func (c *inprocCluster) controlURLs() []string {
 	return out
 }
 
-func (c *inprocCluster) callControl(within time.Duration, path string, req daemon.ControlRequest) (daemon.ControlReply, error) {
+func (c *inprocCluster) callControl(within time.Duration, path string, req control.Request) (control.Reply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), within)
 	defer cancel()
-	return daemon.CallControl(ctx, c.controlURLs(), path, faultsAdminCredential, req)
+	return control.Call(ctx, c.controlURLs(), path, faultsAdminCredential, req)
 }
 
 // formByControl starts node 1 with a bootstrap credential, bootstraps it,
@@ -232,11 +233,11 @@ func (c *inprocCluster) formByControl() error {
 	if !waitLeader(c, 20*time.Second) {
 		return errors.New("control mode: node 1 did not lead")
 	}
-	if _, err := c.callControl(20*time.Second, "/v1/bootstrap", daemon.ControlRequest{Credential: faultsBootCredential}); err != nil {
+	if _, err := c.callControl(20*time.Second, "/v1/bootstrap", control.Request{Credential: faultsBootCredential}); err != nil {
 		return fmt.Errorf("control mode: bootstrap: %w", err)
 	}
 	for i := 1; i < len(c.cfgs); i++ {
-		mint, err := c.callControl(20*time.Second, "/v1/join-credentials", daemon.ControlRequest{})
+		mint, err := c.callControl(20*time.Second, "/v1/join-credentials", control.Request{})
 		if err != nil {
 			return fmt.Errorf("control mode: mint join credential: %w", err)
 		}
@@ -376,7 +377,7 @@ func (c *inprocCluster) wipe(i int) (string, []string, error) {
 	var last error
 	done := false
 	for !done && time.Now().Before(deadline) {
-		_, last = c.callControl(5*time.Second, "/v1/replacements/complete", daemon.ControlRequest{OldNodeID: oldID, NodeID: newID, Incarnation: newInc})
+		_, last = c.callControl(5*time.Second, "/v1/replacements/complete", control.Request{OldNodeID: oldID, NodeID: newID, Incarnation: newInc})
 		if last == nil {
 			done = true
 			break
@@ -423,7 +424,7 @@ func (c *inprocCluster) identityState(id, inc uint64) error {
 }
 
 func (c *inprocCluster) isVoterMember(id uint64) bool {
-	rep, err := c.callControl(5*time.Second, "/v1/members", daemon.ControlRequest{})
+	rep, err := c.callControl(5*time.Second, "/v1/members", control.Request{})
 	if err != nil {
 		return false
 	}

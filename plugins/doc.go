@@ -70,5 +70,7 @@
 // A Set runs several plugins as one Policy (in order, the first deny or
 // failure wins, no policy plugin means allow) and one Auditor (all audit
 // plugins, events concatenated in order, one plugin's failure does not
-// stop the others).
+// stop the others). Package plugins/audit runs the Auditor off the raft
+// loop and publishes its events on NATS; this package knows nothing of
+// NATS.
 package plugins

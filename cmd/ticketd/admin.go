@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/pflag"
 
-	"github.com/ticketd/ticketd/daemon"
+	"github.com/ticketd/ticketd/control"
 )
 
 const adminUsage = `usage: ticketd admin <command> --control URL[,URL...] [flags]
@@ -62,30 +62,30 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	var path string
-	var body daemon.ControlRequest
+	var body control.Request
 	switch name {
 	case "bootstrap":
-		path, body = "/v1/bootstrap", daemon.ControlRequest{Credential: *bootCred}
+		path, body = "/v1/bootstrap", control.Request{Credential: *bootCred}
 	case "mint-join":
 		path = "/v1/join-credentials"
 	case "members":
 		path = "/v1/members"
 	case "replace complete":
-		path, body = "/v1/replacements/complete", daemon.ControlRequest{OldNodeID: *oldID, NodeID: *newID, Incarnation: *inc}
+		path, body = "/v1/replacements/complete", control.Request{OldNodeID: *oldID, NodeID: *newID, Incarnation: *inc}
 	case "replace abort":
-		path, body = "/v1/replacements/abort", daemon.ControlRequest{OldNodeID: *oldID, NodeID: *newID, Incarnation: *inc}
+		path, body = "/v1/replacements/abort", control.Request{OldNodeID: *oldID, NodeID: *newID, Incarnation: *inc}
 	case "retire":
-		path, body = "/v1/retire", daemon.ControlRequest{NodeID: *node, Incarnation: *inc}
+		path, body = "/v1/retire", control.Request{NodeID: *node, Incarnation: *inc}
 	default:
 		fmt.Fprintf(stderr, "ticketd admin: unknown command %q\n\n%s", name, adminUsage)
 		return exitUsage
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	rep, err := daemon.CallControl(ctx, strings.Split(*urls, ","), path, *cred, body)
+	rep, err := control.Call(ctx, strings.Split(*urls, ","), path, *cred, body)
 	if err != nil {
 		code := "error"
-		if ce, ok := err.(*daemon.ControlError); ok {
+		if ce, ok := err.(*control.Error); ok {
 			code = ce.Code
 		}
 		fmt.Fprintf(stderr, "error: %s: %v\n", code, err)

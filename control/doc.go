@@ -1,0 +1,48 @@
+// Package control is ticketd's cluster control plane (SPEC §4.5): the
+// HTTP control API on its own listener and credential, the loop that makes
+// the raft membership follow the replicated control state, the node's
+// identity file, and the client that cmd/ticketd, the daemon and the
+// fault harness use to reach the API.
+//
+// # What it owns
+//
+//   - The control API (api.go): POST /v1/bootstrap, /v1/join-credentials,
+//     /v1/join, /v1/replacements[/complete|/abort], /v1/retire,
+//     /v1/members and /v1/identity. Admin endpoints need the control
+//     credential as a bearer token; /v1/join is authenticated by a
+//     one-time join credential and /v1/identity answers only valid or
+//     not. Only the ready leader answers; anything else gets not_leader
+//     (HTTP 421) with the leader it knows. A request becomes a core
+//     Control command proposed to the raft log, so every voter applies
+//     the same transition in the same order; credentials travel to the
+//     log only as SHA-256 hashes.
+//   - The wire format (client.go): Request, Reply, Member, and Error with
+//     its Code* values, each mapped to one HTTP status. Call finds the
+//     leader among a list of URLs, retrying not_leader and unavailable
+//     answers and nodes it cannot dial; a request that may have reached a
+//     node without an answer comes back indeterminate, never retried.
+//   - Reconciliation (reconcile.go): on the ready leader, every
+//     ReconcileIntervalDefault, one ConfChangeV2 at a time (joint
+//     consensus when more than one voter changes) moves the raft
+//     membership to the control state's members, and a learner that
+//     replicates within PromoteLagDefault of the commit index is promoted.
+//     Every node also points its peer transport at exactly the current
+//     members, so a retired id can no longer connect. Working from
+//     replicated state means a new leader finishes what a crashed one
+//     started.
+//   - The identity file (identity.go): the NodeID and incarnation a node
+//     was issued, kept in its data directory, and ResolveIdentity, which
+//     a starting node runs to confirm it with the cluster, or to join or
+//     replace a member and write it.
+//
+// # What it does not own
+//
+// The control state and its invariants (issued and retired ids,
+// credentials, the pending replacement) live in core.Machine; this
+// package only proposes commands and reads the applied state through the
+// Node interface (*raftstore.Node). Whether this node is the ready leader
+// comes from the lock service (Leadership, *lockservice.Service); peer
+// connections from the transport (Peers, *peer.Transport). Config
+// parsing and start-up order belong to package daemon. Control requests
+// never reach the client NATS port (package natsapi refuses them).
+package control
