@@ -4,8 +4,13 @@
 //
 // # What it owns
 //
-//   - Store (storage.go): raft.Storage over Pebble, plus the applied state
-//     machine rows and the applied index, written in the same synced batch.
+//   - Store: raft.Storage over Pebble, plus the applied state machine rows
+//     and the applied index, written in the same synced batch. store.go
+//     opens and checks the database, raftlog.go is the raft.Storage side
+//     (log, HardState, snapshots, compaction), state.go the applied state
+//     (lock rows, control row, applied index, LoadMachine), batch.go builds
+//     and commits the one batch per Ready, keys.go holds the key layout and
+//     row codecs.
 //   - Node (node.go): the Ready loop, proposals matched to their applied
 //     results, ReadIndex reads, snapshots and log compaction, leadership
 //     notifications.
