@@ -25,11 +25,12 @@ type ReadyWrite struct {
 	// (Metadata.Index, Metadata.Term)); Entries of the same ReadyWrite are
 	// then appended after it.
 	Snapshot raftpb.Snapshot
-	// Applied is the applied state to persist; nil => nothing applied.
-	Applied *AppliedState
+	// State is the change of the state rows with the new applied index;
+	// nil => nothing applied.
+	State *StateChange
 	// MaySkipSync says the write carries nothing raft needs on disk before
 	// messages go out (no entries, no term or vote change, no snapshot):
-	// typically the applied state of already-durable log entries. Such a
+	// typically the state change of already-durable log entries. Such a
 	// write is committed without fsync; Pebble's WAL is ordered, so a
 	// crash loses it only together with every later write, and the
 	// entries are re-applied from the durable log on restart. It is
@@ -38,17 +39,17 @@ type ReadyWrite struct {
 }
 
 // Write persists w in ONE Pebble batch, committed with pebble.Sync (unless
-// NoSync). Order inside: snapshot install, entries, hardstate, applied
-// state. The applied index and the lock rows it produced are in the same
+// NoSync). Order inside: snapshot install, entries, hardstate, state
+// change. The applied index and the lock rows it produced are in the same
 // batch, so a crash never applies an entry twice or loses one.
 //
 // Write checks, and refuses with ErrInvariant (writing nothing): a gap
 // between the log and Entries, non-contiguous Entries, truncating an entry at
 // or below the persisted commit index, a snapshot at or below the applied or
 // latest snapshot index (also raft.ErrSnapOutOfDate) or lowering the last
-// token, an Applied.Index that does not advance (an Applied at the current
-// index that changes nothing is accepted as a no-op), a lock that does not
-// validate or carries a token above Applied.LastToken, a key in both Put and
+// token, a State.Index that does not advance (a State at the current
+// applied index that changes nothing is accepted as a no-op), a lock that
+// does not validate or carries a token above State.LastToken, a key in both Put and
 // Delete or twice in Put with different locks (Put/Delete must be the net
 // change of the run), and a result where applied > commit or
 // commit > last index.
@@ -68,7 +69,7 @@ func (s *Store) Write(w ReadyWrite) error {
 func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 	hasSnap := !raft.IsEmptySnap(w.Snapshot)
 	hasHS := !raft.IsEmptyHardState(w.HardState)
-	if !hasSnap && !hasHS && len(w.Entries) == 0 && w.Applied == nil {
+	if !hasSnap && !hasHS && len(w.Entries) == 0 && w.State == nil {
 		return 0, -1, nil
 	}
 	s.writeMu.Lock()
@@ -93,9 +94,9 @@ func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 		}
 		st.commit = w.HardState.Commit
 	}
-	if w.Applied != nil {
-		if err := stageApplied(b, &st, w.Applied); err != nil {
-			return 0, -1, fmt.Errorf("raftstore: write: apply %d: %w", w.Applied.Index, err)
+	if w.State != nil {
+		if err := stageState(b, &st, w.State); err != nil {
+			return 0, -1, fmt.Errorf("raftstore: write: apply %d: %w", w.State.Index, err)
 		}
 	}
 	if st.applied > st.commit || st.commit > st.last {

@@ -483,7 +483,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	}
 
 	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
-	// be on disk before messages go out; applied state of entries already
+	// be on disk before messages go out; the state change of entries already
 	// durable in the log may ride without its own fsync.
 	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot, MaySkipSync: !rd.MustSync}
 	var (
@@ -510,7 +510,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		// The installed snapshot is now the store's latest one.
 		n.snapIndex = applied
 	}
-	var as AppliedState
+	var as StateChange
 	touched := make(map[string]struct{})
 	var touchedOrder []string
 	controlChanged := false
@@ -570,7 +570,7 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	if len(rd.CommittedEntries) > 0 || restored {
 		as.Index = applied
 		as.LastToken = n.machine.LastToken()
-		w.Applied = &as
+		w.State = &as
 	}
 	if err := n.cfg.Store.Write(w); err != nil {
 		n.mu.Unlock()

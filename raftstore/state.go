@@ -10,12 +10,13 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-// AppliedState is what applying a run of committed entries changed. Put and
+// StateChange is the state rows that applying a run of committed entries
+// changed, written in the same batch as the new applied index. Put and
 // Delete are the net change of the whole run: a key granted and released in
 // the same run must not appear in both (Write rejects that, since the two
 // lists cannot say which came last). Build them after applying, from the
 // touched keys: held now => Put, not held => Delete.
-type AppliedState struct {
+type StateChange struct {
 	Index     uint64            // new applied index (highest entry applied)
 	LastToken uint64            // core.Machine.LastToken() after applying
 	Put       []core.Lock       // locks now held (created) — write row
@@ -26,8 +27,8 @@ type AppliedState struct {
 	Control []byte
 }
 
-// stageApplied adds an applied state to b.
-func stageApplied(b *pebble.Batch, st *storeState, a *AppliedState) error {
+// stageState adds a state change and its applied index to b.
+func stageState(b *pebble.Batch, st *storeState, a *StateChange) error {
 	noop := len(a.Put) == 0 && len(a.Delete) == 0 && a.ConfState == nil && a.Control == nil && a.LastToken == st.lastToken
 	switch {
 	case a.Index == st.applied && noop:

@@ -121,7 +121,7 @@ func (o mirrorOp) run(mem *raft.MemoryStorage, s *Store) (memErr, storeErr error
 	case "commit":
 		hs := raftpb.HardState{Term: 1, Commit: o.index}
 		memErr = mem.SetHardState(hs)
-		storeErr = s.Write(ReadyWrite{HardState: hs, Applied: &AppliedState{Index: o.index}})
+		storeErr = s.Write(ReadyWrite{HardState: hs, State: &StateChange{Index: o.index}})
 		return memErr, storeErr
 	case "snapshot":
 		_, memErr = mem.CreateSnapshot(o.index, &testConfState, emptySnapData)
@@ -368,7 +368,7 @@ func TestStorageCompactSemantics(t *testing.T) {
 	dir := t.TempDir()
 	s := openTestStore(t, dir)
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 10), HardState: raftpb.HardState{Term: 1, Commit: 8},
-		Applied: &AppliedState{Index: 8}})
+		State: &StateChange{Index: 8}})
 	if err := s.Compact(3); !errors.Is(err, ErrInvariant) {
 		t.Fatalf("Compact(3) without snapshot: err %v, want ErrInvariant", err)
 	}
@@ -410,9 +410,9 @@ func TestStorageCompactSemantics(t *testing.T) {
 	}
 }
 
-// applyRun applies cmds to m and returns the AppliedState of the run built
+// applyRun applies cmds to m and returns the StateChange of the run built
 // the recommended way: net change of the touched keys.
-func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *AppliedState {
+func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *StateChange {
 	var touched []string
 	for _, c := range cmds {
 		m.Apply(c)
@@ -420,7 +420,7 @@ func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *AppliedState
 			touched = append(touched, c.Key)
 		}
 	}
-	as := &AppliedState{Index: index, LastToken: m.LastToken()}
+	as := &StateChange{Index: index, LastToken: m.LastToken()}
 	for _, k := range touched {
 		if l, ok := m.Get(k); ok {
 			as.Put = append(as.Put, l)
@@ -468,7 +468,7 @@ func TestStorageReopenRecoversEverything(t *testing.T) {
 	hs1 := raftpb.HardState{Term: 1, Vote: 1, Commit: 3}
 	as1 := applyRun(ref, 3, run1...)
 	as1.ConfState = &cs1
-	mustWrite(t, s, ReadyWrite{HardState: hs1, Entries: ents1, Applied: as1})
+	mustWrite(t, s, ReadyWrite{HardState: hs1, Entries: ents1, State: as1})
 
 	// Grant and release "d" in one run, release "a": the net change deletes
 	// a and d and puts nothing for d.
@@ -476,7 +476,7 @@ func TestStorageReopenRecoversEverything(t *testing.T) {
 	ents2 := cmdEntries(2, 4, run2...)
 	hs2 := raftpb.HardState{Term: 2, Vote: 2, Commit: 7}
 	as2 := applyRun(ref, 7, run2...)
-	mustWrite(t, s, ReadyWrite{HardState: hs2, Entries: ents2, Applied: as2})
+	mustWrite(t, s, ReadyWrite{HardState: hs2, Entries: ents2, State: as2})
 	if err := s.CreateSnapshot(7, cs1, ref.Snapshot()); err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +543,7 @@ func TestStorageSnapshotInstallReplacesAllRows(t *testing.T) {
 	local := core.NewMachine()
 	run := []core.Command{core.Grant("a", "", 1000, 0), core.Grant("b", "", 1000, 0), core.Grant("c", "", 1000, 0)}
 	mustWrite(t, s, ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 3}, Entries: cmdEntries(1, 1, run...),
-		Applied: applyRun(local, 3, run...)})
+		State: applyRun(local, 3, run...)})
 	mustWrite(t, s, ReadyWrite{Entries: cmdEntries(1, 4, core.Grant("x", "", 1000, 0))}) // uncommitted tail
 
 	// The leader's state at index 20: b re-granted, d new, a and c gone.
@@ -556,7 +556,7 @@ func TestStorageSnapshotInstallReplacesAllRows(t *testing.T) {
 	snap := raftpb.Snapshot{Data: leader.Snapshot(), Metadata: raftpb.SnapshotMetadata{ConfState: cs, Index: 20, Term: 3}}
 	after := cmdEntries(3, 19, core.Grant("y", "", 1000, 0), core.Grant("z", "", 1000, 0), core.Grant("w", "", 1000, 0))
 	mustWrite(t, s, ReadyWrite{Snapshot: snap, HardState: raftpb.HardState{Term: 3, Commit: 20}, Entries: after,
-		Applied: &AppliedState{Index: 20, LastToken: 17}}) // no-op Applied at the snapshot index is accepted
+		State: &StateChange{Index: 20, LastToken: 17}}) // no-op Applied at the snapshot index is accepted
 
 	for pass := 0; pass < 2; pass++ {
 		step := fmt.Sprintf("pass %d", pass)
@@ -601,22 +601,22 @@ func TestStorageWriteRejectsInvalid(t *testing.T) {
 		{"not contiguous", ReadyWrite{Entries: []raftpb.Entry{{Term: 1, Index: 6}, {Term: 1, Index: 8}}}, nil},
 		{"truncate committed", ReadyWrite{Entries: mkEnts(2, 3, 3)}, nil},
 		{"commit beyond last", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 6}}, nil},
-		{"applied beyond commit", ReadyWrite{Applied: &AppliedState{Index: 4, LastToken: 5}}, nil},
-		{"applied does not advance", ReadyWrite{Applied: &AppliedState{Index: 2, LastToken: 5}}, nil},
-		{"applied again with changes", ReadyWrite{Applied: &AppliedState{Index: 3, LastToken: 6,
+		{"applied beyond commit", ReadyWrite{State: &StateChange{Index: 4, LastToken: 5}}, nil},
+		{"applied does not advance", ReadyWrite{State: &StateChange{Index: 2, LastToken: 5}}, nil},
+		{"applied again with changes", ReadyWrite{State: &StateChange{Index: 3, LastToken: 6,
 			Put: []core.Lock{lock("n", 6)}}}, nil},
 		{"last token decreases", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 4}}, nil},
+			State: &StateChange{Index: 4, LastToken: 4}}, nil},
 		{"lock token above last token", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 5, Put: []core.Lock{lock("n", 6)}}}, nil},
+			State: &StateChange{Index: 4, LastToken: 5, Put: []core.Lock{lock("n", 6)}}}, nil},
 		{"invalid lock", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 6, Put: []core.Lock{lock("", 6)}}}, core.ErrInvalidArgument},
+			State: &StateChange{Index: 4, LastToken: 6, Put: []core.Lock{lock("", 6)}}}, core.ErrInvalidArgument},
 		{"invalid delete key", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 5, Delete: []string{""}}}, core.ErrInvalidArgument},
+			State: &StateChange{Index: 4, LastToken: 5, Delete: []string{""}}}, core.ErrInvalidArgument},
 		{"put and delete same key", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 6, Put: []core.Lock{lock("n", 6)}, Delete: []string{"n"}}}, nil},
+			State: &StateChange{Index: 4, LastToken: 6, Put: []core.Lock{lock("n", 6)}, Delete: []string{"n"}}}, nil},
 		{"put twice differently", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 7, Put: []core.Lock{lock("n", 6), lock("n", 7)}}}, nil},
+			State: &StateChange{Index: 4, LastToken: 7, Put: []core.Lock{lock("n", 6), lock("n", 7)}}}, nil},
 		{"snapshot out of date", ReadyWrite{Snapshot: snapAt(3, 1, 9), HardState: raftpb.HardState{Term: 1, Commit: 3}},
 			raft.ErrSnapOutOfDate},
 		{"snapshot lowers last token", ReadyWrite{Snapshot: snapAt(9, 2, 4), HardState: raftpb.HardState{Term: 2, Commit: 9}}, nil},
@@ -634,7 +634,7 @@ func TestStorageWriteRejectsInvalid(t *testing.T) {
 			// Entries 1..5, commit 3, applied 3 (tokens 1..5 issued by the run
 			// of 6 commands compressed into applied index 3).
 			mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 5), HardState: raftpb.HardState{Term: 1, Commit: 3},
-				Applied: applyRun(m, 3, run...)})
+				State: applyRun(m, 3, run...)})
 			if m.LastToken() != 5 {
 				t.Fatalf("setup: last token %d", m.LastToken())
 			}
@@ -671,7 +671,7 @@ func TestStorageWriteAcceptsRepeatsWithSameEffect(t *testing.T) {
 	m.Apply(core.Grant("a", "", 1000, 0))
 	held, _ := m.Get("a")
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 2), HardState: raftpb.HardState{Term: 1, Commit: 2},
-		Applied: &AppliedState{Index: 2, LastToken: 1, Put: []core.Lock{held, held}, Delete: []string{"zz", "zz"}}})
+		State: &StateChange{Index: 2, LastToken: 1, Put: []core.Lock{held, held}, Delete: []string{"zz", "zz"}}})
 	checkMachine(t, "after write", s, 2, m, raftpb.ConfState{})
 	// Nothing at all: no commit, no OnSync.
 	if err := s.Write(ReadyWrite{}); err != nil {
@@ -731,7 +731,7 @@ func TestStorageCorruptRow(t *testing.T) {
 			m := core.NewMachine()
 			run := []core.Command{core.Grant("a", "", 1000, 0), core.Grant("b", "", 1000, 0)}
 			mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 6), HardState: raftpb.HardState{Term: 1, Commit: 4},
-				Applied: applyRun(m, 4, run...)})
+				State: applyRun(m, 4, run...)})
 			if err := s.CreateSnapshot(2, testConfState, m.Snapshot()); err != nil {
 				t.Fatal(err)
 			}
@@ -793,9 +793,9 @@ func TestStorageOnSync(t *testing.T) {
 	if calls != 3 || entries != 7 || total <= 0 {
 		t.Fatalf("OnSync: %d calls, %d entries, %v; want 3 calls, 7 entries, >0", calls, entries, total)
 	}
-	// Applied state of durable entries may skip the fsync; entries never do.
+	// The state change of durable entries may skip the fsync; entries never do.
 	mustWrite(t, s, ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 7}, MaySkipSync: true,
-		Applied: &AppliedState{Index: 3, LastToken: 0}})
+		State: &StateChange{Index: 3, LastToken: 0}})
 	if calls != 3 {
 		t.Fatalf("a MaySkipSync write was fsynced (OnSync called)")
 	}
@@ -873,7 +873,7 @@ func TestStorageConcurrentReaders(t *testing.T) {
 	}
 	for i := uint64(1); i <= writes; i++ {
 		if err := s.Write(ReadyWrite{Entries: mkEnts(1, i, i), HardState: raftpb.HardState{Term: 1, Commit: i},
-			Applied: &AppliedState{Index: i}}); err != nil {
+			State: &StateChange{Index: i}}); err != nil {
 			t.Fatal(err)
 		}
 		if i%25 == 0 {
@@ -970,7 +970,7 @@ func (n *testNode) handleReady(t *testing.T) []raftpb.Message {
 		n.applied, advanced = e.Index, true
 	}
 	if advanced {
-		as := &AppliedState{Index: n.applied, LastToken: n.m.LastToken()}
+		as := &StateChange{Index: n.applied, LastToken: n.m.LastToken()}
 		for _, k := range touched {
 			if l, ok := n.m.Get(k); ok {
 				as.Put = append(as.Put, l)
@@ -982,7 +982,7 @@ func (n *testNode) handleReady(t *testing.T) []raftpb.Message {
 			cs := n.cs
 			as.ConfState = &cs
 		}
-		w.Applied = as
+		w.State = as
 	}
 	if err := n.st.Write(w); err != nil {
 		t.Fatalf("node %d: Write: %v", n.id, err)
