@@ -1,7 +1,6 @@
 package raftstore
 
 import (
-	"bytes"
 	"errors"
 	"fmt"
 
@@ -27,43 +26,71 @@ type StateChange struct {
 	Control []byte
 }
 
-// stageState adds a state change and its applied index to b.
-func stageState(b *pebble.Batch, st *storeState, a *StateChange) error {
-	noop := len(a.Put) == 0 && len(a.Delete) == 0 && a.ConfState == nil && a.Control == nil && a.LastToken == st.lastToken
+// stageState adds a state change and its applied index to b. The caller
+// built sc from the machine it just applied to, so its locks and control
+// record are written as they are, not decoded again; only invariants that
+// relate sc to the persisted state (or its own lists to each other) are
+// checked.
+func stageState(b *pebble.Batch, st *storeState, sc *StateChange) error {
+	noop := len(sc.Put) == 0 && len(sc.Delete) == 0 && sc.ConfState == nil && sc.Control == nil && sc.LastToken == st.lastToken
 	switch {
-	case a.Index == st.applied && noop:
+	case sc.Index == st.applied && noop:
 		// Nothing new was applied, e.g. a snapshot installed by the same
 		// Write with no committed entries after it.
 		return nil
-	case a.Index <= st.applied:
-		return fmt.Errorf("%w: applied index %d does not advance past %d", ErrInvariant, a.Index, st.applied)
-	case a.LastToken < st.lastToken:
-		return fmt.Errorf("%w: last token %d below persisted %d", ErrInvariant, a.LastToken, st.lastToken)
+	case sc.Index <= st.applied:
+		return fmt.Errorf("%w: applied index %d does not advance past %d", ErrInvariant, sc.Index, st.applied)
+	case sc.LastToken < st.lastToken:
+		return fmt.Errorf("%w: last token %d below persisted %d", ErrInvariant, sc.LastToken, st.lastToken)
 	}
-	// A key may repeat only with the same effect; Put and Delete of one key
-	// cannot be ordered and would silently lose or resurrect a lock.
-	puts := make(map[string][]byte, len(a.Put))
-	for _, l := range a.Put {
-		rec := core.EncodeLockRecord(l)
-		if _, err := core.DecodeLockRecord(rec); err != nil {
+	if err := stageLocks(b, sc); err != nil {
+		return err
+	}
+	if sc.ConfState != nil {
+		if err := setMarshaled(b, keyConfState, sc.ConfState); err != nil {
+			return err
+		}
+	}
+	if sc.Control != nil {
+		if err := b.Set(keyControl, sc.Control, nil); err != nil {
+			return err
+		}
+	}
+	if err := b.Set(keyApplied, encodeUint64(sc.Index), nil); err != nil {
+		return err
+	}
+	if err := b.Set(keyLastToken, encodeUint64(sc.LastToken), nil); err != nil {
+		return err
+	}
+	st.applied, st.lastToken = sc.Index, sc.LastToken
+	return nil
+}
+
+// stageLocks adds the lock rows of sc.Put and the deletions of sc.Delete
+// to b. A key may repeat only with the same effect; Put and Delete of one
+// key cannot be ordered and would silently lose or resurrect a lock.
+func stageLocks(b *pebble.Batch, sc *StateChange) error {
+	puts := make(map[string]core.Lock, len(sc.Put))
+	for _, l := range sc.Put {
+		if err := checkLock(l); err != nil {
 			return fmt.Errorf("%w: lock %q: %w", ErrInvariant, l.Key, err)
 		}
-		if l.Token > a.LastToken {
-			return fmt.Errorf("%w: lock %q token %d above last token %d", ErrInvariant, l.Key, l.Token, a.LastToken)
+		if l.Token > sc.LastToken {
+			return fmt.Errorf("%w: lock %q token %d above last token %d", ErrInvariant, l.Key, l.Token, sc.LastToken)
 		}
 		if prev, dup := puts[l.Key]; dup {
-			if !bytes.Equal(prev, rec) {
+			if prev != l {
 				return fmt.Errorf("%w: key %q appears twice in Put with different locks; Put/Delete must be the net change",
 					ErrInvariant, l.Key)
 			}
 			continue
 		}
-		puts[l.Key] = rec
-		if err := b.Set(lockKey(l.Key), rec, nil); err != nil {
+		puts[l.Key] = l
+		if err := b.Set(lockKey(l.Key), core.EncodeLockRecord(l), nil); err != nil {
 			return err
 		}
 	}
-	for _, k := range a.Delete {
+	for _, k := range sc.Delete {
 		if err := core.ValidateKey(k); err != nil {
 			return fmt.Errorf("%w: delete %q: %w", ErrInvariant, k, err)
 		}
@@ -74,26 +101,24 @@ func stageState(b *pebble.Batch, st *storeState, a *StateChange) error {
 			return err
 		}
 	}
-	if a.ConfState != nil {
-		if err := setMarshaled(b, keyConfState, a.ConfState); err != nil {
-			return err
-		}
-	}
-	if a.Control != nil {
-		if _, err := core.DecodeControlState(a.Control); err != nil {
-			return fmt.Errorf("%w: control state: %w", ErrInvariant, err)
-		}
-		if err := b.Set(keyControl, a.Control, nil); err != nil {
-			return err
-		}
-	}
-	if err := b.Set(keyApplied, encodeUint64(a.Index), nil); err != nil {
+	return nil
+}
+
+// checkLock checks the fields of a lock to be written, so that a row
+// LoadMachine would refuse as corrupt is never written in the first place.
+func checkLock(l core.Lock) error {
+	if err := core.ValidateKey(l.Key); err != nil {
 		return err
 	}
-	if err := b.Set(keyLastToken, encodeUint64(a.LastToken), nil); err != nil {
+	if err := core.ValidateOwner(l.Owner); err != nil {
 		return err
 	}
-	st.applied, st.lastToken = a.Index, a.LastToken
+	if err := core.ValidateLeaseMS(l.LeaseMS); err != nil {
+		return err
+	}
+	if l.Token == 0 {
+		return errors.New("token 0")
+	}
 	return nil
 }
 
