@@ -98,17 +98,15 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	}()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := server.NewMetrics(d.reg)
+	raftMetrics := raftstore.NewMetrics(d.reg)
 
 	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
 		return nil, fmt.Errorf("daemon: data dir: %w", err)
 	}
 	d.store, err = raftstore.Open(filepath.Join(cfg.Data, "raft"), raftstore.StoreOptions{
-		NoSync: cfg.NoSync,
-		Logger: log.With("component", "store"),
-		OnSync: func(dur time.Duration, entries int) {
-			metrics.FsyncLatency.Observe(dur.Seconds())
-			metrics.FsyncEntries.Observe(float64(entries))
-		},
+		NoSync:  cfg.NoSync,
+		Logger:  log.With("component", "store"),
+		Metrics: raftMetrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("daemon: open store: %w", err)
@@ -171,10 +169,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		HeartbeatTicks:  cfg.HeartbeatTicks,
 		SnapshotEntries: cfg.SnapshotEntries,
 		CompactKeep:     cfg.CompactKeep,
-		OnApplyBatch: func(dur time.Duration, n int) {
-			metrics.ApplyLatency.Observe(dur.Seconds())
-			metrics.ApplyEntries.Observe(float64(n))
-		},
+		Metrics:         raftMetrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("daemon: start raft node: %w", err)

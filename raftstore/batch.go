@@ -58,8 +58,8 @@ func (s *Store) Write(w ReadyWrite) error {
 	if err != nil {
 		return err
 	}
-	if n >= 0 && s.onSync != nil {
-		s.onSync(d, n)
+	if n >= 0 {
+		s.metrics.observeFsync(d, n)
 	}
 	return nil
 }

@@ -88,9 +88,9 @@ type Config struct {
 	HeartbeatTicks  int
 	SnapshotEntries uint64
 	CompactKeep     uint64
-	// OnApplyBatch, if set, receives the time spent applying each Ready's
-	// committed entries and how many there were (metrics).
-	OnApplyBatch func(d time.Duration, entries int)
+	// Metrics, if set, observes the time spent applying and persisting each
+	// Ready's committed entries and how many there were.
+	Metrics *Metrics
 }
 
 func (c *Config) withDefaults() {
@@ -579,8 +579,8 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	n.applied.Store(applied)
 	n.confState.Store(&cs)
 	n.mu.Unlock()
-	if n.cfg.OnApplyBatch != nil && len(rd.CommittedEntries) > 0 {
-		n.cfg.OnApplyBatch(time.Since(start), len(rd.CommittedEntries))
+	if len(rd.CommittedEntries) > 0 {
+		n.cfg.Metrics.observeApply(time.Since(start), len(rd.CommittedEntries))
 	}
 
 	// Durable: now the messages may go out.

@@ -12,9 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ticketd/ticketd/core"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -673,7 +673,7 @@ func TestStorageWriteAcceptsRepeatsWithSameEffect(t *testing.T) {
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 2), HardState: raftpb.HardState{Term: 1, Commit: 2},
 		State: &StateChange{Index: 2, LastToken: 1, Put: []core.Lock{held, held}, Delete: []string{"zz", "zz"}}})
 	checkMachine(t, "after write", s, 2, m, raftpb.ConfState{})
-	// Nothing at all: no commit, no OnSync.
+	// Nothing at all: no commit, no fsync observed.
 	if err := s.Write(ReadyWrite{}); err != nil {
 		t.Fatal(err)
 	}
@@ -773,16 +773,33 @@ func TestStorageCorruptRow(t *testing.T) {
 	}
 }
 
-func TestStorageOnSync(t *testing.T) {
-	var calls, entries int
-	var total time.Duration
-	s, err := Open(t.TempDir(), StoreOptions{Logger: quietLogger, OnSync: func(d time.Duration, n int) {
-		calls++
-		entries += n
-		total += d
-	}})
+// histogram returns the sample count and sum of the histogram name in reg.
+func histogram(t *testing.T, reg *prometheus.Registry, name string) (count uint64, sum float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
 	if err != nil {
 		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0, 0
+}
+
+func TestStorageFsyncMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := Open(t.TempDir(), StoreOptions{Logger: quietLogger, Metrics: NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsyncs := func() (calls, entries int, total float64) {
+		calls64, sum := histogram(t, reg, "ticketd_fsync_entries")
+		_, total = histogram(t, reg, "ticketd_fsync_seconds")
+		return int(calls64), int(sum), total
 	}
 	defer s.Close()
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 3)})
@@ -790,17 +807,17 @@ func TestStorageOnSync(t *testing.T) {
 	mustWrite(t, s, ReadyWrite{})                         // nothing: not committed, not reported
 	_ = s.Write(ReadyWrite{Entries: mkEnts(1, 9, 9)})     // refused: not reported
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 4, 7)}) // 4 entries
-	if calls != 3 || entries != 7 || total <= 0 {
-		t.Fatalf("OnSync: %d calls, %d entries, %v; want 3 calls, 7 entries, >0", calls, entries, total)
+	if calls, entries, total := fsyncs(); calls != 3 || entries != 7 || total <= 0 {
+		t.Fatalf("fsyncs: %d calls, %d entries, %vs; want 3 calls, 7 entries, >0", calls, entries, total)
 	}
 	// The state change of durable entries may skip the fsync; entries never do.
 	mustWrite(t, s, ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 7}, MaySkipSync: true,
 		State: &StateChange{Index: 3, LastToken: 0}})
-	if calls != 3 {
-		t.Fatalf("a MaySkipSync write was fsynced (OnSync called)")
+	if calls, _, _ := fsyncs(); calls != 3 {
+		t.Fatalf("a MaySkipSync write was fsynced (fsync observed)")
 	}
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 8, 8), MaySkipSync: true})
-	if calls != 4 {
+	if calls, _, _ := fsyncs(); calls != 4 {
 		t.Fatalf("a write carrying entries skipped its fsync")
 	}
 	if s.AppliedIndex() != 3 {

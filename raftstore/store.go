@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
 	"go.etcd.io/raft/v3/raftpb"
@@ -34,12 +33,11 @@ type StoreOptions struct {
 	NoSync bool
 	// Logger receives the store's and Pebble's logs; nil = slog.Default().
 	Logger *slog.Logger
-	// OnSync, if set, is called after every Write committed with fsync (or,
-	// with NoSync, every committed Write) with its duration and the number
-	// of raft entries it carried (for metrics). A Write with nothing to
-	// persist, or a MaySkipSync write, does not call it. It is called with
-	// no lock held.
-	OnSync func(d time.Duration, entries int)
+	// Metrics, if set, observes every Write committed with fsync (or, with
+	// NoSync, every committed Write): its duration and the number of raft
+	// entries it carried. A Write with nothing to persist, or a
+	// MaySkipSync write, is not observed.
+	Metrics *Metrics
 }
 
 // Store is the Pebble-backed durable storage of one raft node: the raft log,
@@ -58,10 +56,10 @@ type StoreOptions struct {
 // together with the in-memory index cache, so a reader never observes a
 // half-applied write and never waits for an fsync.
 type Store struct {
-	db     *pebble.DB
-	wo     *pebble.WriteOptions
-	log    *slog.Logger
-	onSync func(time.Duration, int)
+	db      *pebble.DB
+	wo      *pebble.WriteOptions
+	log     *slog.Logger
+	metrics *Metrics
 
 	// writeMu serialises the writers (Write, CreateSnapshot, Compact, Close).
 	// Only a writer holding writeMu changes st, view and closed, and it does
@@ -101,7 +99,7 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: open pebble in %s: %w", dir, err)
 	}
-	s := &Store{db: db, wo: pebble.Sync, log: logger, onSync: opts.OnSync}
+	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics}
 	if opts.NoSync {
 		s.wo = pebble.NoSync
 	}
