@@ -153,16 +153,22 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 			scfg.Policy = policyAdapter{d.plugins}
 		}
 		d.audit = newAuditor(d.plugins, cfg.ID, log.With("component", "audit"), d.reg)
-		scfg.Applied = d.audit.offer
 	}
 	d.srv = server.New(scfg)
+	var observers []raftstore.Observer
+	if d.audit != nil {
+		// The auditor only queues each command, so it goes first and never
+		// waits behind the lock service.
+		observers = append(observers, raftstore.ObserverFuncs{Applied: d.audit.offer})
+	}
+	observers = append(observers, d.srv)
 	d.node, err = raftstore.NewNode(raftstore.Config{
 		ID:              cfg.ID,
 		Peers:           peerIDs,
 		Join:            join != nil,
 		Store:           d.store,
 		Transport:       transport,
-		Observer:        d.srv,
+		Observers:       observers,
 		Logger:          log.With("component", "raftstore"),
 		TickInterval:    time.Duration(cfg.TickMS) * time.Millisecond,
 		ElectionTicks:   cfg.ElectionTicks,

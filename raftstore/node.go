@@ -45,31 +45,6 @@ type Transport interface {
 	Send(msgs []raftpb.Message)
 }
 
-// Applied describes one applied log entry.
-type Applied struct {
-	Index   uint64
-	Term    uint64
-	Command core.Command
-	Result  core.Result
-}
-
-// Observer hears what the node did, in log order, after it is durable.
-// Calls come from the Ready loop: they must be quick and must not call
-// back into Node methods that wait for the loop (Propose, ReadIndex).
-type Observer interface {
-	// OnApplied is called for every applied lock command.
-	OnApplied(a Applied)
-	// OnLeaderReady is called when this node, as leader of term, has
-	// applied every entry before its term: the lock table is complete.
-	OnLeaderReady(term uint64)
-	// OnLeadershipLost is called when this node stops being leader.
-	OnLeadershipLost()
-	// OnRestored is called after a received snapshot replaced the state.
-	OnRestored(index uint64)
-	// OnConfChange is called after a membership change was applied.
-	OnConfChange(cc raftpb.ConfChangeV2, cs raftpb.ConfState)
-}
-
 // Config configures a Node.
 type Config struct {
 	ID uint64
@@ -80,8 +55,9 @@ type Config struct {
 	Join  bool
 	Store *Store
 	// Transport may be nil for a single-voter node.
-	Transport       Transport
-	Observer        Observer
+	Transport Transport
+	// Observers hear every event; each event goes to them in list order.
+	Observers       []Observer
 	Logger          *slog.Logger
 	TickInterval    time.Duration
 	ElectionTicks   int
@@ -240,8 +216,8 @@ func NewNode(cfg Config) (*Node, error) {
 	return n, nil
 }
 
-// Start runs the Ready loop. Observer calls begin only after Start, so the
-// observer can be wired to the node between NewNode and Start.
+// Start runs the Ready loop. Observer calls begin only after Start, so an
+// observer that needs the Node can be given it between NewNode and Start.
 func (n *Node) Start() {
 	n.startOnce.Do(func() {
 		go n.run()
@@ -454,8 +430,8 @@ func (n *Node) run() {
 				n.isLeader.Store(false)
 				n.ready.Store(false)
 				n.failAll(ErrIndeterminate)
-				if n.cfg.Observer != nil {
-					n.cfg.Observer.OnLeadershipLost()
+				for _, o := range n.cfg.Observers {
+					o.OnLeadershipLost()
 				}
 				return
 			}
@@ -588,18 +564,20 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.cfg.Transport.Send(rd.Messages)
 	}
 
-	obs := n.cfg.Observer
-	if restored && obs != nil {
-		obs.OnRestored(applied)
+	obs := n.cfg.Observers
+	for _, o := range obs {
+		if restored {
+			o.OnRestored(applied)
+		}
 	}
 	for _, cc := range confChanges {
-		if obs != nil {
-			obs.OnConfChange(cc, cs)
+		for _, o := range obs {
+			o.OnConfChange(cc, cs)
 		}
 	}
 	for _, a := range events {
-		if obs != nil {
-			obs.OnApplied(a)
+		for _, o := range obs {
+			o.OnApplied(a)
 		}
 	}
 	n.pmu.Lock()
@@ -630,15 +608,15 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		// in-flight proposals may or may not commit under the new leader,
 		// so their callers must not guess.
 		n.failAll(ErrIndeterminate)
-		if obs != nil {
-			obs.OnLeadershipLost()
+		for _, o := range obs {
+			o.OnLeadershipLost()
 		}
 	}
 
 	if leaderReady && !n.ready.Load() {
 		n.ready.Store(true)
-		if obs != nil {
-			obs.OnLeaderReady(n.term.Load())
+		for _, o := range obs {
+			o.OnLeaderReady(n.term.Load())
 		}
 	}
 	// A node added by a conf change can only restore a snapshot whose

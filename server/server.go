@@ -51,10 +51,6 @@ type Policy interface {
 	ValidateGrant(ctx context.Context, key, owner string, leaseMS uint64) (Verdict, error)
 }
 
-// AppliedHook observes every applied command on this node, in log order.
-// It runs on the Ready loop and must hand work off, never block.
-type AppliedHook func(a raftstore.Applied)
-
 // Config configures a Server.
 type Config struct {
 	Logger  *slog.Logger
@@ -64,10 +60,7 @@ type Config struct {
 	Now func() time.Time
 	// WallClockMS stamps Grant.GrantedAtMS (information only); nil means
 	// time.Now().UnixMilli.
-	WallClockMS func() uint64
-	// Applied, if set, is called for every applied command in log order,
-	// on the raft loop: it must not block (audit queues the command).
-	Applied                  AppliedHook
+	WallClockMS              func() uint64
 	ExpireRetry              time.Duration
 	ReplyMargin              time.Duration
 	BackgroundProposeTimeout time.Duration
@@ -481,9 +474,6 @@ func (s *Server) promote(key string) {
 // OnApplied implements raftstore.Observer. The leader tracks lease timers
 // and frees keys for waiters; followers keep no state.
 func (s *Server) OnApplied(a raftstore.Applied) {
-	if s.cfg.Applied != nil {
-		s.cfg.Applied(a)
-	}
 	switch a.Result.Kind {
 	case core.ResultGranted:
 		s.cfg.Metrics.Grants.Inc()

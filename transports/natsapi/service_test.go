@@ -22,7 +22,7 @@ func singleNode(t *testing.T) *server.Server {
 		t.Fatal(err)
 	}
 	srv := server.New(server.Config{Logger: log})
-	n, err := raftstore.NewNode(raftstore.Config{ID: 1, Peers: []uint64{1}, Store: st, Observer: srv, Logger: log, TickInterval: 10 * time.Millisecond})
+	n, err := raftstore.NewNode(raftstore.Config{ID: 1, Peers: []uint64{1}, Store: st, Observers: []raftstore.Observer{srv}, Logger: log, TickInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}
