@@ -725,51 +725,57 @@ func TestStorageCorruptRow(t *testing.T) {
 		{"version missing", keyVersion, nil, nil},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir := t.TempDir()
-			s := openTestStore(t, dir)
-			m := core.NewMachine()
-			run := []core.Command{core.Grant("a", "", 1000, 0), core.Grant("b", "", 1000, 0)}
-			mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 6), HardState: raftpb.HardState{Term: 1, Commit: 4},
-				State: applyRun(m, 4, run...)})
-			if err := s.CreateSnapshot(2, testConfState, m.Snapshot()); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Compact(2); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
+		t.Run(tt.name, func(t *testing.T) { checkCorruptRow(t, tt.key, tt.value, tt.read) })
+	}
+}
 
-			db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{quietLogger}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tt.value == nil {
-				err = db.Delete(tt.key, pebble.Sync)
-			} else {
-				err = db.Set(tt.key, tt.value, pebble.Sync)
-			}
-			if err := errors.Join(err, db.Close()); err != nil {
-				t.Fatal(err)
-			}
+// checkCorruptRow writes a small store (entries 1..6, commit and applied 4,
+// snapshot and compaction at 2), overwrites the row key with value (nil
+// deletes it) behind the store's back, and checks that Open, or read on the
+// reopened store when read is set, reports ErrCorrupt.
+func checkCorruptRow(t *testing.T, key, value []byte, read func(*Store) error) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir)
+	m := core.NewMachine()
+	run := []core.Command{core.Grant("a", "", 1000, 0), core.Grant("b", "", 1000, 0)}
+	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 6), HardState: raftpb.HardState{Term: 1, Commit: 4},
+		State: applyRun(m, 4, run...)})
+	if err := s.CreateSnapshot(2, testConfState, m.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
 
-			s2, err := Open(dir, StoreOptions{NoSync: true, Logger: quietLogger})
-			if tt.read == nil {
-				if !errors.Is(err, ErrCorrupt) {
-					t.Fatalf("Open: err %v, want ErrCorrupt", err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Open: %v", err)
-			}
-			defer s2.Close()
-			if err := tt.read(s2); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("read: err %v, want ErrCorrupt", err)
-			}
-		})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{quietLogger}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if value == nil {
+		err = db.Delete(key, pebble.Sync)
+	} else {
+		err = db.Set(key, value, pebble.Sync)
+	}
+	if err := errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, err := Open(dir, StoreOptions{NoSync: true, Logger: quietLogger})
+	if read == nil {
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open: err %v, want ErrCorrupt", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s2.Close()
+	if err := read(s2); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("read: err %v, want ErrCorrupt", err)
 	}
 }
 
