@@ -66,6 +66,8 @@ type Store struct {
 	// so under mu as well.
 	writeMu sync.Mutex
 
+	// mu guards st, view and closed: readers hold it for reading; a writer
+	// holds it (with writeMu) only to swap in a new state.
 	mu     sync.RWMutex
 	st     storeState
 	view   *pebble.Snapshot // consistent with st
