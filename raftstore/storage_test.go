@@ -556,7 +556,7 @@ func TestStorageSnapshotInstallReplacesAllRows(t *testing.T) {
 	snap := raftpb.Snapshot{Data: leader.Snapshot(), Metadata: raftpb.SnapshotMetadata{ConfState: cs, Index: 20, Term: 3}}
 	after := cmdEntries(3, 19, core.Grant("y", "", 1000, 0), core.Grant("z", "", 1000, 0), core.Grant("w", "", 1000, 0))
 	mustWrite(t, s, ReadyWrite{Snapshot: snap, HardState: raftpb.HardState{Term: 3, Commit: 20}, Entries: after,
-		State: &StateChange{Index: 20, LastToken: 17}}) // no-op Applied at the snapshot index is accepted
+		State: &StateChange{Index: 20, LastToken: 17}}) // a no-op State at the snapshot index is accepted
 
 	for pass := 0; pass < 2; pass++ {
 		step := fmt.Sprintf("pass %d", pass)
