@@ -88,17 +88,15 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	}()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	metrics := lockservice.NewMetrics(d.reg)
+	raftMetrics := raftstore.NewMetrics(d.reg)
 
 	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
 		return nil, fmt.Errorf("daemon: data dir: %w", err)
 	}
 	d.store, err = raftstore.Open(filepath.Join(cfg.Data, "raft"), raftstore.StoreOptions{
-		NoSync: cfg.NoSync,
-		Logger: log.With("component", "store"),
-		OnSync: func(dur time.Duration, entries int) {
-			metrics.FsyncLatency.Observe(dur.Seconds())
-			metrics.FsyncEntries.Observe(float64(entries))
-		},
+		NoSync:  cfg.NoSync,
+		Logger:  log.With("component", "store"),
+		Metrics: raftMetrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("daemon: open store: %w", err)
@@ -162,26 +160,29 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 			lcfg.Policy = d.plugins
 		}
 		d.audit = audit.NewPublisher(audit.Config{Auditor: d.plugins, Node: cfg.ID, Logger: log.With("component", "audit"), Registerer: d.reg})
-		lcfg.Applied = d.audit.Offer
 	}
 	d.locks = lockservice.New(lcfg)
+	var observers []raftstore.Observer
+	if d.audit != nil {
+		// The auditor only queues each command, so it goes first and never
+		// waits behind the lock service.
+		observers = append(observers, raftstore.ObserverFuncs{Applied: d.audit.Offer})
+	}
+	observers = append(observers, d.locks)
 	d.node, err = raftstore.NewNode(raftstore.Config{
 		ID:              cfg.ID,
 		Peers:           peerIDs,
 		Join:            ident.Join != nil,
 		Store:           d.store,
 		Transport:       transport,
-		Observer:        d.locks,
+		Observers:       observers,
 		Logger:          log.With("component", "raftstore"),
 		TickInterval:    time.Duration(cfg.TickMS) * time.Millisecond,
 		ElectionTicks:   cfg.ElectionTicks,
 		HeartbeatTicks:  cfg.HeartbeatTicks,
 		SnapshotEntries: cfg.SnapshotEntries,
 		CompactKeep:     cfg.CompactKeep,
-		OnApplyBatch: func(dur time.Duration, n int) {
-			metrics.ApplyLatency.Observe(dur.Seconds())
-			metrics.ApplyEntries.Observe(float64(n))
-		},
+		Metrics:         raftMetrics,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("daemon: start raft node: %w", err)

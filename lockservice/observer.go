@@ -13,9 +13,6 @@ import (
 // OnApplied implements raftstore.Observer. The leader tracks lease timers
 // and frees keys for waiters; followers keep no state.
 func (s *Service) OnApplied(a raftstore.Applied) {
-	if s.cfg.Applied != nil {
-		s.cfg.Applied(a)
-	}
 	s.countApplied(a.Result)
 	s.lead.mu.Lock()
 	defer s.lead.mu.Unlock()

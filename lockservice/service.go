@@ -48,10 +48,7 @@ type Config struct {
 	Now func() time.Time
 	// WallClockMS stamps Grant.GrantedAtMS (information only); nil means
 	// time.Now().UnixMilli.
-	WallClockMS func() uint64
-	// Applied, if set, is called for every applied command in log order,
-	// on the raft loop: it must not block (audit queues the command).
-	Applied                  func(a raftstore.Applied)
+	WallClockMS              func() uint64
 	ExpireRetry              time.Duration
 	ReplyMargin              time.Duration
 	BackgroundProposeTimeout time.Duration

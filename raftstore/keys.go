@@ -1,8 +1,14 @@
 package raftstore
 
 import (
+	"bytes"
 	"encoding/binary"
+	"errors"
 	"fmt"
+	"io"
+
+	"github.com/cockroachdb/pebble/v2"
+	"go.etcd.io/raft/v3/raftpb"
 )
 
 // Key layout of the Pebble database behind a Store. Every key starts with a
@@ -79,4 +85,138 @@ func decodeUint64(name string, b []byte) (uint64, error) {
 		return 0, fmt.Errorf("%w: %s is %d bytes, want 8", ErrCorrupt, name, len(b))
 	}
 	return binary.BigEndian.Uint64(b), nil
+}
+
+// reader is what both *pebble.DB and *pebble.Snapshot offer.
+type reader interface {
+	Get(key []byte) ([]byte, io.Closer, error)
+	NewIter(o *pebble.IterOptions) (*pebble.Iterator, error)
+}
+
+type marshaler interface{ Marshal() ([]byte, error) }
+
+func setMarshaled(b *pebble.Batch, k []byte, m marshaler) error {
+	v, err := m.Marshal()
+	if err != nil {
+		return fmt.Errorf("marshal %q: %w", k, err)
+	}
+	return b.Set(k, v, nil)
+}
+
+// get returns a copy of the value under k; ok is false when there is none.
+func get(r reader, k []byte) (v []byte, ok bool, err error) {
+	val, closer, err := r.Get(k)
+	if errors.Is(err, pebble.ErrNotFound) {
+		return nil, false, nil
+	}
+	if err != nil {
+		return nil, false, fmt.Errorf("raftstore: read %s: %w", k, err)
+	}
+	v = bytes.Clone(val)
+	if v == nil {
+		v = []byte{}
+	}
+	if err := closer.Close(); err != nil {
+		return nil, false, fmt.Errorf("raftstore: read %s: %w", k, err)
+	}
+	return v, true, nil
+}
+
+// getRequired is get for a row that must exist.
+func getRequired(r reader, k []byte) ([]byte, error) {
+	v, ok, err := get(r, k)
+	if err != nil {
+		return nil, err
+	}
+	if !ok {
+		return nil, fmt.Errorf("%w: row %s missing", ErrCorrupt, k)
+	}
+	return v, nil
+}
+
+func readUint64(r reader, k []byte, name string) (uint64, error) {
+	v, err := getRequired(r, k)
+	if err != nil {
+		return 0, err
+	}
+	return decodeUint64(name, v)
+}
+
+func readHardState(r reader) (raftpb.HardState, error) {
+	var hs raftpb.HardState
+	v, err := getRequired(r, keyHardState)
+	if err != nil {
+		return hs, err
+	}
+	if err := hs.Unmarshal(v); err != nil {
+		return raftpb.HardState{}, fmt.Errorf("%w: hard state: %w", ErrCorrupt, err)
+	}
+	return hs, nil
+}
+
+func readConfState(r reader) (raftpb.ConfState, error) {
+	var cs raftpb.ConfState
+	v, err := getRequired(r, keyConfState)
+	if err != nil {
+		return cs, err
+	}
+	if err := cs.Unmarshal(v); err != nil {
+		return raftpb.ConfState{}, fmt.Errorf("%w: conf state: %w", ErrCorrupt, err)
+	}
+	return cs, nil
+}
+
+func readSnapMeta(r reader) (raftpb.SnapshotMetadata, error) {
+	var meta raftpb.SnapshotMetadata
+	v, err := getRequired(r, keySnapMeta)
+	if err != nil {
+		return meta, err
+	}
+	if err := meta.Unmarshal(v); err != nil {
+		return raftpb.SnapshotMetadata{}, fmt.Errorf("%w: snapshot metadata: %w", ErrCorrupt, err)
+	}
+	return meta, nil
+}
+
+// readEntry reads and validates the log row for index i.
+func readEntry(r reader, i uint64) (raftpb.Entry, error) {
+	v, ok, err := get(r, logKey(i))
+	if err != nil {
+		return raftpb.Entry{}, err
+	}
+	if !ok {
+		return raftpb.Entry{}, fmt.Errorf("%w: log row %d missing", ErrCorrupt, i)
+	}
+	return decodeEntry(i, v)
+}
+
+// iterEntry decodes and validates the log row under it.
+func iterEntry(it *pebble.Iterator) (raftpb.Entry, error) {
+	idx, err := parseLogKey(it.Key())
+	if err != nil {
+		return raftpb.Entry{}, err
+	}
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return raftpb.Entry{}, fmt.Errorf("raftstore: read log row %d: %w", idx, err)
+	}
+	return decodeEntry(idx, v)
+}
+
+// decodeEntry unmarshals the log row for index idx (Unmarshal copies Data,
+// so the result does not alias v) and checks it names that index.
+func decodeEntry(idx uint64, v []byte) (raftpb.Entry, error) {
+	var e raftpb.Entry
+	if err := e.Unmarshal(v); err != nil {
+		return raftpb.Entry{}, fmt.Errorf("%w: log row %d: %w", ErrCorrupt, idx, err)
+	}
+	if e.Index != idx {
+		return raftpb.Entry{}, fmt.Errorf("%w: log row %d holds entry %d", ErrCorrupt, idx, e.Index)
+	}
+	switch e.Type {
+	case raftpb.EntryNormal, raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
+	default:
+		return raftpb.Entry{}, fmt.Errorf("%w: log row %d has entry type %d", ErrCorrupt, idx, e.Type)
+	}
+	return e, nil
 }

@@ -33,3 +33,17 @@ func (r raftLogger) Fatalf(format string, v ...any) {
 }
 func (r raftLogger) Panic(v ...any)                 { panic(fmt.Sprint(v...)) }
 func (r raftLogger) Panicf(format string, v ...any) { panic(fmt.Sprintf(format, v...)) }
+
+// pebbleLogger routes Pebble's logs to slog. Pebble expects Fatalf not to
+// return; it panics (after logging) instead of exiting the process.
+type pebbleLogger struct{ l *slog.Logger }
+
+func (p pebbleLogger) Infof(format string, args ...any) { p.l.Info(fmt.Sprintf(format, args...)) }
+
+func (p pebbleLogger) Errorf(format string, args ...any) { p.l.Error(fmt.Sprintf(format, args...)) }
+
+func (p pebbleLogger) Fatalf(format string, args ...any) {
+	msg := fmt.Sprintf(format, args...)
+	p.l.Error(msg, "fatal", true)
+	panic("raftstore: pebble: " + msg)
+}

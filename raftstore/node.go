@@ -45,31 +45,6 @@ type Transport interface {
 	Send(msgs []raftpb.Message)
 }
 
-// Applied describes one applied log entry.
-type Applied struct {
-	Index   uint64
-	Term    uint64
-	Command core.Command
-	Result  core.Result
-}
-
-// Observer hears what the node did, in log order, after it is durable.
-// Calls come from the Ready loop: they must be quick and must not call
-// back into Node methods that wait for the loop (Propose, ReadIndex).
-type Observer interface {
-	// OnApplied is called for every applied lock command.
-	OnApplied(a Applied)
-	// OnLeaderReady is called when this node, as leader of term, has
-	// applied every entry before its term: the lock table is complete.
-	OnLeaderReady(term uint64)
-	// OnLeadershipLost is called when this node stops being leader.
-	OnLeadershipLost()
-	// OnRestored is called after a received snapshot replaced the state.
-	OnRestored(index uint64)
-	// OnConfChange is called after a membership change was applied.
-	OnConfChange(cc raftpb.ConfChangeV2, cs raftpb.ConfState)
-}
-
 // Config configures a Node.
 type Config struct {
 	ID uint64
@@ -80,17 +55,18 @@ type Config struct {
 	Join  bool
 	Store *Store
 	// Transport may be nil for a single-voter node.
-	Transport       Transport
-	Observer        Observer
+	Transport Transport
+	// Observers hear every event; each event goes to them in list order.
+	Observers       []Observer
 	Logger          *slog.Logger
 	TickInterval    time.Duration
 	ElectionTicks   int
 	HeartbeatTicks  int
 	SnapshotEntries uint64
 	CompactKeep     uint64
-	// OnApplyBatch, if set, receives the time spent applying each Ready's
-	// committed entries and how many there were (metrics).
-	OnApplyBatch func(d time.Duration, entries int)
+	// Metrics, if set, observes the time spent applying and persisting each
+	// Ready's committed entries and how many there were.
+	Metrics *Metrics
 }
 
 func (c *Config) withDefaults() {
@@ -114,37 +90,35 @@ func (c *Config) withDefaults() {
 	}
 }
 
-type proposalResult struct {
-	applied Applied
-	err     error
-}
-
 // Node is one raft member running ticketd's lock state machine.
 type Node struct {
 	cfg  Config
 	log  *slog.Logger
 	raft raft.Node
 
-	// mu guards machine; the Ready loop holds it for writing from apply
-	// until the batch is durable, so readers never see undurable state.
-	mu      sync.RWMutex
-	machine *core.Machine
+	// machineMu guards machine. The Ready loop holds it for writing from
+	// apply until the batch is durable, so View never shows state that a
+	// crash could still lose.
+	machineMu sync.RWMutex
+	machine   *core.Machine
 
-	applied   atomic.Uint64
+	// Written by the Ready loop, read by any goroutine.
+	applied   atomic.Uint64 // applied and durable index
 	leader    atomic.Uint64
 	term      atomic.Uint64
 	isLeader  atomic.Bool
 	ready     atomic.Bool // leader of the current term and caught up
 	confState atomic.Pointer[raftpb.ConfState]
 
+	// Request ids (proposals, ReadIndex contexts) are reqBase plus a
+	// sequence; the random base keeps them apart across restarts.
 	reqBase uint64
 	reqSeq  atomic.Uint64
 
-	pmu       sync.Mutex
-	proposals map[uint64]chan proposalResult
-	reads     map[string]chan readResult
-	appliedW  []appliedWaiter
+	waiting waiting // callers blocked until the Ready loop answers them
 
+	// snapIndex is the index of the latest snapshot. Only the Ready loop
+	// uses it.
 	snapIndex uint64
 
 	stopc chan struct{}
@@ -153,16 +127,6 @@ type Node struct {
 	once  sync.Once
 
 	startOnce sync.Once
-}
-
-type readResult struct {
-	index uint64
-	err   error
-}
-
-type appliedWaiter struct {
-	index uint64
-	ch    chan struct{}
 }
 
 // NewNode opens the raft node over an open Store. Call Start to run it.
@@ -183,15 +147,17 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("raftstore: request id seed: %w", err)
 	}
 	n := &Node{
-		cfg:       cfg,
-		log:       cfg.Logger.With("node", cfg.ID),
-		machine:   machine,
-		reqBase:   binary.LittleEndian.Uint64(seed[:]),
-		proposals: make(map[uint64]chan proposalResult),
-		reads:     make(map[string]chan readResult),
-		stopc:     make(chan struct{}),
-		donec:     make(chan struct{}),
-		errc:      make(chan error, 1),
+		cfg:     cfg,
+		log:     cfg.Logger.With("node", cfg.ID),
+		machine: machine,
+		reqBase: binary.LittleEndian.Uint64(seed[:]),
+		waiting: waiting{
+			proposals: make(map[uint64]chan proposalResult),
+			reads:     make(map[string]chan readResult),
+		},
+		stopc: make(chan struct{}),
+		donec: make(chan struct{}),
+		errc:  make(chan error, 1),
 	}
 	n.applied.Store(applied)
 	n.confState.Store(&cs)
@@ -200,7 +166,16 @@ func NewNode(cfg Config) (*Node, error) {
 		return nil, fmt.Errorf("raftstore: read snapshot: %w", err)
 	}
 	n.snapIndex = snap.Metadata.Index
+	if err := n.startRaft(applied); err != nil {
+		return nil, err
+	}
+	return n, nil
+}
 
+// startRaft creates the raft node: a fresh cluster member when the store is
+// empty and the node does not join, otherwise a restart from the store.
+func (n *Node) startRaft(applied uint64) error {
+	cfg := n.cfg
 	rc := &raft.Config{
 		ID:                        cfg.ID,
 		ElectionTick:              cfg.ElectionTicks,
@@ -219,29 +194,29 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	hs, _, err := cfg.Store.InitialState()
 	if err != nil {
-		return nil, fmt.Errorf("raftstore: initial state: %w", err)
+		return fmt.Errorf("raftstore: initial state: %w", err)
 	}
 	last, err := cfg.Store.LastIndex()
 	if err != nil {
-		return nil, fmt.Errorf("raftstore: last index: %w", err)
+		return fmt.Errorf("raftstore: last index: %w", err)
 	}
-	if raft.IsEmptyHardState(hs) && last == 0 && !cfg.Join {
-		if len(cfg.Peers) == 0 {
-			return nil, fmt.Errorf("raftstore: empty store and no initial peers")
-		}
-		peers := make([]raft.Peer, len(cfg.Peers))
-		for i, id := range cfg.Peers {
-			peers[i] = raft.Peer{ID: id}
-		}
-		n.raft = raft.StartNode(rc, peers)
-	} else {
+	if !raft.IsEmptyHardState(hs) || last != 0 || cfg.Join {
 		n.raft = raft.RestartNode(rc)
+		return nil
 	}
-	return n, nil
+	if len(cfg.Peers) == 0 {
+		return fmt.Errorf("raftstore: empty store and no initial peers")
+	}
+	peers := make([]raft.Peer, len(cfg.Peers))
+	for i, id := range cfg.Peers {
+		peers[i] = raft.Peer{ID: id}
+	}
+	n.raft = raft.StartNode(rc, peers)
+	return nil
 }
 
-// Start runs the Ready loop. Observer calls begin only after Start, so the
-// observer can be wired to the node between NewNode and Start.
+// Start runs the Ready loop. Observer calls begin only after Start, so an
+// observer that needs the Node can be given it between NewNode and Start.
 func (n *Node) Start() {
 	n.startOnce.Do(func() {
 		go n.run()
@@ -263,7 +238,7 @@ func (n *Node) Stop() {
 		<-n.donec
 		n.raft.Stop()
 		// In-flight proposals may still have been committed by the others.
-		n.failAll(fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped))
+		n.waiting.failAll(fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped))
 	})
 }
 
@@ -309,8 +284,8 @@ func (n *Node) Status() raft.Status { return n.raft.Status() }
 // View runs f with read access to the applied state machine. f must not
 // keep m.
 func (n *Node) View(f func(m *core.Machine)) {
-	n.mu.RLock()
-	defer n.mu.RUnlock()
+	n.machineMu.RLock()
+	defer n.machineMu.RUnlock()
 	f(n.machine)
 }
 
@@ -332,113 +307,8 @@ func (n *Node) ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) er
 	return n.raft.ProposeConfChange(ctx, cc)
 }
 
-// Propose proposes one lock command and waits until it is applied.
-//
-// ErrNotLeader means it was certainly not proposed. Once raft has accepted
-// it, any failure to learn the result (ctx done, leadership lost, stop) is
-// ErrIndeterminate: the entry may still commit.
-func (n *Node) Propose(ctx context.Context, cmd core.Command) (Applied, error) {
-	if err := cmd.Validate(); err != nil {
-		return Applied{}, err
-	}
-	if !n.isLeader.Load() {
-		return Applied{}, ErrNotLeader
-	}
-	id := n.reqBase + n.reqSeq.Add(1)
-	ch := make(chan proposalResult, 1)
-	n.pmu.Lock()
-	n.proposals[id] = ch
-	n.pmu.Unlock()
-	data := core.EncodeEntry(core.Entry{RequestID: id, Command: cmd})
-	// A context already done certainly proposed nothing; past this point
-	// raft may return ctx or stop errors after it has taken the entry.
-	if err := ctx.Err(); err != nil {
-		n.pmu.Lock()
-		delete(n.proposals, id)
-		n.pmu.Unlock()
-		return Applied{}, fmt.Errorf("raftstore: propose: %w", err)
-	}
-	if err := n.raft.Propose(ctx, data); err != nil {
-		n.pmu.Lock()
-		delete(n.proposals, id)
-		n.pmu.Unlock()
-		if errors.Is(err, raft.ErrProposalDropped) {
-			return Applied{}, ErrNotLeader
-		}
-		// raft.node's stepWithWaitOption can report ctx.Err() or
-		// ErrStopped after the entry was stepped into the log.
-		return Applied{}, fmt.Errorf("%w: propose: %w", ErrIndeterminate, err)
-	}
-	select {
-	case r := <-ch:
-		return r.applied, r.err
-	case <-ctx.Done():
-		n.pmu.Lock()
-		delete(n.proposals, id)
-		n.pmu.Unlock()
-		return Applied{}, fmt.Errorf("%w: %w", ErrIndeterminate, ctx.Err())
-	}
-}
-
-// ReadIndex returns once the applied state includes every write committed
-// before the call (raft ReadIndex, safe mode). Only the leader serves it.
-func (n *Node) ReadIndex(ctx context.Context) error {
-	if !n.isLeader.Load() {
-		return ErrNotLeader
-	}
-	var rctx [8]byte
-	binary.BigEndian.PutUint64(rctx[:], n.reqBase+n.reqSeq.Add(1))
-	key := string(rctx[:])
-	ch := make(chan readResult, 1)
-	n.pmu.Lock()
-	n.reads[key] = ch
-	n.pmu.Unlock()
-	defer func() {
-		n.pmu.Lock()
-		delete(n.reads, key)
-		n.pmu.Unlock()
-	}()
-	if err := n.raft.ReadIndex(ctx, rctx[:]); err != nil {
-		return fmt.Errorf("raftstore: read index: %w", err)
-	}
-	var index uint64
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return r.err
-		}
-		index = r.index
-	case <-ctx.Done():
-		return fmt.Errorf("raftstore: read index: %w", ctx.Err())
-	case <-n.stopc:
-		return ErrStopped
-	}
-	return n.WaitApplied(ctx, index)
-}
-
-// WaitApplied waits until the applied index reaches index.
-func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
-	if n.applied.Load() >= index {
-		return nil
-	}
-	ch := make(chan struct{})
-	n.pmu.Lock()
-	if n.applied.Load() >= index {
-		n.pmu.Unlock()
-		return nil
-	}
-	n.appliedW = append(n.appliedW, appliedWaiter{index: index, ch: ch})
-	n.pmu.Unlock()
-	select {
-	case <-ch:
-		return nil
-	case <-ctx.Done():
-		return fmt.Errorf("raftstore: wait applied %d: %w", index, ctx.Err())
-	case <-n.stopc:
-		return ErrStopped
-	}
-}
-
+// run is the node loop, as in etcd's raftexample: tick, handle a Ready
+// and Advance, or stop.
 func (n *Node) run() {
 	defer close(n.donec)
 	ticker := time.NewTicker(n.cfg.TickInterval)
@@ -449,14 +319,7 @@ func (n *Node) run() {
 			n.raft.Tick()
 		case rd := <-n.raft.Ready():
 			if err := n.handleReady(rd); err != nil {
-				n.log.Error("ready loop stopped", "err", err)
-				n.errc <- err
-				n.isLeader.Store(false)
-				n.ready.Store(false)
-				n.failAll(ErrIndeterminate)
-				if n.cfg.Observer != nil {
-					n.cfg.Observer.OnLeadershipLost()
-				}
+				n.fail(err)
 				return
 			}
 			n.raft.Advance()
@@ -466,237 +329,15 @@ func (n *Node) run() {
 	}
 }
 
-func (n *Node) handleReady(rd raft.Ready) error {
-	lostLeadership := false
-	if rd.SoftState != nil {
-		n.leader.Store(rd.SoftState.Lead)
-		wasLeader := n.isLeader.Load()
-		nowLeader := rd.SoftState.RaftState == raft.StateLeader
-		n.isLeader.Store(nowLeader)
-		if wasLeader && !nowLeader {
-			n.ready.Store(false)
-			lostLeadership = true
-		}
+// fail ends the loop after a Ready could not be handled: the node can no
+// longer lead or answer, so every waiting caller and observer hears that.
+func (n *Node) fail(err error) {
+	n.log.Error("ready loop stopped", "err", err)
+	n.errc <- err
+	n.isLeader.Store(false)
+	n.ready.Store(false)
+	n.waiting.failAll(ErrIndeterminate)
+	for _, o := range n.cfg.Observers {
+		o.OnLeadershipLost()
 	}
-	if !raft.IsEmptyHardState(rd.HardState) {
-		n.term.Store(rd.HardState.Term)
-	}
-
-	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
-	// be on disk before messages go out; applied state of entries already
-	// durable in the log may ride without its own fsync.
-	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot, MaySkipSync: !rd.MustSync}
-	var (
-		events      []Applied
-		results     []proposalResult
-		resultIDs   []uint64
-		leaderReady bool
-		restored    bool
-		confChanges []raftpb.ConfChangeV2
-	)
-
-	n.mu.Lock()
-	applied := n.applied.Load()
-	cs := n.ConfState()
-	start := time.Now()
-	if !raft.IsEmptySnap(rd.Snapshot) {
-		if err := n.machine.Restore(rd.Snapshot.Data); err != nil {
-			n.mu.Unlock()
-			return fmt.Errorf("restore snapshot at %d: %w", rd.Snapshot.Metadata.Index, err)
-		}
-		applied = rd.Snapshot.Metadata.Index
-		cs = rd.Snapshot.Metadata.ConfState
-		restored = true
-		// The installed snapshot is now the store's latest one.
-		n.snapIndex = applied
-	}
-	var as AppliedState
-	touched := make(map[string]struct{})
-	var touchedOrder []string
-	controlChanged := false
-	for _, e := range rd.CommittedEntries {
-		if e.Index <= applied {
-			continue
-		}
-		switch e.Type {
-		case raftpb.EntryNormal:
-			if len(e.Data) == 0 {
-				if n.isLeader.Load() && e.Term == n.term.Load() {
-					leaderReady = true
-				}
-				break
-			}
-			ent, err := core.DecodeEntry(e.Data)
-			if err != nil {
-				// Every replica rejects the same bytes the same way, so
-				// skipping keeps them identical.
-				n.log.Error("undecodable log entry skipped", "index", e.Index, "err", err)
-				break
-			}
-			res := n.machine.Apply(ent.Command)
-			if ent.Command.Kind == core.KindControl {
-				controlChanged = true
-			} else if _, ok := touched[ent.Command.Key]; !ok {
-				touched[ent.Command.Key] = struct{}{}
-				touchedOrder = append(touchedOrder, ent.Command.Key)
-			}
-			a := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res}
-			events = append(events, a)
-			results = append(results, proposalResult{applied: a})
-			resultIDs = append(resultIDs, ent.RequestID)
-		case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
-			cc, err := decodeConfChange(e)
-			if err != nil {
-				n.mu.Unlock()
-				return fmt.Errorf("conf change at %d: %w", e.Index, err)
-			}
-			cs = *n.raft.ApplyConfChange(cc)
-			as.ConfState = &cs
-			confChanges = append(confChanges, cc)
-		}
-		applied = e.Index
-	}
-	// The store wants the net change of the batch: one row per key.
-	for _, key := range touchedOrder {
-		if l, ok := n.machine.Get(key); ok {
-			as.Put = append(as.Put, l)
-		} else {
-			as.Delete = append(as.Delete, key)
-		}
-	}
-	if controlChanged {
-		as.Control = n.machine.ControlSnapshot()
-	}
-	if len(rd.CommittedEntries) > 0 || restored {
-		as.Index = applied
-		as.LastToken = n.machine.LastToken()
-		w.Applied = &as
-	}
-	if err := n.cfg.Store.Write(w); err != nil {
-		n.mu.Unlock()
-		return fmt.Errorf("persist ready: %w", err)
-	}
-	n.applied.Store(applied)
-	n.confState.Store(&cs)
-	n.mu.Unlock()
-	if n.cfg.OnApplyBatch != nil && len(rd.CommittedEntries) > 0 {
-		n.cfg.OnApplyBatch(time.Since(start), len(rd.CommittedEntries))
-	}
-
-	// Durable: now the messages may go out.
-	if n.cfg.Transport != nil && len(rd.Messages) > 0 {
-		n.cfg.Transport.Send(rd.Messages)
-	}
-
-	obs := n.cfg.Observer
-	if restored && obs != nil {
-		obs.OnRestored(applied)
-	}
-	for _, cc := range confChanges {
-		if obs != nil {
-			obs.OnConfChange(cc, cs)
-		}
-	}
-	for _, a := range events {
-		if obs != nil {
-			obs.OnApplied(a)
-		}
-	}
-	n.pmu.Lock()
-	for i, id := range resultIDs {
-		if ch, ok := n.proposals[id]; ok {
-			delete(n.proposals, id)
-			ch <- results[i]
-		}
-	}
-	for _, rs := range rd.ReadStates {
-		if ch, ok := n.reads[string(rs.RequestCtx)]; ok {
-			delete(n.reads, string(rs.RequestCtx))
-			ch <- readResult{index: rs.Index}
-		}
-	}
-	kept := n.appliedW[:0]
-	for _, aw := range n.appliedW {
-		if aw.index <= applied {
-			close(aw.ch)
-		} else {
-			kept = append(kept, aw)
-		}
-	}
-	n.appliedW = kept
-	n.pmu.Unlock()
-	if lostLeadership {
-		// After this Ready's own results went out: the rest of our
-		// in-flight proposals may or may not commit under the new leader,
-		// so their callers must not guess.
-		n.failAll(ErrIndeterminate)
-		if obs != nil {
-			obs.OnLeadershipLost()
-		}
-	}
-
-	if leaderReady && !n.ready.Load() {
-		n.ready.Store(true)
-		if obs != nil {
-			obs.OnLeaderReady(n.term.Load())
-		}
-	}
-	// A node added by a conf change can only restore a snapshot whose
-	// ConfState names it (raft refuses others), so membership changes get
-	// a fresh snapshot at once instead of waiting for the next interval.
-	return n.maybeSnapshot(applied, cs, len(confChanges) > 0)
-}
-
-// maybeSnapshot records a snapshot every SnapshotEntries applied entries
-// (or now, when force is set) and compacts the log behind it, keeping
-// CompactKeep entries so that a
-// slightly lagging follower catches up from the log, not a snapshot.
-func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState, force bool) error {
-	if applied <= n.snapIndex || !force && applied-n.snapIndex < n.cfg.SnapshotEntries {
-		return nil
-	}
-	n.mu.RLock()
-	data := n.machine.Snapshot()
-	n.mu.RUnlock()
-	if err := n.cfg.Store.CreateSnapshot(applied, cs, data); err != nil {
-		return fmt.Errorf("create snapshot at %d: %w", applied, err)
-	}
-	n.snapIndex = applied
-	if applied > n.cfg.CompactKeep {
-		if err := n.cfg.Store.Compact(applied - n.cfg.CompactKeep); err != nil && !errors.Is(err, raft.ErrCompacted) {
-			return fmt.Errorf("compact to %d: %w", applied-n.cfg.CompactKeep, err)
-		}
-	}
-	n.log.Debug("snapshot taken", "index", applied, "bytes", len(data))
-	return nil
-}
-
-// failAll ends every waiting proposal with err and every waiting read with
-// ErrNotLeader (raft drops pending reads of a deposed leader).
-func (n *Node) failAll(err error) {
-	n.pmu.Lock()
-	defer n.pmu.Unlock()
-	for id, ch := range n.proposals {
-		delete(n.proposals, id)
-		ch <- proposalResult{err: err}
-	}
-	for key, ch := range n.reads {
-		delete(n.reads, key)
-		ch <- readResult{err: ErrNotLeader}
-	}
-}
-
-func decodeConfChange(e raftpb.Entry) (raftpb.ConfChangeV2, error) {
-	if e.Type == raftpb.EntryConfChange {
-		var cc raftpb.ConfChange
-		if err := cc.Unmarshal(e.Data); err != nil {
-			return raftpb.ConfChangeV2{}, err
-		}
-		return cc.AsV2(), nil
-	}
-	var cc raftpb.ConfChangeV2
-	if err := cc.Unmarshal(e.Data); err != nil {
-		return raftpb.ConfChangeV2{}, err
-	}
-	return cc, nil
 }

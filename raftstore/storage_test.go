@@ -12,9 +12,9 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
-	"time"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/ticketd/ticketd/core"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -121,7 +121,7 @@ func (o mirrorOp) run(mem *raft.MemoryStorage, s *Store) (memErr, storeErr error
 	case "commit":
 		hs := raftpb.HardState{Term: 1, Commit: o.index}
 		memErr = mem.SetHardState(hs)
-		storeErr = s.Write(ReadyWrite{HardState: hs, Applied: &AppliedState{Index: o.index}})
+		storeErr = s.Write(ReadyWrite{HardState: hs, State: &StateChange{Index: o.index}})
 		return memErr, storeErr
 	case "snapshot":
 		_, memErr = mem.CreateSnapshot(o.index, &testConfState, emptySnapData)
@@ -368,7 +368,7 @@ func TestStorageCompactSemantics(t *testing.T) {
 	dir := t.TempDir()
 	s := openTestStore(t, dir)
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 10), HardState: raftpb.HardState{Term: 1, Commit: 8},
-		Applied: &AppliedState{Index: 8}})
+		State: &StateChange{Index: 8}})
 	if err := s.Compact(3); !errors.Is(err, ErrInvariant) {
 		t.Fatalf("Compact(3) without snapshot: err %v, want ErrInvariant", err)
 	}
@@ -410,9 +410,9 @@ func TestStorageCompactSemantics(t *testing.T) {
 	}
 }
 
-// applyRun applies cmds to m and returns the AppliedState of the run built
+// applyRun applies cmds to m and returns the StateChange of the run built
 // the recommended way: net change of the touched keys.
-func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *AppliedState {
+func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *StateChange {
 	var touched []string
 	for _, c := range cmds {
 		m.Apply(c)
@@ -420,7 +420,7 @@ func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *AppliedState
 			touched = append(touched, c.Key)
 		}
 	}
-	as := &AppliedState{Index: index, LastToken: m.LastToken()}
+	as := &StateChange{Index: index, LastToken: m.LastToken()}
 	for _, k := range touched {
 		if l, ok := m.Get(k); ok {
 			as.Put = append(as.Put, l)
@@ -468,7 +468,7 @@ func TestStorageReopenRecoversEverything(t *testing.T) {
 	hs1 := raftpb.HardState{Term: 1, Vote: 1, Commit: 3}
 	as1 := applyRun(ref, 3, run1...)
 	as1.ConfState = &cs1
-	mustWrite(t, s, ReadyWrite{HardState: hs1, Entries: ents1, Applied: as1})
+	mustWrite(t, s, ReadyWrite{HardState: hs1, Entries: ents1, State: as1})
 
 	// Grant and release "d" in one run, release "a": the net change deletes
 	// a and d and puts nothing for d.
@@ -476,7 +476,7 @@ func TestStorageReopenRecoversEverything(t *testing.T) {
 	ents2 := cmdEntries(2, 4, run2...)
 	hs2 := raftpb.HardState{Term: 2, Vote: 2, Commit: 7}
 	as2 := applyRun(ref, 7, run2...)
-	mustWrite(t, s, ReadyWrite{HardState: hs2, Entries: ents2, Applied: as2})
+	mustWrite(t, s, ReadyWrite{HardState: hs2, Entries: ents2, State: as2})
 	if err := s.CreateSnapshot(7, cs1, ref.Snapshot()); err != nil {
 		t.Fatal(err)
 	}
@@ -543,7 +543,7 @@ func TestStorageSnapshotInstallReplacesAllRows(t *testing.T) {
 	local := core.NewMachine()
 	run := []core.Command{core.Grant("a", "", 1000, 0), core.Grant("b", "", 1000, 0), core.Grant("c", "", 1000, 0)}
 	mustWrite(t, s, ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 3}, Entries: cmdEntries(1, 1, run...),
-		Applied: applyRun(local, 3, run...)})
+		State: applyRun(local, 3, run...)})
 	mustWrite(t, s, ReadyWrite{Entries: cmdEntries(1, 4, core.Grant("x", "", 1000, 0))}) // uncommitted tail
 
 	// The leader's state at index 20: b re-granted, d new, a and c gone.
@@ -556,7 +556,7 @@ func TestStorageSnapshotInstallReplacesAllRows(t *testing.T) {
 	snap := raftpb.Snapshot{Data: leader.Snapshot(), Metadata: raftpb.SnapshotMetadata{ConfState: cs, Index: 20, Term: 3}}
 	after := cmdEntries(3, 19, core.Grant("y", "", 1000, 0), core.Grant("z", "", 1000, 0), core.Grant("w", "", 1000, 0))
 	mustWrite(t, s, ReadyWrite{Snapshot: snap, HardState: raftpb.HardState{Term: 3, Commit: 20}, Entries: after,
-		Applied: &AppliedState{Index: 20, LastToken: 17}}) // no-op Applied at the snapshot index is accepted
+		State: &StateChange{Index: 20, LastToken: 17}}) // a no-op State at the snapshot index is accepted
 
 	for pass := 0; pass < 2; pass++ {
 		step := fmt.Sprintf("pass %d", pass)
@@ -601,22 +601,22 @@ func TestStorageWriteRejectsInvalid(t *testing.T) {
 		{"not contiguous", ReadyWrite{Entries: []raftpb.Entry{{Term: 1, Index: 6}, {Term: 1, Index: 8}}}, nil},
 		{"truncate committed", ReadyWrite{Entries: mkEnts(2, 3, 3)}, nil},
 		{"commit beyond last", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 6}}, nil},
-		{"applied beyond commit", ReadyWrite{Applied: &AppliedState{Index: 4, LastToken: 5}}, nil},
-		{"applied does not advance", ReadyWrite{Applied: &AppliedState{Index: 2, LastToken: 5}}, nil},
-		{"applied again with changes", ReadyWrite{Applied: &AppliedState{Index: 3, LastToken: 6,
+		{"applied beyond commit", ReadyWrite{State: &StateChange{Index: 4, LastToken: 5}}, nil},
+		{"applied does not advance", ReadyWrite{State: &StateChange{Index: 2, LastToken: 5}}, nil},
+		{"applied again with changes", ReadyWrite{State: &StateChange{Index: 3, LastToken: 6,
 			Put: []core.Lock{lock("n", 6)}}}, nil},
 		{"last token decreases", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 4}}, nil},
+			State: &StateChange{Index: 4, LastToken: 4}}, nil},
 		{"lock token above last token", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 5, Put: []core.Lock{lock("n", 6)}}}, nil},
+			State: &StateChange{Index: 4, LastToken: 5, Put: []core.Lock{lock("n", 6)}}}, nil},
 		{"invalid lock", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 6, Put: []core.Lock{lock("", 6)}}}, core.ErrInvalidArgument},
+			State: &StateChange{Index: 4, LastToken: 6, Put: []core.Lock{lock("", 6)}}}, core.ErrInvalidArgument},
 		{"invalid delete key", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 5, Delete: []string{""}}}, core.ErrInvalidArgument},
+			State: &StateChange{Index: 4, LastToken: 5, Delete: []string{""}}}, core.ErrInvalidArgument},
 		{"put and delete same key", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 6, Put: []core.Lock{lock("n", 6)}, Delete: []string{"n"}}}, nil},
+			State: &StateChange{Index: 4, LastToken: 6, Put: []core.Lock{lock("n", 6)}, Delete: []string{"n"}}}, nil},
 		{"put twice differently", ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 4},
-			Applied: &AppliedState{Index: 4, LastToken: 7, Put: []core.Lock{lock("n", 6), lock("n", 7)}}}, nil},
+			State: &StateChange{Index: 4, LastToken: 7, Put: []core.Lock{lock("n", 6), lock("n", 7)}}}, nil},
 		{"snapshot out of date", ReadyWrite{Snapshot: snapAt(3, 1, 9), HardState: raftpb.HardState{Term: 1, Commit: 3}},
 			raft.ErrSnapOutOfDate},
 		{"snapshot lowers last token", ReadyWrite{Snapshot: snapAt(9, 2, 4), HardState: raftpb.HardState{Term: 2, Commit: 9}}, nil},
@@ -634,7 +634,7 @@ func TestStorageWriteRejectsInvalid(t *testing.T) {
 			// Entries 1..5, commit 3, applied 3 (tokens 1..5 issued by the run
 			// of 6 commands compressed into applied index 3).
 			mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 5), HardState: raftpb.HardState{Term: 1, Commit: 3},
-				Applied: applyRun(m, 3, run...)})
+				State: applyRun(m, 3, run...)})
 			if m.LastToken() != 5 {
 				t.Fatalf("setup: last token %d", m.LastToken())
 			}
@@ -671,9 +671,9 @@ func TestStorageWriteAcceptsRepeatsWithSameEffect(t *testing.T) {
 	m.Apply(core.Grant("a", "", 1000, 0))
 	held, _ := m.Get("a")
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 2), HardState: raftpb.HardState{Term: 1, Commit: 2},
-		Applied: &AppliedState{Index: 2, LastToken: 1, Put: []core.Lock{held, held}, Delete: []string{"zz", "zz"}}})
+		State: &StateChange{Index: 2, LastToken: 1, Put: []core.Lock{held, held}, Delete: []string{"zz", "zz"}}})
 	checkMachine(t, "after write", s, 2, m, raftpb.ConfState{})
-	// Nothing at all: no commit, no OnSync.
+	// Nothing at all: no commit, no fsync observed.
 	if err := s.Write(ReadyWrite{}); err != nil {
 		t.Fatal(err)
 	}
@@ -725,64 +725,87 @@ func TestStorageCorruptRow(t *testing.T) {
 		{"version missing", keyVersion, nil, nil},
 	}
 	for _, tt := range tests {
-		t.Run(tt.name, func(t *testing.T) {
-			dir := t.TempDir()
-			s := openTestStore(t, dir)
-			m := core.NewMachine()
-			run := []core.Command{core.Grant("a", "", 1000, 0), core.Grant("b", "", 1000, 0)}
-			mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 6), HardState: raftpb.HardState{Term: 1, Commit: 4},
-				Applied: applyRun(m, 4, run...)})
-			if err := s.CreateSnapshot(2, testConfState, m.Snapshot()); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Compact(2); err != nil {
-				t.Fatal(err)
-			}
-			if err := s.Close(); err != nil {
-				t.Fatal(err)
-			}
-
-			db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{quietLogger}})
-			if err != nil {
-				t.Fatal(err)
-			}
-			if tt.value == nil {
-				err = db.Delete(tt.key, pebble.Sync)
-			} else {
-				err = db.Set(tt.key, tt.value, pebble.Sync)
-			}
-			if err := errors.Join(err, db.Close()); err != nil {
-				t.Fatal(err)
-			}
-
-			s2, err := Open(dir, StoreOptions{NoSync: true, Logger: quietLogger})
-			if tt.read == nil {
-				if !errors.Is(err, ErrCorrupt) {
-					t.Fatalf("Open: err %v, want ErrCorrupt", err)
-				}
-				return
-			}
-			if err != nil {
-				t.Fatalf("Open: %v", err)
-			}
-			defer s2.Close()
-			if err := tt.read(s2); !errors.Is(err, ErrCorrupt) {
-				t.Fatalf("read: err %v, want ErrCorrupt", err)
-			}
-		})
+		t.Run(tt.name, func(t *testing.T) { checkCorruptRow(t, tt.key, tt.value, tt.read) })
 	}
 }
 
-func TestStorageOnSync(t *testing.T) {
-	var calls, entries int
-	var total time.Duration
-	s, err := Open(t.TempDir(), StoreOptions{Logger: quietLogger, OnSync: func(d time.Duration, n int) {
-		calls++
-		entries += n
-		total += d
-	}})
+// checkCorruptRow writes a small store (entries 1..6, commit and applied 4,
+// snapshot and compaction at 2), overwrites the row key with value (nil
+// deletes it) behind the store's back, and checks that Open, or read on the
+// reopened store when read is set, reports ErrCorrupt.
+func checkCorruptRow(t *testing.T, key, value []byte, read func(*Store) error) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir)
+	m := core.NewMachine()
+	run := []core.Command{core.Grant("a", "", 1000, 0), core.Grant("b", "", 1000, 0)}
+	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 6), HardState: raftpb.HardState{Term: 1, Commit: 4},
+		State: applyRun(m, 4, run...)})
+	if err := s.CreateSnapshot(2, testConfState, m.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Compact(2); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+
+	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{quietLogger}})
 	if err != nil {
 		t.Fatal(err)
+	}
+	if value == nil {
+		err = db.Delete(key, pebble.Sync)
+	} else {
+		err = db.Set(key, value, pebble.Sync)
+	}
+	if err := errors.Join(err, db.Close()); err != nil {
+		t.Fatal(err)
+	}
+
+	s2, err := Open(dir, StoreOptions{NoSync: true, Logger: quietLogger})
+	if read == nil {
+		if !errors.Is(err, ErrCorrupt) {
+			t.Fatalf("Open: err %v, want ErrCorrupt", err)
+		}
+		return
+	}
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	defer s2.Close()
+	if err := read(s2); !errors.Is(err, ErrCorrupt) {
+		t.Fatalf("read: err %v, want ErrCorrupt", err)
+	}
+}
+
+// histogram returns the sample count and sum of the histogram name in reg.
+func histogram(t *testing.T, reg *prometheus.Registry, name string) (count uint64, sum float64) {
+	t.Helper()
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == name {
+			h := mf.GetMetric()[0].GetHistogram()
+			return h.GetSampleCount(), h.GetSampleSum()
+		}
+	}
+	t.Fatalf("no metric %s", name)
+	return 0, 0
+}
+
+func TestStorageFsyncMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	s, err := Open(t.TempDir(), StoreOptions{Logger: quietLogger, Metrics: NewMetrics(reg)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	fsyncs := func() (calls, entries int, total float64) {
+		calls64, sum := histogram(t, reg, "ticketd_fsync_entries")
+		_, total = histogram(t, reg, "ticketd_fsync_seconds")
+		return int(calls64), int(sum), total
 	}
 	defer s.Close()
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 3)})
@@ -790,17 +813,17 @@ func TestStorageOnSync(t *testing.T) {
 	mustWrite(t, s, ReadyWrite{})                         // nothing: not committed, not reported
 	_ = s.Write(ReadyWrite{Entries: mkEnts(1, 9, 9)})     // refused: not reported
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 4, 7)}) // 4 entries
-	if calls != 3 || entries != 7 || total <= 0 {
-		t.Fatalf("OnSync: %d calls, %d entries, %v; want 3 calls, 7 entries, >0", calls, entries, total)
+	if calls, entries, total := fsyncs(); calls != 3 || entries != 7 || total <= 0 {
+		t.Fatalf("fsyncs: %d calls, %d entries, %vs; want 3 calls, 7 entries, >0", calls, entries, total)
 	}
-	// Applied state of durable entries may skip the fsync; entries never do.
+	// The state change of durable entries may skip the fsync; entries never do.
 	mustWrite(t, s, ReadyWrite{HardState: raftpb.HardState{Term: 1, Commit: 7}, MaySkipSync: true,
-		Applied: &AppliedState{Index: 3, LastToken: 0}})
-	if calls != 3 {
-		t.Fatalf("a MaySkipSync write was fsynced (OnSync called)")
+		State: &StateChange{Index: 3, LastToken: 0}})
+	if calls, _, _ := fsyncs(); calls != 3 {
+		t.Fatalf("a MaySkipSync write was fsynced (fsync observed)")
 	}
 	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 8, 8), MaySkipSync: true})
-	if calls != 4 {
+	if calls, _, _ := fsyncs(); calls != 4 {
 		t.Fatalf("a write carrying entries skipped its fsync")
 	}
 	if s.AppliedIndex() != 3 {
@@ -873,7 +896,7 @@ func TestStorageConcurrentReaders(t *testing.T) {
 	}
 	for i := uint64(1); i <= writes; i++ {
 		if err := s.Write(ReadyWrite{Entries: mkEnts(1, i, i), HardState: raftpb.HardState{Term: 1, Commit: i},
-			Applied: &AppliedState{Index: i}}); err != nil {
+			State: &StateChange{Index: i}}); err != nil {
 			t.Fatal(err)
 		}
 		if i%25 == 0 {
@@ -970,7 +993,7 @@ func (n *testNode) handleReady(t *testing.T) []raftpb.Message {
 		n.applied, advanced = e.Index, true
 	}
 	if advanced {
-		as := &AppliedState{Index: n.applied, LastToken: n.m.LastToken()}
+		as := &StateChange{Index: n.applied, LastToken: n.m.LastToken()}
 		for _, k := range touched {
 			if l, ok := n.m.Get(k); ok {
 				as.Put = append(as.Put, l)
@@ -982,7 +1005,7 @@ func (n *testNode) handleReady(t *testing.T) []raftpb.Message {
 			cs := n.cs
 			as.ConfState = &cs
 		}
-		w.Applied = as
+		w.State = as
 	}
 	if err := n.st.Write(w); err != nil {
 		t.Fatalf("node %d: Write: %v", n.id, err)

@@ -22,7 +22,7 @@ func singleNode(t *testing.T) *lockservice.Service {
 		t.Fatal(err)
 	}
 	srv := lockservice.New(lockservice.Config{Logger: log})
-	n, err := raftstore.NewNode(raftstore.Config{ID: 1, Peers: []uint64{1}, Store: st, Observer: srv, Logger: log, TickInterval: 10 * time.Millisecond})
+	n, err := raftstore.NewNode(raftstore.Config{ID: 1, Peers: []uint64{1}, Store: st, Observers: []raftstore.Observer{srv}, Logger: log, TickInterval: 10 * time.Millisecond})
 	if err != nil {
 		t.Fatal(err)
 	}

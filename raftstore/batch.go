@@ -1,0 +1,241 @@
+package raftstore
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/ticketd/ticketd/core"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// ReadyWrite is everything one raft.Ready asks to persist.
+type ReadyWrite struct {
+	// HardState to persist; raft.IsEmptyHardState => unchanged.
+	HardState raftpb.HardState
+	// Entries to append; stored entries with index >= Entries[0].Index are
+	// dropped first (raft log truncation). Entries at or below the dummy
+	// entry are ignored, as in MemoryStorage.Append.
+	Entries []raftpb.Entry
+	// Snapshot to install; raft.IsEmptySnap => none. Its Data is a core
+	// snapshot. Installing replaces all lock rows, the last token, the
+	// applied index (= Metadata.Index) and the conf state, and discards the
+	// whole log like MemoryStorage.ApplySnapshot (the dummy entry becomes
+	// (Metadata.Index, Metadata.Term)); Entries of the same ReadyWrite are
+	// then appended after it.
+	Snapshot raftpb.Snapshot
+	// State is the change of the state rows with the new applied index;
+	// nil => nothing applied.
+	State *StateChange
+	// MaySkipSync says the write carries nothing raft needs on disk before
+	// messages go out (no entries, no term or vote change, no snapshot):
+	// typically the state change of already-durable log entries. Such a
+	// write is committed without fsync; Pebble's WAL is ordered, so a
+	// crash loses it only together with every later write, and the
+	// entries are re-applied from the durable log on restart. It is
+	// ignored (the write syncs) when Entries or Snapshot are non-empty.
+	MaySkipSync bool
+}
+
+// Write persists w in ONE Pebble batch, committed with pebble.Sync (unless
+// NoSync). Order inside: snapshot install, entries, hardstate, state
+// change. The applied index and the lock rows it produced are in the same
+// batch, so a crash never applies an entry twice or loses one.
+//
+// Write checks, and refuses with ErrInvariant (writing nothing): a gap
+// between the log and Entries, non-contiguous Entries, truncating an entry at
+// or below the persisted commit index, a snapshot at or below the applied or
+// latest snapshot index (also raft.ErrSnapOutOfDate) or lowering the last
+// token, a State.Index that does not advance (a State at the current
+// applied index that changes nothing is accepted as a no-op), a lock that
+// does not validate or carries a token above State.LastToken, a key in both Put and
+// Delete or twice in Put with different locks (Put/Delete must be the net
+// change of the run), and a result where applied > commit or
+// commit > last index.
+func (s *Store) Write(w ReadyWrite) error {
+	d, n, err := s.write(w)
+	if err != nil {
+		return err
+	}
+	if n >= 0 {
+		s.metrics.observeFsync(d, n)
+	}
+	return nil
+}
+
+// write does Write's work under writeMu. n is the number of entries carried,
+// or -1 when nothing was committed.
+func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
+	hasSnap := !raft.IsEmptySnap(w.Snapshot)
+	hasHS := !raft.IsEmptyHardState(w.HardState)
+	if !hasSnap && !hasHS && len(w.Entries) == 0 && w.State == nil {
+		return 0, -1, nil
+	}
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if s.closed {
+		return 0, -1, ErrStoreClosed
+	}
+	st := s.st
+	b := s.db.NewBatch()
+	defer b.Close()
+	if hasSnap {
+		if err := stageSnapshot(b, &st, w.Snapshot); err != nil {
+			return 0, -1, fmt.Errorf("raftstore: write: install snapshot %d: %w", w.Snapshot.Metadata.Index, err)
+		}
+	}
+	if err := stageEntries(b, &st, w.Entries); err != nil {
+		return 0, -1, fmt.Errorf("raftstore: write: append: %w", err)
+	}
+	if hasHS {
+		if err := setMarshaled(b, keyHardState, &w.HardState); err != nil {
+			return 0, -1, fmt.Errorf("raftstore: write: %w", err)
+		}
+		st.commit = w.HardState.Commit
+	}
+	if w.State != nil {
+		if err := stageState(b, &st, w.State); err != nil {
+			return 0, -1, fmt.Errorf("raftstore: write: apply %d: %w", w.State.Index, err)
+		}
+	}
+	if st.applied > st.commit || st.commit > st.last {
+		return 0, -1, fmt.Errorf("raftstore: write: %w: applied %d, commit %d, last index %d out of order",
+			ErrInvariant, st.applied, st.commit, st.last)
+	}
+	wo := s.wo
+	synced := wo.Sync
+	if w.MaySkipSync && len(w.Entries) == 0 && !hasSnap {
+		wo, synced = pebble.NoSync, false
+	}
+	d, err := s.commitWith(b, wo)
+	if err != nil {
+		return 0, -1, fmt.Errorf("raftstore: write: %w", err)
+	}
+	s.publish(st)
+	if hasSnap {
+		s.log.Info("installed snapshot", "index", w.Snapshot.Metadata.Index, "term", w.Snapshot.Metadata.Term,
+			"last_token", st.lastToken)
+	}
+	if !synced && s.wo.Sync {
+		return d, -1, nil // an allowed unsynced write: no fsync to report
+	}
+	return d, len(w.Entries), nil
+}
+
+// stageSnapshot adds the installation of snap to b.
+func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot) error {
+	meta := snap.Metadata
+	if meta.Index <= st.snapIndex || meta.Index <= st.applied {
+		return fmt.Errorf("%w: snapshot index %d, latest snapshot %d, applied %d: %w",
+			ErrInvariant, meta.Index, st.snapIndex, st.applied, raft.ErrSnapOutOfDate)
+	}
+	ss, err := core.DecodeSnapshotState(snap.Data)
+	if err != nil {
+		return fmt.Errorf("%w: data: %w", ErrInvariant, err)
+	}
+	lastToken, locks := ss.LastToken, ss.Locks
+	if err := b.Set(keyControl, core.EncodeControlState(ss.Control), nil); err != nil {
+		return err
+	}
+	if lastToken < st.lastToken {
+		return fmt.Errorf("%w: snapshot last token %d below persisted last token %d", ErrInvariant, lastToken, st.lastToken)
+	}
+	if err := b.DeleteRange(prefixLock, endLock, nil); err != nil {
+		return err
+	}
+	for _, l := range locks {
+		if err := b.Set(lockKey(l.Key), core.EncodeLockRecord(l), nil); err != nil {
+			return err
+		}
+	}
+	if err := b.DeleteRange(prefixLog, endLog, nil); err != nil {
+		return err
+	}
+	if err := setMarshaled(b, logKey(meta.Index), &raftpb.Entry{Index: meta.Index, Term: meta.Term}); err != nil {
+		return err
+	}
+	if err := setMarshaled(b, keySnapMeta, &meta); err != nil {
+		return err
+	}
+	if err := b.Set(keySnapData, snap.Data, nil); err != nil {
+		return err
+	}
+	if err := setMarshaled(b, keyConfState, &meta.ConfState); err != nil {
+		return err
+	}
+	if err := b.Set(keyApplied, encodeUint64(meta.Index), nil); err != nil {
+		return err
+	}
+	if err := b.Set(keyLastToken, encodeUint64(lastToken), nil); err != nil {
+		return err
+	}
+	st.offset, st.offsetTerm, st.last = meta.Index, meta.Term, meta.Index
+	st.applied, st.lastToken, st.snapIndex = meta.Index, lastToken, meta.Index
+	return nil
+}
+
+// stageEntries adds an append to b with MemoryStorage.Append semantics.
+func stageEntries(b *pebble.Batch, st *storeState, ents []raftpb.Entry) error {
+	if len(ents) == 0 {
+		return nil
+	}
+	for i := 1; i < len(ents); i++ {
+		if ents[i].Index != ents[0].Index+uint64(i) {
+			return fmt.Errorf("%w: entries not contiguous: index %d follows %d", ErrInvariant, ents[i].Index, ents[i-1].Index)
+		}
+	}
+	first := st.offset + 1
+	last := ents[0].Index + uint64(len(ents)) - 1
+	if last < first {
+		return nil // all compacted already
+	}
+	if ents[0].Index < first {
+		ents = ents[first-ents[0].Index:]
+	}
+	switch at := ents[0].Index; {
+	case at > st.last+1:
+		return fmt.Errorf("%w: missing log entry [last: %d, append at: %d]", ErrInvariant, st.last, at)
+	case at <= st.last:
+		if at <= st.commit {
+			return fmt.Errorf("%w: append at %d would truncate committed entries (commit %d)", ErrInvariant, at, st.commit)
+		}
+		if err := b.DeleteRange(logKey(at), endLog, nil); err != nil {
+			return err
+		}
+	}
+	for i := range ents {
+		if err := setMarshaled(b, logKey(ents[i].Index), &ents[i]); err != nil {
+			return err
+		}
+	}
+	st.last = last
+	return nil
+}
+
+// commit commits b with the store's write options and times it.
+func (s *Store) commit(b *pebble.Batch) (time.Duration, error) {
+	return s.commitWith(b, s.wo)
+}
+
+func (s *Store) commitWith(b *pebble.Batch, wo *pebble.WriteOptions) (time.Duration, error) {
+	start := time.Now()
+	if err := b.Commit(wo); err != nil {
+		return 0, fmt.Errorf("commit batch: %w", err)
+	}
+	return time.Since(start), nil
+}
+
+// publish makes st (already durable) visible to readers together with a
+// fresh Pebble snapshot. The caller holds writeMu.
+func (s *Store) publish(st storeState) {
+	s.mu.Lock()
+	old := s.view
+	s.st = st
+	s.view = s.db.NewSnapshot()
+	s.mu.Unlock()
+	// Readers use the view only under mu.RLock, so nobody holds old now.
+	if err := old.Close(); err != nil {
+		s.log.Error("closing pebble snapshot", "err", err)
+	}
+}

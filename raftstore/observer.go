@@ -1,0 +1,79 @@
+package raftstore
+
+import (
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+// Applied describes one applied log entry.
+type Applied struct {
+	Index   uint64
+	Term    uint64
+	Command core.Command
+	Result  core.Result
+}
+
+// Observer hears what the node did, in log order, after it is durable.
+// Calls come from the Ready loop: they must be quick and must not call
+// back into Node methods that wait for the loop (Propose, ReadIndex).
+type Observer interface {
+	// OnApplied is called for every applied lock command.
+	OnApplied(a Applied)
+	// OnLeaderReady is called when this node, as leader of term, has
+	// applied every entry before its term: the lock table is complete.
+	OnLeaderReady(term uint64)
+	// OnLeadershipLost is called when this node stops being leader.
+	OnLeadershipLost()
+	// OnRestored is called after a received snapshot replaced the state.
+	OnRestored(index uint64)
+	// OnConfChange is called after a membership change was applied.
+	OnConfChange(cc raftpb.ConfChangeV2, cs raftpb.ConfState)
+}
+
+// ObserverFuncs is an Observer made of functions, for observers that need
+// only some of the events; a nil function ignores its event.
+type ObserverFuncs struct {
+	Applied        func(a Applied)
+	LeaderReady    func(term uint64)
+	LeadershipLost func()
+	Restored       func(index uint64)
+	ConfChange     func(cc raftpb.ConfChangeV2, cs raftpb.ConfState)
+}
+
+var _ Observer = ObserverFuncs{}
+
+// OnApplied implements Observer.
+func (o ObserverFuncs) OnApplied(a Applied) {
+	if o.Applied != nil {
+		o.Applied(a)
+	}
+}
+
+// OnLeaderReady implements Observer.
+func (o ObserverFuncs) OnLeaderReady(term uint64) {
+	if o.LeaderReady != nil {
+		o.LeaderReady(term)
+	}
+}
+
+// OnLeadershipLost implements Observer.
+func (o ObserverFuncs) OnLeadershipLost() {
+	if o.LeadershipLost != nil {
+		o.LeadershipLost()
+	}
+}
+
+// OnRestored implements Observer.
+func (o ObserverFuncs) OnRestored(index uint64) {
+	if o.Restored != nil {
+		o.Restored(index)
+	}
+}
+
+// OnConfChange implements Observer.
+func (o ObserverFuncs) OnConfChange(cc raftpb.ConfChangeV2, cs raftpb.ConfState) {
+	if o.ConfChange != nil {
+		o.ConfChange(cc, cs)
+	}
+}

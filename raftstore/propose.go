@@ -1,0 +1,216 @@
+package raftstore
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+
+	"go.etcd.io/raft/v3"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+type proposalResult struct {
+	applied Applied
+	err     error
+}
+
+type readResult struct {
+	index uint64
+	err   error
+}
+
+type indexWaiter struct {
+	index uint64
+	ch    chan struct{}
+}
+
+// waiting holds the callers blocked until the Ready loop answers them:
+// proposers waiting for their entry to apply, ReadIndex callers waiting for
+// their read state, and WaitApplied callers waiting for an applied index.
+type waiting struct {
+	mu           sync.Mutex                     // guards the three fields below
+	proposals    map[uint64]chan proposalResult // by request id
+	reads        map[string]chan readResult     // by ReadIndex request context
+	indexWaiters []indexWaiter
+}
+
+// Propose proposes one lock command and waits until it is applied.
+//
+// ErrNotLeader means it was certainly not proposed. Once raft has accepted
+// it, any failure to learn the result (ctx done, leadership lost, stop) is
+// ErrIndeterminate: the entry may still commit.
+func (n *Node) Propose(ctx context.Context, cmd core.Command) (Applied, error) {
+	if err := cmd.Validate(); err != nil {
+		return Applied{}, err
+	}
+	if !n.isLeader.Load() {
+		return Applied{}, ErrNotLeader
+	}
+	id := n.nextRequestID()
+	ch := n.waiting.addProposal(id)
+	data := core.EncodeEntry(core.Entry{RequestID: id, Command: cmd})
+	// A context already done certainly proposed nothing; past this point
+	// raft may return ctx or stop errors after it has taken the entry.
+	if err := ctx.Err(); err != nil {
+		n.waiting.dropProposal(id)
+		return Applied{}, fmt.Errorf("raftstore: propose: %w", err)
+	}
+	if err := n.raft.Propose(ctx, data); err != nil {
+		n.waiting.dropProposal(id)
+		if errors.Is(err, raft.ErrProposalDropped) {
+			return Applied{}, ErrNotLeader
+		}
+		// raft.node's stepWithWaitOption can report ctx.Err() or
+		// ErrStopped after the entry was stepped into the log.
+		return Applied{}, fmt.Errorf("%w: propose: %w", ErrIndeterminate, err)
+	}
+	select {
+	case r := <-ch:
+		return r.applied, r.err
+	case <-ctx.Done():
+		n.waiting.dropProposal(id)
+		return Applied{}, fmt.Errorf("%w: %w", ErrIndeterminate, ctx.Err())
+	}
+}
+
+// ReadIndex returns once the applied state includes every write committed
+// before the call (raft ReadIndex, safe mode). Only the leader serves it.
+func (n *Node) ReadIndex(ctx context.Context) error {
+	if !n.isLeader.Load() {
+		return ErrNotLeader
+	}
+	var rctx [8]byte
+	binary.BigEndian.PutUint64(rctx[:], n.nextRequestID())
+	key := string(rctx[:])
+	ch := n.waiting.addRead(key)
+	defer n.waiting.dropRead(key)
+	if err := n.raft.ReadIndex(ctx, rctx[:]); err != nil {
+		return fmt.Errorf("raftstore: read index: %w", err)
+	}
+	var index uint64
+	select {
+	case r := <-ch:
+		if r.err != nil {
+			return r.err
+		}
+		index = r.index
+	case <-ctx.Done():
+		return fmt.Errorf("raftstore: read index: %w", ctx.Err())
+	case <-n.stopc:
+		return ErrStopped
+	}
+	return n.WaitApplied(ctx, index)
+}
+
+// WaitApplied waits until the applied index reaches index.
+func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
+	if n.applied.Load() >= index {
+		return nil
+	}
+	ch, reached := n.waiting.addIndexWaiter(index, &n.applied)
+	if reached {
+		return nil
+	}
+	select {
+	case <-ch:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("raftstore: wait applied %d: %w", index, ctx.Err())
+	case <-n.stopc:
+		return ErrStopped
+	}
+}
+
+func (n *Node) nextRequestID() uint64 { return n.reqBase + n.reqSeq.Add(1) }
+
+func (w *waiting) addProposal(id uint64) chan proposalResult {
+	ch := make(chan proposalResult, 1)
+	w.mu.Lock()
+	w.proposals[id] = ch
+	w.mu.Unlock()
+	return ch
+}
+
+func (w *waiting) dropProposal(id uint64) {
+	w.mu.Lock()
+	delete(w.proposals, id)
+	w.mu.Unlock()
+}
+
+func (w *waiting) addRead(key string) chan readResult {
+	ch := make(chan readResult, 1)
+	w.mu.Lock()
+	w.reads[key] = ch
+	w.mu.Unlock()
+	return ch
+}
+
+func (w *waiting) dropRead(key string) {
+	w.mu.Lock()
+	delete(w.reads, key)
+	w.mu.Unlock()
+}
+
+// addIndexWaiter queues a wait for index, unless applied already reached
+// it. applied is checked again under mu: the Ready loop stores a new
+// applied index before it takes mu to release waiters, so a waiter is
+// either queued in time for that release or sees the new index here.
+func (w *waiting) addIndexWaiter(index uint64, applied *atomic.Uint64) (ch chan struct{}, reached bool) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	if applied.Load() >= index {
+		return nil, true
+	}
+	ch = make(chan struct{})
+	w.indexWaiters = append(w.indexWaiters, indexWaiter{index: index, ch: ch})
+	return ch, false
+}
+
+// complete answers, after a Ready is durable, the proposals its applied
+// events came from, the reads of its read states, and the index waiters
+// that applied now reaches.
+func (w *waiting) complete(events []Applied, requestIDs []uint64, readStates []raft.ReadState, applied uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for i, id := range requestIDs {
+		if ch, ok := w.proposals[id]; ok {
+			delete(w.proposals, id)
+			ch <- proposalResult{applied: events[i]}
+		}
+	}
+	for _, rs := range readStates {
+		if ch, ok := w.reads[string(rs.RequestCtx)]; ok {
+			delete(w.reads, string(rs.RequestCtx))
+			ch <- readResult{index: rs.Index}
+		}
+	}
+	kept := w.indexWaiters[:0]
+	for _, iw := range w.indexWaiters {
+		if iw.index <= applied {
+			close(iw.ch)
+		} else {
+			kept = append(kept, iw)
+		}
+	}
+	w.indexWaiters = kept
+}
+
+// failAll ends every waiting proposal with err and every waiting read with
+// ErrNotLeader (raft drops pending reads of a deposed leader). Index
+// waiters are left alone: they end with their context or Stop.
+func (w *waiting) failAll(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id, ch := range w.proposals {
+		delete(w.proposals, id)
+		ch <- proposalResult{err: err}
+	}
+	for key, ch := range w.reads {
+		delete(w.reads, key)
+		ch <- readResult{err: ErrNotLeader}
+	}
+}

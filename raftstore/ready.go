@@ -1,0 +1,289 @@
+package raftstore
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+// readyApply is what applying one Ready produced, for the steps after it.
+type readyApply struct {
+	applied     uint64 // applied index after this Ready
+	confState   raftpb.ConfState
+	restored    bool // a received snapshot replaced the state
+	confChanges []raftpb.ConfChangeV2
+	events      []Applied
+	requestIDs  []uint64 // requestIDs[i] is the proposal events[i] answers
+	leaderReady bool     // this leader's first entry of its term applied
+	touched     touchedRows
+	state       *StateChange // what to persist; nil when nothing applied
+}
+
+// touchedRows are the state rows a run of commands touched: lock keys in
+// first-touch order, and whether the control state changed.
+type touchedRows struct {
+	keys    []string
+	seen    map[string]struct{}
+	control bool
+}
+
+func (t *touchedRows) add(cmd core.Command) {
+	if cmd.Kind == core.KindControl {
+		t.control = true
+		return
+	}
+	if _, ok := t.seen[cmd.Key]; ok {
+		return
+	}
+	if t.seen == nil {
+		t.seen = make(map[string]struct{})
+	}
+	t.seen[cmd.Key] = struct{}{}
+	t.keys = append(t.keys, cmd.Key)
+}
+
+// handleReady follows the raft.Ready contract, one named step each; the
+// loop calls Advance after it returns nil.
+func (n *Node) handleReady(rd raft.Ready) error {
+	lostLeadership := n.trackSoftState(rd)
+
+	// machineMu is held from apply until the batch is durable, so View
+	// never shows state that a crash could still lose.
+	n.machineMu.Lock()
+	start := time.Now()
+	ra, err := n.applyCommitted(rd)
+	if err == nil {
+		err = n.persist(rd, ra)
+	}
+	n.machineMu.Unlock()
+	if err != nil {
+		return err
+	}
+	if len(rd.CommittedEntries) > 0 {
+		n.cfg.Metrics.observeApply(time.Since(start), len(rd.CommittedEntries))
+	}
+
+	n.send(rd.Messages)
+	n.notify(rd, ra, lostLeadership)
+	// A node added by a conf change can only restore a snapshot whose
+	// ConfState names it (raft refuses others), so membership changes get
+	// a fresh snapshot at once instead of waiting for the next interval.
+	return n.maybeSnapshot(ra.applied, ra.confState, len(ra.confChanges) > 0)
+}
+
+// trackSoftState records the leader, role and term rd reports, and says
+// whether this node just stopped being leader.
+func (n *Node) trackSoftState(rd raft.Ready) (lostLeadership bool) {
+	if rd.SoftState != nil {
+		n.leader.Store(rd.SoftState.Lead)
+		wasLeader := n.isLeader.Load()
+		nowLeader := rd.SoftState.RaftState == raft.StateLeader
+		n.isLeader.Store(nowLeader)
+		if wasLeader && !nowLeader {
+			n.ready.Store(false)
+			lostLeadership = true
+		}
+	}
+	if !raft.IsEmptyHardState(rd.HardState) {
+		n.term.Store(rd.HardState.Term)
+	}
+	return lostLeadership
+}
+
+// applyCommitted restores rd's snapshot, if any, applies rd's committed
+// entries to the machine, and builds the state change to persist with
+// them. The caller holds machineMu for writing.
+func (n *Node) applyCommitted(rd raft.Ready) (*readyApply, error) {
+	ra := &readyApply{applied: n.applied.Load(), confState: n.ConfState()}
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		if err := n.machine.Restore(rd.Snapshot.Data); err != nil {
+			return nil, fmt.Errorf("restore snapshot at %d: %w", rd.Snapshot.Metadata.Index, err)
+		}
+		ra.applied = rd.Snapshot.Metadata.Index
+		ra.confState = rd.Snapshot.Metadata.ConfState
+		ra.restored = true
+		// The installed snapshot is now the store's latest one.
+		n.snapIndex = ra.applied
+	}
+	for _, e := range rd.CommittedEntries {
+		if e.Index <= ra.applied {
+			continue
+		}
+		if err := n.applyEntry(e, ra); err != nil {
+			return nil, err
+		}
+		ra.applied = e.Index
+	}
+	if len(rd.CommittedEntries) > 0 || ra.restored {
+		ra.state = n.stateChange(ra)
+	}
+	return ra, nil
+}
+
+// applyEntry applies one committed entry: a lock or control command to the
+// machine, a membership change to raft.
+func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
+	switch e.Type {
+	case raftpb.EntryNormal:
+		if len(e.Data) == 0 {
+			// A leader's empty entry of its own term: everything before it
+			// is applied too, so the lock table is complete.
+			if n.isLeader.Load() && e.Term == n.term.Load() {
+				ra.leaderReady = true
+			}
+			return nil
+		}
+		ent, err := core.DecodeEntry(e.Data)
+		if err != nil {
+			// Every replica rejects the same bytes the same way, so
+			// skipping keeps them identical.
+			n.log.Error("undecodable log entry skipped", "index", e.Index, "err", err)
+			return nil
+		}
+		res := n.machine.Apply(ent.Command)
+		ra.touched.add(ent.Command)
+		ra.events = append(ra.events, Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res})
+		ra.requestIDs = append(ra.requestIDs, ent.RequestID)
+	case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
+		cc, err := decodeConfChange(e)
+		if err != nil {
+			return fmt.Errorf("conf change at %d: %w", e.Index, err)
+		}
+		ra.confState = *n.raft.ApplyConfChange(cc)
+		ra.confChanges = append(ra.confChanges, cc)
+	}
+	return nil
+}
+
+// stateChange is the net change of the state rows after applying: one row
+// per touched key (held now => Put, not held => Delete), the control
+// record when a control command applied, the conf state when membership
+// changed.
+func (n *Node) stateChange(ra *readyApply) *StateChange {
+	sc := &StateChange{Index: ra.applied, LastToken: n.machine.LastToken()}
+	for _, key := range ra.touched.keys {
+		if l, ok := n.machine.Get(key); ok {
+			sc.Put = append(sc.Put, l)
+		} else {
+			sc.Delete = append(sc.Delete, key)
+		}
+	}
+	if ra.touched.control {
+		sc.Control = n.machine.ControlSnapshot()
+	}
+	if len(ra.confChanges) > 0 {
+		cs := ra.confState
+		sc.ConfState = &cs
+	}
+	return sc
+}
+
+// persist writes rd's entries, HardState and snapshot and the state change
+// with its applied index in one Pebble batch, so a crash keeps an applied
+// entry together with its effect or loses both. The caller holds
+// machineMu for writing.
+func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
+	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
+	// be on disk before messages go out; the state change of entries
+	// already durable in the log may ride without its own fsync.
+	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot,
+		State: ra.state, MaySkipSync: !rd.MustSync}
+	if err := n.cfg.Store.Write(w); err != nil {
+		return fmt.Errorf("persist ready: %w", err)
+	}
+	n.applied.Store(ra.applied)
+	cs := ra.confState
+	n.confState.Store(&cs)
+	return nil
+}
+
+// send hands rd's messages to the transport. It runs only after persist:
+// a message may promise (a vote, an appended entry) what must be on disk.
+func (n *Node) send(msgs []raftpb.Message) {
+	if n.cfg.Transport != nil && len(msgs) > 0 {
+		n.cfg.Transport.Send(msgs)
+	}
+}
+
+// notify tells the observers and the waiting callers what the durable
+// Ready did: restore, membership changes and applied commands first, then
+// proposal results, read states and applied-index waiters, then a lost or
+// a ready leadership.
+func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
+	obs := n.cfg.Observers
+	if ra.restored {
+		for _, o := range obs {
+			o.OnRestored(ra.applied)
+		}
+	}
+	for _, cc := range ra.confChanges {
+		for _, o := range obs {
+			o.OnConfChange(cc, ra.confState)
+		}
+	}
+	for _, a := range ra.events {
+		for _, o := range obs {
+			o.OnApplied(a)
+		}
+	}
+	n.waiting.complete(ra.events, ra.requestIDs, rd.ReadStates, ra.applied)
+	if lostLeadership {
+		// After this Ready's own results went out: the rest of our
+		// in-flight proposals may or may not commit under the new leader,
+		// so their callers must not guess.
+		n.waiting.failAll(ErrIndeterminate)
+		for _, o := range obs {
+			o.OnLeadershipLost()
+		}
+	}
+	if ra.leaderReady && !n.ready.Load() {
+		n.ready.Store(true)
+		for _, o := range obs {
+			o.OnLeaderReady(n.term.Load())
+		}
+	}
+}
+
+// maybeSnapshot records a snapshot every SnapshotEntries applied entries
+// (or now, when force is set) and compacts the log behind it, keeping
+// CompactKeep entries so that a slightly lagging follower catches up from
+// the log, not a snapshot.
+func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState, force bool) error {
+	if applied <= n.snapIndex || !force && applied-n.snapIndex < n.cfg.SnapshotEntries {
+		return nil
+	}
+	n.machineMu.RLock()
+	data := n.machine.Snapshot()
+	n.machineMu.RUnlock()
+	if err := n.cfg.Store.CreateSnapshot(applied, cs, data); err != nil {
+		return fmt.Errorf("create snapshot at %d: %w", applied, err)
+	}
+	n.snapIndex = applied
+	if applied > n.cfg.CompactKeep {
+		if err := n.cfg.Store.Compact(applied - n.cfg.CompactKeep); err != nil && !errors.Is(err, raft.ErrCompacted) {
+			return fmt.Errorf("compact to %d: %w", applied-n.cfg.CompactKeep, err)
+		}
+	}
+	n.log.Debug("snapshot taken", "index", applied, "bytes", len(data))
+	return nil
+}
+
+func decodeConfChange(e raftpb.Entry) (raftpb.ConfChangeV2, error) {
+	if e.Type == raftpb.EntryConfChange {
+		var cc raftpb.ConfChange
+		if err := cc.Unmarshal(e.Data); err != nil {
+			return raftpb.ConfChangeV2{}, err
+		}
+		return cc.AsV2(), nil
+	}
+	var cc raftpb.ConfChangeV2
+	if err := cc.Unmarshal(e.Data); err != nil {
+		return raftpb.ConfChangeV2{}, err
+	}
+	return cc, nil
+}

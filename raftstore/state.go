@@ -1,0 +1,211 @@
+package raftstore
+
+import (
+	"errors"
+	"fmt"
+
+	"github.com/cockroachdb/pebble/v2"
+	"github.com/ticketd/ticketd/core"
+	"go.etcd.io/raft/v3/raftpb"
+)
+
+// StateChange is the state rows that applying a run of committed entries
+// changed, written in the same batch as the new applied index. Put and
+// Delete are the net change of the whole run: a key granted and released in
+// the same run must not appear in both (Write rejects that, since the two
+// lists cannot say which came last). Build them after applying, from the
+// touched keys: held now => Put, not held => Delete.
+type StateChange struct {
+	Index     uint64            // new applied index (highest entry applied)
+	LastToken uint64            // core.Machine.LastToken() after applying
+	Put       []core.Lock       // locks now held (created) — write row
+	Delete    []string          // keys no longer held — delete row
+	ConfState *raftpb.ConfState // non-nil when a conf change was applied
+	// Control is core.Machine.ControlSnapshot() after applying, non-nil
+	// when a control command was applied.
+	Control []byte
+}
+
+// stageState adds a state change and its applied index to b. The caller
+// built sc from the machine it just applied to, so its locks and control
+// record are written as they are, not decoded again; only invariants that
+// relate sc to the persisted state (or its own lists to each other) are
+// checked.
+func stageState(b *pebble.Batch, st *storeState, sc *StateChange) error {
+	noop := len(sc.Put) == 0 && len(sc.Delete) == 0 && sc.ConfState == nil && sc.Control == nil && sc.LastToken == st.lastToken
+	switch {
+	case sc.Index == st.applied && noop:
+		// Nothing new was applied, e.g. a snapshot installed by the same
+		// Write with no committed entries after it.
+		return nil
+	case sc.Index <= st.applied:
+		return fmt.Errorf("%w: applied index %d does not advance past %d", ErrInvariant, sc.Index, st.applied)
+	case sc.LastToken < st.lastToken:
+		return fmt.Errorf("%w: last token %d below persisted %d", ErrInvariant, sc.LastToken, st.lastToken)
+	}
+	if err := stageLocks(b, sc); err != nil {
+		return err
+	}
+	if sc.ConfState != nil {
+		if err := setMarshaled(b, keyConfState, sc.ConfState); err != nil {
+			return err
+		}
+	}
+	if sc.Control != nil {
+		if err := b.Set(keyControl, sc.Control, nil); err != nil {
+			return err
+		}
+	}
+	if err := b.Set(keyApplied, encodeUint64(sc.Index), nil); err != nil {
+		return err
+	}
+	if err := b.Set(keyLastToken, encodeUint64(sc.LastToken), nil); err != nil {
+		return err
+	}
+	st.applied, st.lastToken = sc.Index, sc.LastToken
+	return nil
+}
+
+// stageLocks adds the lock rows of sc.Put and the deletions of sc.Delete
+// to b. A key may repeat only with the same effect; Put and Delete of one
+// key cannot be ordered and would silently lose or resurrect a lock.
+func stageLocks(b *pebble.Batch, sc *StateChange) error {
+	puts := make(map[string]core.Lock, len(sc.Put))
+	for _, l := range sc.Put {
+		if err := checkLock(l); err != nil {
+			return fmt.Errorf("%w: lock %q: %w", ErrInvariant, l.Key, err)
+		}
+		if l.Token > sc.LastToken {
+			return fmt.Errorf("%w: lock %q token %d above last token %d", ErrInvariant, l.Key, l.Token, sc.LastToken)
+		}
+		if prev, dup := puts[l.Key]; dup {
+			if prev != l {
+				return fmt.Errorf("%w: key %q appears twice in Put with different locks; Put/Delete must be the net change",
+					ErrInvariant, l.Key)
+			}
+			continue
+		}
+		puts[l.Key] = l
+		if err := b.Set(lockKey(l.Key), core.EncodeLockRecord(l), nil); err != nil {
+			return err
+		}
+	}
+	for _, k := range sc.Delete {
+		if err := core.ValidateKey(k); err != nil {
+			return fmt.Errorf("%w: delete %q: %w", ErrInvariant, k, err)
+		}
+		if _, dup := puts[k]; dup {
+			return fmt.Errorf("%w: key %q is in both Put and Delete; Put/Delete must be the net change", ErrInvariant, k)
+		}
+		if err := b.Delete(lockKey(k), nil); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// checkLock checks the fields of a lock to be written, so that a row
+// LoadMachine would refuse as corrupt is never written in the first place.
+func checkLock(l core.Lock) error {
+	if err := core.ValidateKey(l.Key); err != nil {
+		return err
+	}
+	if err := core.ValidateOwner(l.Owner); err != nil {
+		return err
+	}
+	if err := core.ValidateLeaseMS(l.LeaseMS); err != nil {
+		return err
+	}
+	if l.Token == 0 {
+		return errors.New("token 0")
+	}
+	return nil
+}
+
+// AppliedIndex returns the persisted applied index.
+func (s *Store) AppliedIndex() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.applied
+}
+
+// LoadMachine reads back the applied state on restart: the applied index,
+// the lock table with its token counter, and the conf state as of that
+// index. Every lock row is validated.
+func (s *Store) LoadMachine() (applied uint64, m *core.Machine, cs raftpb.ConfState, err error) {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	if s.closed {
+		return 0, nil, raftpb.ConfState{}, ErrStoreClosed
+	}
+	fail := func(err error) (uint64, *core.Machine, raftpb.ConfState, error) {
+		return 0, nil, raftpb.ConfState{}, fmt.Errorf("raftstore: load machine: %w", err)
+	}
+	if applied, err = readUint64(s.view, keyApplied, "applied index"); err != nil {
+		return fail(err)
+	}
+	lastToken, err := readUint64(s.view, keyLastToken, "last token")
+	if err != nil {
+		return fail(err)
+	}
+	if cs, err = readConfState(s.view); err != nil {
+		return fail(err)
+	}
+	it, err := s.view.NewIter(&pebble.IterOptions{LowerBound: prefixLock, UpperBound: endLock})
+	if err != nil {
+		return fail(err)
+	}
+	var locks []core.Lock
+	tokens := make(map[uint64]string)
+	for valid := it.First(); valid; valid = it.Next() {
+		l, err := iterLock(it, lastToken)
+		if err == nil {
+			if other, dup := tokens[l.Token]; dup {
+				err = fmt.Errorf("%w: token %d held by both %q and %q", ErrCorrupt, l.Token, other, l.Key)
+			}
+		}
+		if err != nil {
+			_ = it.Close()
+			return fail(err)
+		}
+		tokens[l.Token] = l.Key
+		locks = append(locks, l)
+	}
+	if err := errors.Join(it.Error(), it.Close()); err != nil {
+		return fail(err)
+	}
+	m = core.NewMachine()
+	m.Load(lastToken, locks)
+	switch rec, closer, err := s.view.Get(keyControl); {
+	case errors.Is(err, pebble.ErrNotFound):
+	case err != nil:
+		return fail(fmt.Errorf("read control state: %w", err))
+	default:
+		lerr := m.LoadControl(rec)
+		_ = closer.Close()
+		if lerr != nil {
+			return fail(fmt.Errorf("%w: control state: %w", ErrCorrupt, lerr))
+		}
+	}
+	return applied, m, cs, nil
+}
+
+// iterLock decodes and validates the lock row under it.
+func iterLock(it *pebble.Iterator, lastToken uint64) (core.Lock, error) {
+	key := string(it.Key()[len(prefixLock):])
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return core.Lock{}, fmt.Errorf("read lock row %q: %w", key, err)
+	}
+	l, err := core.DecodeLockRecord(v)
+	if err != nil {
+		return core.Lock{}, fmt.Errorf("%w: lock row %q: %w", ErrCorrupt, key, err)
+	}
+	if l.Key != key {
+		return core.Lock{}, fmt.Errorf("%w: lock row %q holds key %q", ErrCorrupt, key, l.Key)
+	}
+	if l.Token > lastToken {
+		return core.Lock{}, fmt.Errorf("%w: lock row %q token %d above last token %d", ErrCorrupt, key, l.Token, lastToken)
+	}
+	return l, nil
+}
