@@ -13,7 +13,6 @@ import (
 
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/raftstore"
-	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 // Defaults.
@@ -24,7 +23,7 @@ const (
 	QueueDefault = 1 << 16
 	// SubjectPrefix is where audit events are published:
 	// ticketd.v1.audit.<event type>.
-	SubjectPrefix = protocol.SubjectPrefix + ".audit"
+	SubjectPrefix = "ticketd.v1.audit"
 	// CallTimeoutDefault bounds one on_applied call set.
 	CallTimeoutDefault = time.Second
 )

@@ -22,6 +22,9 @@ const (
 	SubjectRelease = SubjectPrefix + ".lock.release"
 	SubjectGet     = SubjectPrefix + ".lock.get"
 	SubjectStatus  = SubjectPrefix + ".status"
+	// SubjectAuditPrefix is where audit events are published, one subject
+	// token per event type (plugins/audit publishes them).
+	SubjectAuditPrefix = SubjectPrefix + ".audit"
 )
 
 // ForwardSubject is where a follower forwards a client request for op

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/plugins/audit"
 )
 
 func TestDecodeAcquire(t *testing.T) {
@@ -135,4 +137,13 @@ func FuzzDecodeRequests(f *testing.F) {
 			t.Fatalf("accepted bad get %+v", r)
 		}
 	})
+}
+
+// The audit publisher cannot import this package (only the NATS edge, the
+// SDK and the CLI speak the client protocol), so it keeps its own copy of
+// the subject; this keeps the two equal.
+func TestAuditSubjectMatchesPublisher(t *testing.T) {
+	if audit.SubjectPrefix != SubjectAuditPrefix {
+		t.Fatalf("plugins/audit publishes on %q, the protocol documents %q", audit.SubjectPrefix, SubjectAuditPrefix)
+	}
 }
