@@ -87,156 +87,22 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		}
 	}()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
-	metrics := lockservice.NewMetrics(d.reg)
 	raftMetrics := raftstore.NewMetrics(d.reg)
-
-	if err := os.MkdirAll(cfg.Data, 0o750); err != nil {
-		return nil, fmt.Errorf("daemon: data dir: %w", err)
+	if err := d.openStore(raftMetrics); err != nil {
+		return nil, err
 	}
-	d.store, err = raftstore.Open(filepath.Join(cfg.Data, "raft"), raftstore.StoreOptions{
-		NoSync:  cfg.NoSync,
-		Logger:  log.With("component", "store"),
-		Metrics: raftMetrics,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("daemon: open store: %w", err)
-	}
-
-	ident, err := control.ResolveIdentity(ctx, control.StartConfig{
-		DataDir:        cfg.Data,
-		Join:           cfg.Join != "",
-		JoinURLs:       cfg.JoinURLs(),
-		JoinCredential: cfg.JoinCredential,
-		Replace:        cfg.Replace,
-		Credential:     cfg.ControlCredential,
-		PeerListen:     cfg.PeerListen,
-		Log:            d.store,
-		Logger:         d.log,
-	})
+	m, err := d.resolveMembership(ctx)
 	if err != nil {
 		return nil, err
 	}
-	if ident.NodeID != 0 {
-		d.cfg.ID = ident.NodeID
-	}
-	if ident.Join != nil {
-		d.log = d.log.With("node", ident.NodeID)
-	}
-	cfg = d.cfg // the identity may have set the node id
-	members, err := cfg.Members()
-	if err != nil {
+	if err := d.startRaft(ctx, opts, m, raftMetrics); err != nil {
 		return nil, err
 	}
-	var peerIDs []uint64
-	addrs := map[uint64]string{} // peers the transport knows
-	if ident.Join == nil {
-		for _, m := range members {
-			peerIDs = append(peerIDs, m.ID)
-			addrs[m.ID] = m.Addr
-		}
-	} else {
-		members = nil
-		for _, m := range ident.Join.Members {
-			if m.NodeID != cfg.ID {
-				members = append(members, Member{ID: m.NodeID, Addr: m.Address})
-				addrs[m.NodeID] = m.Address
-			}
-		}
-	}
-	var transport raftstore.Transport
-	if len(members) > 1 || cfg.PeerListen != "" && len(cfg.PeerSecret) >= MinPeerSecretLen {
-		if err := d.newPeers(members); err != nil {
-			return nil, err
-		}
-		transport = d.peers
-	}
-
-	lcfg := lockservice.Config{Logger: log.With("component", "lockservice"), Metrics: metrics, Policy: opts.Policy, Now: opts.Now}
-	if d.plugins, err = loadPlugins(ctx, cfg, log.With("component", "plugins")); err != nil {
+	d.ctl = control.New(d.controlConfig(m.addrs))
+	if err := d.startClientService(ctx, opts); err != nil {
 		return nil, err
 	}
-	if d.plugins != nil {
-		if lcfg.Policy == nil {
-			lcfg.Policy = d.plugins
-		}
-		d.audit = audit.NewPublisher(audit.Config{Auditor: d.plugins, Node: cfg.ID, Logger: log.With("component", "audit"), Registerer: d.reg})
-	}
-	d.locks = lockservice.New(lcfg)
-	var observers []raftstore.Observer
-	if d.audit != nil {
-		// The auditor only queues each command, so it goes first and never
-		// waits behind the lock service.
-		observers = append(observers, raftstore.ObserverFuncs{Applied: d.audit.Offer})
-	}
-	observers = append(observers, d.locks)
-	d.node, err = raftstore.NewNode(raftstore.Config{
-		ID:              cfg.ID,
-		Peers:           peerIDs,
-		Join:            ident.Join != nil,
-		Store:           d.store,
-		Transport:       transport,
-		Observers:       observers,
-		Logger:          log.With("component", "raftstore"),
-		TickInterval:    time.Duration(cfg.TickMS) * time.Millisecond,
-		ElectionTicks:   cfg.ElectionTicks,
-		HeartbeatTicks:  cfg.HeartbeatTicks,
-		SnapshotEntries: cfg.SnapshotEntries,
-		CompactKeep:     cfg.CompactKeep,
-		Metrics:         raftMetrics,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("daemon: start raft node: %w", err)
-	}
-	if d.peers != nil {
-		// The transport lives until Close, not as long as Start's context: a
-		// caller bounding start-up with a timeout must not cut the raft links.
-		if err := d.peers.Start(context.Background(), d.node); err != nil {
-			return nil, fmt.Errorf("daemon: peer transport: %w", err)
-		}
-	}
-	d.locks.Attach(d.node)
-	d.node.Start()
-
-	ccfg := control.Config{
-		ID:                  cfg.ID,
-		Node:                d.node,
-		Leadership:          d.locks,
-		Addresses:           addrs,
-		Listen:              cfg.ControlListen,
-		Credential:          cfg.ControlCredential,
-		BootstrapCredential: cfg.BootstrapCredential,
-		DataDir:             cfg.Data,
-		PeerListen:          cfg.PeerListen,
-		PeerAddr:            d.PeerAddr(),
-		Logger:              d.log.With("component", "control"),
-	}
-	if d.peers != nil {
-		ccfg.Peers = d.peers
-	}
-	d.ctl = control.New(ccfg)
-
-	if err := d.startNATS(); err != nil {
-		return nil, err
-	}
-	if cfg.AuditStream != "" {
-		sctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
-		err := audit.EnsureStream(sctx, d.nc, cfg.AuditStream)
-		cancel()
-		if err != nil {
-			return nil, fmt.Errorf("daemon: %w", err)
-		}
-	}
-	if d.audit != nil {
-		d.audit.Start(d.nc)
-	}
-	d.api, err = natsapi.Start(natsapi.Config{
-		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins,
-		Logger: log.With("component", "natsapi"), Now: opts.Now,
-	})
-	if err != nil {
-		return nil, fmt.Errorf("daemon: start client service: %w", err)
-	}
-	if cfg.MetricsListen != "" {
+	if d.cfg.MetricsListen != "" {
 		if err := d.startHTTP(); err != nil {
 			return nil, err
 		}
@@ -244,8 +110,197 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if err := d.ctl.Start(); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	log.Info("node started", "data", cfg.Data, "nats", d.ClientURL(), "members", len(members))
+	d.log.Info("node started", "data", d.cfg.Data, "nats", d.ClientURL(), "members", len(m.peers))
 	return d, nil
+}
+
+func (d *Daemon) openStore(metrics *raftstore.Metrics) error {
+	if err := os.MkdirAll(d.cfg.Data, 0o750); err != nil {
+		return fmt.Errorf("daemon: data dir: %w", err)
+	}
+	st, err := raftstore.Open(filepath.Join(d.cfg.Data, "raft"), raftstore.StoreOptions{
+		NoSync:  d.cfg.NoSync,
+		Logger:  d.log.With("component", "store"),
+		Metrics: metrics,
+	})
+	if err != nil {
+		return fmt.Errorf("daemon: open store: %w", err)
+	}
+	d.store = st
+	return nil
+}
+
+// membership is who this node is and whom it talks to at start.
+type membership struct {
+	joining bool              // a fresh join: raft learns the members from the leader
+	voters  []uint64          // initial raft voters (static or bootstrap), when not joining
+	peers   []Member          // the other members the peer transport dials
+	addrs   map[uint64]string // every known member's peer address
+}
+
+// resolveMembership settles the node's identity (from its identity file, a
+// join through the control API, or --id) and its initial members.
+func (d *Daemon) resolveMembership(ctx context.Context) (membership, error) {
+	ident, err := control.ResolveIdentity(ctx, control.StartConfig{
+		DataDir:        d.cfg.Data,
+		Join:           d.cfg.Join != "",
+		JoinURLs:       d.cfg.JoinURLs(),
+		JoinCredential: d.cfg.JoinCredential,
+		Replace:        d.cfg.Replace,
+		Credential:     d.cfg.ControlCredential,
+		PeerListen:     d.cfg.PeerListen,
+		Log:            d.store,
+		Logger:         d.log,
+	})
+	if err != nil {
+		return membership{}, err
+	}
+	if ident.NodeID != 0 {
+		d.cfg.ID = ident.NodeID
+	}
+	if ident.Join != nil {
+		d.log = d.log.With("node", ident.NodeID)
+	}
+	m := membership{joining: ident.Join != nil, addrs: map[uint64]string{}}
+	if m.joining {
+		for _, jm := range ident.Join.Members {
+			if jm.NodeID != d.cfg.ID {
+				m.peers = append(m.peers, Member{ID: jm.NodeID, Addr: jm.Address})
+				m.addrs[jm.NodeID] = jm.Address
+			}
+		}
+		return m, nil
+	}
+	if m.peers, err = d.cfg.Members(); err != nil {
+		return membership{}, err
+	}
+	for _, mb := range m.peers {
+		m.voters = append(m.voters, mb.ID)
+		m.addrs[mb.ID] = mb.Addr
+	}
+	return m, nil
+}
+
+// startRaft builds the peer transport, the plugins, the lock service and
+// the raft node, and starts them.
+func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raftMetrics *raftstore.Metrics) error {
+	var transport raftstore.Transport
+	if len(m.peers) > 1 || d.cfg.PeerListen != "" && len(d.cfg.PeerSecret) >= MinPeerSecretLen {
+		if err := d.newPeers(m.peers); err != nil {
+			return err
+		}
+		transport = d.peers
+	}
+	if err := d.newLockService(ctx, opts); err != nil {
+		return err
+	}
+	var observers []raftstore.Observer
+	if d.audit != nil {
+		// The auditor only queues each command, so it goes first and never
+		// waits behind the lock service.
+		observers = append(observers, raftstore.ObserverFuncs{Applied: d.audit.Offer})
+	}
+	observers = append(observers, d.locks)
+	var err error
+	d.node, err = raftstore.NewNode(raftstore.Config{
+		ID:              d.cfg.ID,
+		Peers:           m.voters,
+		Join:            m.joining,
+		Store:           d.store,
+		Transport:       transport,
+		Observers:       observers,
+		Logger:          d.log.With("component", "raftstore"),
+		TickInterval:    time.Duration(d.cfg.TickMS) * time.Millisecond,
+		ElectionTicks:   d.cfg.ElectionTicks,
+		HeartbeatTicks:  d.cfg.HeartbeatTicks,
+		SnapshotEntries: d.cfg.SnapshotEntries,
+		CompactKeep:     d.cfg.CompactKeep,
+		Metrics:         raftMetrics,
+	})
+	if err != nil {
+		return fmt.Errorf("daemon: start raft node: %w", err)
+	}
+	if d.peers != nil {
+		// The transport lives until Close, not as long as Start's context: a
+		// caller bounding start-up with a timeout must not cut the raft links.
+		if err := d.peers.Start(context.Background(), d.node); err != nil {
+			return fmt.Errorf("daemon: peer transport: %w", err)
+		}
+	}
+	d.locks.Attach(d.node)
+	d.node.Start()
+	return nil
+}
+
+// newLockService loads the plugins and builds the lock service with them
+// as its Grant policy (unless opts overrides it) and their audit publisher.
+func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
+	lcfg := lockservice.Config{
+		Logger:  d.log.With("component", "lockservice"),
+		Metrics: lockservice.NewMetrics(d.reg),
+		Policy:  opts.Policy,
+		Now:     opts.Now,
+	}
+	var err error
+	if d.plugins, err = loadPlugins(ctx, d.cfg, d.log.With("component", "plugins")); err != nil {
+		return err
+	}
+	if d.plugins != nil {
+		if lcfg.Policy == nil {
+			lcfg.Policy = d.plugins
+		}
+		d.audit = audit.NewPublisher(audit.Config{Auditor: d.plugins, Node: d.cfg.ID, Logger: d.log.With("component", "audit"), Registerer: d.reg})
+	}
+	d.locks = lockservice.New(lcfg)
+	return nil
+}
+
+func (d *Daemon) controlConfig(addrs map[uint64]string) control.Config {
+	ccfg := control.Config{
+		ID:                  d.cfg.ID,
+		Node:                d.node,
+		Leadership:          d.locks,
+		Addresses:           addrs,
+		Listen:              d.cfg.ControlListen,
+		Credential:          d.cfg.ControlCredential,
+		BootstrapCredential: d.cfg.BootstrapCredential,
+		DataDir:             d.cfg.Data,
+		PeerListen:          d.cfg.PeerListen,
+		PeerAddr:            d.PeerAddr(),
+		Logger:              d.log.With("component", "control"),
+	}
+	if d.peers != nil {
+		ccfg.Peers = d.peers
+	}
+	return ccfg
+}
+
+// startClientService connects to NATS (starting the embedded server),
+// prepares the audit stream and publisher, and serves the client API.
+func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
+	if err := d.startNATS(); err != nil {
+		return err
+	}
+	if d.cfg.AuditStream != "" {
+		sctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
+		err := audit.EnsureStream(sctx, d.nc, d.cfg.AuditStream)
+		cancel()
+		if err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+	}
+	if d.audit != nil {
+		d.audit.Start(d.nc)
+	}
+	var err error
+	d.api, err = natsapi.Start(natsapi.Config{
+		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins,
+		Logger: d.log.With("component", "natsapi"), Now: opts.Now,
+	})
+	if err != nil {
+		return fmt.Errorf("daemon: start client service: %w", err)
+	}
+	return nil
 }
 
 // newPeers creates the peer transport, which listens at once; it starts
