@@ -2,6 +2,7 @@ package core
 
 import (
 	"fmt"
+	"strings"
 	"unicode/utf8"
 )
 
@@ -18,6 +19,9 @@ const (
 	// join credentials, admission, promotion, replacement and retirement.
 	// See control.go.
 	KindControl Kind = 4
+	// KindRenew extends a held lock's lease when its token matches. It is
+	// a cluster version 2 command (see ClusterVersion).
+	KindRenew Kind = 5
 )
 
 func (k Kind) String() string {
@@ -30,6 +34,8 @@ func (k Kind) String() string {
 		return "expire"
 	case KindControl:
 		return "control"
+	case KindRenew:
+		return "renew"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -37,17 +43,23 @@ func (k Kind) String() string {
 // Command is one replicated command. Which fields are meaningful depends
 // on Kind; every other field must be zero:
 //
-//	Grant:   Key, LeaseMS, Owner, GrantedAtMS
+//	Grant:   Key, LeaseMS, Owner, GrantedAtMS, Identity (cluster version 2)
 //	Release: Key, Token
 //	Expire:  Key, Token
+//	Renew:   Key, Token, LeaseMS (0: keep the lock's lease)
 //	Control: Control
 //
-// A Grant never carries a token: Apply assigns it. Command is comparable,
-// so a decoded command can be checked against the proposed one with ==.
+// A Grant never carries a token: Apply assigns it. Owner is a correlation
+// id chosen by the client; Identity is who the transport authenticated
+// (the NATS account and user), recorded for per-identity accounting. Both
+// are information, never authority over a lock: only the token is.
+// Command is comparable, so a decoded command can be checked against the
+// proposed one with ==.
 type Command struct {
 	Kind        Kind
 	Key         string
 	Owner       string
+	Identity    string
 	LeaseMS     uint64
 	GrantedAtMS uint64
 	Token       uint64
@@ -57,6 +69,11 @@ type Command struct {
 // Grant builds a Grant command.
 func Grant(key, owner string, leaseMS, grantedAtMS uint64) Command {
 	return Command{Kind: KindGrant, Key: key, Owner: owner, LeaseMS: leaseMS, GrantedAtMS: grantedAtMS}
+}
+
+// Renew builds a Renew command; leaseMS 0 keeps the lock's lease.
+func Renew(key string, token, leaseMS uint64) Command {
+	return Command{Kind: KindRenew, Key: key, Token: token, LeaseMS: leaseMS}
 }
 
 // Release builds a Release command.
@@ -76,7 +93,7 @@ func (c Command) Validate() error { return c.validate() }
 // validate is Validate without copying the command (Apply's hot path).
 func (c *Command) validate() error {
 	if c.Kind == KindControl {
-		if c.Key != "" || c.Owner != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 || c.Token != 0 {
+		if c.Key != "" || c.Owner != "" || c.Identity != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 || c.Token != 0 {
 			return invalidf("control carries only a control request")
 		}
 		return c.Control.Validate()
@@ -95,6 +112,9 @@ func (c *Command) validate() error {
 		if err := ValidateOwner(c.Owner); err != nil {
 			return err
 		}
+		if err := ValidateIdentity(c.Identity); err != nil {
+			return err
+		}
 		if c.Token != 0 {
 			return invalidf("grant must not carry a token")
 		}
@@ -102,8 +122,20 @@ func (c *Command) validate() error {
 		if c.Token == 0 {
 			return invalidf("%s needs a token", c.Kind)
 		}
-		if c.Owner != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 {
+		if c.Owner != "" || c.Identity != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 {
 			return invalidf("%s carries only key and token", c.Kind)
+		}
+	case KindRenew:
+		if c.Token == 0 {
+			return invalidf("renew needs a token")
+		}
+		if c.LeaseMS != 0 {
+			if err := ValidateLeaseMS(c.LeaseMS); err != nil {
+				return err
+			}
+		}
+		if c.Owner != "" || c.Identity != "" || c.GrantedAtMS != 0 {
+			return invalidf("renew carries only key, token and lease")
 		}
 	default:
 		return invalidf("unknown command kind %d", uint8(c.Kind))
@@ -142,6 +174,20 @@ func ValidateOwner(owner string) error {
 	return nil
 }
 
+// ValidateIdentity checks an authenticated identity: at most
+// MaxIdentityLen bytes of valid UTF-8 with no NUL. Empty means anonymous.
+func ValidateIdentity(id string) error {
+	switch {
+	case len(id) > MaxIdentityLen:
+		return invalidf("identity is %d bytes, the limit is %d", len(id), MaxIdentityLen)
+	case !utf8.ValidString(id):
+		return invalidf("identity is not valid UTF-8")
+	case strings.IndexByte(id, 0) >= 0:
+		return invalidf("identity contains NUL")
+	}
+	return nil
+}
+
 // ValidateLeaseMS checks a lease length in milliseconds.
 func ValidateLeaseMS(ms uint64) error {
 	if ms < MinLeaseMS || ms > MaxLeaseMS {
@@ -168,6 +214,9 @@ const (
 	ResultAdmissionAccepted   ResultKind = 8
 	ResultControlApplied      ResultKind = 9
 	ResultControlRejected     ResultKind = 10
+
+	// ResultRenewed: a Renew found its token; the lease is extended.
+	ResultRenewed ResultKind = 11
 )
 
 func (r ResultKind) String() string {
@@ -194,6 +243,8 @@ func (r ResultKind) String() string {
 		return "control_applied"
 	case ResultControlRejected:
 		return "control_rejected"
+	case ResultRenewed:
+		return "renewed"
 	}
 	return fmt.Sprintf("result(%d)", uint8(r))
 }
@@ -201,6 +252,7 @@ func (r ResultKind) String() string {
 // Result is what applying one command produced. It is comparable.
 //
 //	Granted:             Token is the fencing token issued.
+//	Renewed:             Token is the renewed lock's token.
 //	GrantRejected:       Token is the token the key is held with.
 //	Expired:             Existed tells whether a lock was removed.
 //	BootstrapRecorded:   NodeID, Incarnation of the first voter.
@@ -221,7 +273,7 @@ type Result struct {
 
 func (r Result) String() string {
 	switch r.Kind {
-	case ResultGranted, ResultGrantRejected:
+	case ResultGranted, ResultGrantRejected, ResultRenewed:
 		return fmt.Sprintf("%s{token:%d}", r.Kind, r.Token)
 	case ResultExpired:
 		return fmt.Sprintf("expired{existed:%t}", r.Existed)

@@ -39,6 +39,9 @@ const (
 	ControlAbortReplacement ControlOp = 7
 	// ControlRetire removes a member for good.
 	ControlRetire ControlOp = 8
+	// ControlSetClusterVersion raises the cluster version (version.go). The
+	// leader proposes it; it needs no bootstrap (static clusters have none).
+	ControlSetClusterVersion ControlOp = 9
 )
 
 func (o ControlOp) String() string {
@@ -59,6 +62,8 @@ func (o ControlOp) String() string {
 		return "abort_replacement"
 	case ControlRetire:
 		return "retire"
+	case ControlSetClusterVersion:
+		return "set_cluster_version"
 	}
 	return fmt.Sprintf("control_op(%d)", uint8(o))
 }
@@ -74,6 +79,7 @@ func (o ControlOp) String() string {
 //	CompleteReplacement: OldNodeID, NewNodeID, NewIncarnation
 //	AbortReplacement:    OldNodeID, NewNodeID, NewIncarnation
 //	Retire:              NodeID, Incarnation
+//	SetClusterVersion:   Version
 //
 // CredentialHash is the SHA-256 of a credential; the credential itself is
 // never replicated. The leader authenticates the caller before proposing;
@@ -87,6 +93,7 @@ type ControlRequest struct {
 	OldNodeID      uint64
 	NewNodeID      uint64
 	NewIncarnation uint64
+	Version        uint64
 }
 
 // String shows the op and the fields it carries, e.g.
@@ -110,7 +117,7 @@ func (r ControlRequest) String() string {
 	for _, f := range []struct {
 		name string
 		v    uint64
-	}{{"node_id", r.NodeID}, {"incarnation", r.Incarnation}, {"old_node_id", r.OldNodeID}, {"new_node_id", r.NewNodeID}, {"new_incarnation", r.NewIncarnation}} {
+	}{{"node_id", r.NodeID}, {"incarnation", r.Incarnation}, {"old_node_id", r.OldNodeID}, {"new_node_id", r.NewNodeID}, {"new_incarnation", r.NewIncarnation}, {"version", r.Version}} {
 		if f.v != 0 {
 			field(f.name, f.v)
 		}
@@ -126,7 +133,7 @@ func (r ControlRequest) String() string {
 // checks it, and this is cheaper than comparing the whole struct.
 func (r *ControlRequest) isZero() bool {
 	h := r.CredentialHash[:]
-	return r.Op == 0 && r.NodeID|r.Incarnation|r.OldNodeID|r.NewNodeID|r.NewIncarnation == 0 && len(r.Address) == 0 &&
+	return r.Op == 0 && r.NodeID|r.Incarnation|r.OldNodeID|r.NewNodeID|r.NewIncarnation|r.Version == 0 && len(r.Address) == 0 &&
 		binary.LittleEndian.Uint64(h)|binary.LittleEndian.Uint64(h[8:])|binary.LittleEndian.Uint64(h[16:])|binary.LittleEndian.Uint64(h[24:]) == 0
 }
 
@@ -140,10 +147,11 @@ const (
 	cfNewNodeID
 	cfNewIncarnation
 	cfAddress
+	cfVersion
 )
 
 // controlFieldNames names the field bits, in bit order, for errors.
-var controlFieldNames = [...]string{"a credential hash", "a node id", "an incarnation", "an old node id", "a new node id", "a new incarnation", "an address"}
+var controlFieldNames = [...]string{"a credential hash", "a node id", "an incarnation", "an old node id", "a new node id", "a new incarnation", "an address", "a version"}
 
 // controlFields[op] is the set of fields op carries; 0 for unknown ops.
 var controlFields = [...]uint8{
@@ -155,6 +163,7 @@ var controlFields = [...]uint8{
 	ControlCompleteReplacement: cfOldNodeID | cfNewNodeID | cfNewIncarnation,
 	ControlAbortReplacement:    cfOldNodeID | cfNewNodeID | cfNewIncarnation,
 	ControlRetire:              cfNodeID | cfIncarnation,
+	ControlSetClusterVersion:   cfVersion,
 }
 
 func (o ControlOp) fields() uint8 {
@@ -184,6 +193,7 @@ func (r ControlRequest) Validate() error {
 		{cfNewNodeID, r.NewNodeID != 0},
 		{cfNewIncarnation, r.NewIncarnation != 0},
 		{cfAddress, r.Address != ""},
+		{cfVersion, r.Version != 0},
 	} {
 		if x.set {
 			present |= x.bit
@@ -203,6 +213,11 @@ func (r ControlRequest) Validate() error {
 		if err := ValidateAddress(r.Address); err != nil {
 			return err
 		}
+	}
+	// A version this binary does not know is as unreadable as an unknown
+	// op: the decoder rejects it, so no replica applies it differently.
+	if f&cfVersion != 0 && (r.Version < 2 || r.Version > MaxClusterVersion) {
+		return invalidf("%s: version %d is outside [2, %d]", r.Op, r.Version, MaxClusterVersion)
 	}
 	if f&cfNewNodeID != 0 && r.NewNodeID == r.OldNodeID {
 		return invalidf("%s: old and new node are both %d", r.Op, r.OldNodeID)
@@ -294,6 +309,11 @@ func AbortReplacement(old, newNodeID, newIncarnation uint64) Command {
 // Retire builds a Retire control command.
 func Retire(nodeID, incarnation uint64) Command {
 	return controlCommand(ControlRequest{Op: ControlRetire, NodeID: nodeID, Incarnation: incarnation})
+}
+
+// SetClusterVersion builds a SetClusterVersion control command.
+func SetClusterVersion(version uint64) Command {
+	return controlCommand(ControlRequest{Op: ControlSetClusterVersion, Version: version})
 }
 
 func controlCommand(r ControlRequest) Command { return Command{Kind: KindControl, Control: r} }

@@ -48,6 +48,8 @@ const (
 	// An identity about to be issued is already in the issued set. It
 	// cannot happen while the counters only grow; it is checked anyway.
 	ReasonIdentityReused ControlReason = "identity_reused"
+	// SetClusterVersion to a version not above the current one.
+	ReasonVersionNotNewer ControlReason = "version_not_newer"
 )
 
 func rejected(reason ControlReason) Result {
@@ -74,6 +76,12 @@ func (m *Machine) applyControl(r ControlRequest) Result {
 		return c.applyEndReplacement(r)
 	case ControlRetire:
 		return c.applyRetire(r)
+	case ControlSetClusterVersion:
+		if r.Version <= max(1, c.clusterVersion) {
+			return rejected(ReasonVersionNotNewer)
+		}
+		c.clusterVersion = r.Version
+		return Result{Kind: ResultControlApplied}
 	}
 	return Result{Kind: ResultNoop} // unreachable: Validate rejects unknown ops
 }

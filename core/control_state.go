@@ -85,8 +85,8 @@ type JoinCredential struct {
 // snapshots and the control record. Every list is sorted: Members, Issued
 // and Retired by NodeID, JoinCredentials by Hash; an empty list is nil.
 //
-// Invariants (checked by the decoders): before bootstrap everything is
-// zero; after it there is at least one voter; Issued is exactly Members
+// Invariants (checked by the decoders): before bootstrap everything but
+// ClusterVersion is zero; after it there is at least one voter; Issued is exactly Members
 // plus Retired, with matching incarnations and no NodeID in both; ids and
 // incarnations are non-zero, unique and not above the counters; a pending
 // replacement names a current voter (Old) and a current learner (New).
@@ -102,6 +102,9 @@ type ControlState struct {
 	Retired         []Identity
 	JoinCredentials []JoinCredential
 	Pending         *Replacement // nil when no replacement is pending
+	// ClusterVersion is 0 until a SetClusterVersion raised it; the
+	// effective version is then at least 2 (version.go).
+	ClusterVersion uint64
 }
 
 // control is the machine's in-memory control state. The zero value is the
@@ -116,6 +119,7 @@ type control struct {
 	retired         map[uint64]uint64 // NodeID -> incarnation it was retired with
 	creds           map[[32]byte]CredentialState
 	pending         *Replacement
+	clusterVersion  uint64
 }
 
 // nextIdentity returns the identity the next issuance gets, or why it
@@ -211,6 +215,7 @@ func (c *control) state() ControlState {
 		BootstrapHash:   c.bootstrapHash,
 		LastNodeID:      c.lastNodeID,
 		LastIncarnation: c.lastIncarnation,
+		ClusterVersion:  c.clusterVersion,
 	}
 	cs.Members = c.sortedMembers()
 	cs.Issued = sortedIdentities(c.issued)
@@ -233,6 +238,7 @@ func newControl(cs ControlState) control {
 		bootstrapHash:   cs.BootstrapHash,
 		lastNodeID:      cs.LastNodeID,
 		lastIncarnation: cs.LastIncarnation,
+		clusterVersion:  cs.ClusterVersion,
 	}
 	if len(cs.Members) > 0 {
 		c.members = make(map[uint64]Member, len(cs.Members))

@@ -714,6 +714,7 @@ func sampleControlEntries() []core.Entry {
 		ff[i] = 0xff
 	}
 	return []core.Entry{
+		{RequestID: 99, Command: core.SetClusterVersion(core.MaxClusterVersion)},
 		{RequestID: 0, Command: core.Bootstrap(h, "a:1")},
 		{RequestID: math.MaxUint64, Command: core.Bootstrap(ff, strings.Repeat("h", core.MaxAddressLen-6)+":65535")},
 		{RequestID: 1, Command: core.MintJoin(h)},
@@ -1005,7 +1006,7 @@ func TestDecodeControlStateRejects(t *testing.T) {
 		{"bad magic", seal(cat([]byte("TKX\x01"), ctl0)), core.CodeMalformed},
 		{"a snapshot", core.NewMachine().Snapshot(), core.CodeMalformed},
 		{"version 0", seal(cat([]byte("TKC\x00"), ctl0)), core.CodeUnknownVersion},
-		{"version 2", seal(cat([]byte("TKC\x02"), ctl0)), core.CodeUnknownVersion},
+		{"version 3", seal(cat([]byte("TKC\x03"), ctl0)), core.CodeUnknownVersion},
 		{"bad checksum", func() []byte { b := ctlRec(valid()); b[len(b)-2] ^= 1; return b }(), core.CodeMalformed},
 		{"checksum missing", cat([]byte("TKC\x01"), ctl0), core.CodeMalformed},
 		{"trailing byte", ctlRec(valid(), []byte{0}), core.CodeMalformed},

@@ -10,16 +10,26 @@ import (
 // canonical field primitives every encoding shares. Snapshots are
 // encoding_snapshot.go; the control state is encoding_control.go.
 
-// Format versions. A decoder accepts exactly the versions it knows.
+// Format versions. A decoder accepts exactly the versions it knows; which
+// one an encoder writes follows the cluster version (version.go).
 const (
-	EntryVersion byte = 1
-	// SnapshotVersion is the version EncodeSnapshot writes: version 1's
-	// lock table followed by the control state. DecodeSnapshot also reads
-	// SnapshotVersion1 (no control section: the control state is empty).
-	SnapshotVersion     byte = 2
-	SnapshotVersion1    byte = 1
-	LockRecVersion      byte = 1
-	ControlStateVersion byte = 1
+	// EntryVersion1 carries Grant (without identity), Release, Expire and
+	// the control ops up to Retire; EntryVersion2 adds Grant.Identity,
+	// Renew and SetClusterVersion.
+	EntryVersion1 byte = 1
+	EntryVersion2 byte = 2
+	// SnapshotVersion1 is a lock table; SnapshotVersion2 adds the control
+	// state; SnapshotVersion3 adds each lock's identity and writes the
+	// control section in its version 2 form (with the cluster version).
+	SnapshotVersion1 byte = 1
+	SnapshotVersion2 byte = 2
+	SnapshotVersion3 byte = 3
+	// LockRecVersion2 adds the identity to LockRecVersion1.
+	LockRecVersion1 byte = 1
+	LockRecVersion2 byte = 2
+	// ControlStateVersion2 adds the cluster version to ControlStateVersion1.
+	ControlStateVersion1 byte = 1
+	ControlStateVersion2 byte = 2
 )
 
 // snapshotMagic starts every snapshot and controlMagic every control
@@ -39,11 +49,14 @@ type Entry struct {
 	Command   Command
 }
 
-// EncodeEntry encodes a log entry in format EntryVersion:
+// EncodeEntry encodes a log entry in the oldest format that can carry it
+// (entryVersion), version 1 or 2:
 //
 //	version:1 | request_id:uvarint | kind:1 | fields
 //	  grant:          key:str | lease_ms:uvarint | owner:str | granted_at_ms:uvarint
+//	                  | identity:str (version 2 only)
 //	  release/expire: key:str | token:uvarint
+//	  renew:          key:str | token:uvarint | lease_ms:uvarint (version 2 only)
 //	  control:        op:1 | the op's fields, in this order, each only if the op has it:
 //	                  credential_hash:32 | node_id:uvarint | incarnation:uvarint |
 //	                  old_node_id:uvarint | new_node_id:uvarint | new_incarnation:uvarint |
@@ -53,13 +66,15 @@ type Entry struct {
 //	    promote, retire:             node_id | incarnation
 //	    prepare_replacement:         old_node_id | address
 //	    complete/abort_replacement:  old_node_id | new_node_id | new_incarnation
+//	    set_cluster_version:         version:uvarint (version 2 only; after address in field order)
 //	str = length:uvarint | bytes
 //
 // Only the fields the kind (and op) carries are written.
 func EncodeEntry(e Entry) []byte {
 	c := e.Command
-	b := make([]byte, 0, 24+len(c.Key)+len(c.Owner)+len(c.Control.Address))
-	b = append(b, EntryVersion)
+	b := make([]byte, 0, 24+len(c.Key)+len(c.Owner)+len(c.Identity)+len(c.Control.Address))
+	version := entryVersion(c)
+	b = append(b, version)
 	b = binary.AppendUvarint(b, e.RequestID)
 	b = append(b, byte(c.Kind))
 	switch c.Kind {
@@ -68,6 +83,13 @@ func EncodeEntry(e Entry) []byte {
 		b = binary.AppendUvarint(b, c.LeaseMS)
 		b = appendString(b, c.Owner)
 		b = binary.AppendUvarint(b, c.GrantedAtMS)
+		if version >= EntryVersion2 {
+			b = appendString(b, c.Identity)
+		}
+	case KindRenew:
+		b = appendString(b, c.Key)
+		b = binary.AppendUvarint(b, c.Token)
+		b = binary.AppendUvarint(b, c.LeaseMS)
 	case KindControl:
 		b = appendControlRequest(b, c.Control)
 	default:
@@ -93,6 +115,9 @@ func appendControlRequest(b []byte, r ControlRequest) []byte {
 	}
 	if f&cfAddress != 0 {
 		b = appendString(b, r.Address)
+	}
+	if f&cfVersion != 0 {
+		b = binary.AppendUvarint(b, r.Version)
 	}
 	return b
 }
@@ -121,6 +146,9 @@ func (d *decoder) controlRequest() ControlRequest {
 	if f&cfAddress != 0 {
 		r.Address = d.str(MaxAddressLen)
 	}
+	if f&cfVersion != 0 {
+		r.Version = d.uvarint()
+	}
 	return r
 }
 
@@ -133,7 +161,7 @@ func DecodeEntry(b []byte) (Entry, error) {
 	}
 	d := decoder{b: b}
 	v := d.byte()
-	if d.err == nil && v != EntryVersion {
+	if d.err == nil && v != EntryVersion1 && v != EntryVersion2 {
 		return Entry{}, &Error{Code: CodeUnknownVersion, Detail: "entry version " + strconv.Itoa(int(v))}
 	}
 	var e Entry
@@ -148,9 +176,16 @@ func DecodeEntry(b []byte) (Entry, error) {
 		e.Command.LeaseMS = d.uvarint()
 		e.Command.Owner = d.str(MaxOwnerLen)
 		e.Command.GrantedAtMS = d.uvarint()
+		if v >= EntryVersion2 {
+			e.Command.Identity = d.str(MaxIdentityLen)
+		}
 	case KindRelease, KindExpire:
 		e.Command.Key = d.str(MaxKeyLen)
 		e.Command.Token = d.uvarint()
+	case KindRenew:
+		e.Command.Key = d.str(MaxKeyLen)
+		e.Command.Token = d.uvarint()
+		e.Command.LeaseMS = d.uvarint()
 	case KindControl:
 		e.Command.Control = d.controlRequest()
 	default:
@@ -162,24 +197,42 @@ func DecodeEntry(b []byte) (Entry, error) {
 	if err := e.Command.Validate(); err != nil {
 		return Entry{}, err
 	}
+	// Each command has exactly one encoding: the oldest format that can
+	// carry it (a version 2 grant without identity would also decode to a
+	// version 1 command).
+	if entryVersion(e.Command) != v {
+		return Entry{}, malformedf("%s in entry version %d, want %d", e.Command.Kind, v, entryVersion(e.Command))
+	}
 	return e, nil
 }
 
-// EncodeLockRecord encodes one lock as stored in a per-key storage row.
+// EncodeLockRecord encodes one lock as stored in a per-key storage row:
+// version 1 (version:1 | lock) when it has no identity, else version 2
+// (version:1 | lock | identity:str).
 func EncodeLockRecord(l Lock) []byte {
-	b := make([]byte, 0, 16+len(l.Key)+len(l.Owner))
-	b = append(b, LockRecVersion)
-	return appendLock(b, l)
+	b := make([]byte, 0, 16+len(l.Key)+len(l.Owner)+len(l.Identity))
+	if l.Identity == "" {
+		b = append(b, LockRecVersion1)
+		return appendLock(b, l)
+	}
+	b = append(b, LockRecVersion2)
+	return appendString(appendLock(b, l), l.Identity)
 }
 
 // DecodeLockRecord decodes one stored lock row.
 func DecodeLockRecord(b []byte) (Lock, error) {
 	d := decoder{b: b}
 	v := d.byte()
-	if d.err == nil && v != LockRecVersion {
+	if d.err == nil && v != LockRecVersion1 && v != LockRecVersion2 {
 		return Lock{}, &Error{Code: CodeUnknownVersion, Detail: "lock record version " + strconv.Itoa(int(v))}
 	}
 	l := d.lock()
+	if v == LockRecVersion2 {
+		l.Identity = d.str(MaxIdentityLen)
+		if d.err == nil && l.Identity == "" {
+			return Lock{}, malformedf("lock record version 2 with an empty identity")
+		}
+	}
 	if err := d.finish(); err != nil {
 		return Lock{}, err
 	}
@@ -194,6 +247,9 @@ func validateLock(l Lock) error {
 		return err
 	}
 	if err := ValidateOwner(l.Owner); err != nil {
+		return err
+	}
+	if err := ValidateIdentity(l.Identity); err != nil {
 		return err
 	}
 	if err := ValidateLeaseMS(l.LeaseMS); err != nil {

@@ -11,12 +11,14 @@ import (
 // shares with snapshot version 2, and the validation of a decoded control
 // state against the invariants on ControlState.
 
-// EncodeControlState encodes the control state as the control record
-// (format ControlStateVersion), which raftstore keeps in its own row:
+// EncodeControlState encodes the control state as the control record,
+// which raftstore keeps in its own row: version 1 while the cluster
+// version is 1, version 2 (which adds the cluster version) from then on.
 //
 //	"TKC" | version:1 | control | crc32c:4 (big endian, of all before)
 //
-// control, shared with snapshot version 2:
+// control, shared with snapshots (version 1 in snapshot version 2, version
+// 2 in snapshot version 3):
 //
 //	flags:1 (bit 0 bootstrapped, bit 1 replacement pending; no other bits)
 //	| bootstrap_hash:32 (only if bootstrapped)
@@ -26,6 +28,7 @@ import (
 //	| count:uvarint | identity*     retired
 //	| count:uvarint | credential*   credential = hash:32 | state:1 (1 minted, 2 consumed)
 //	| old:uvarint | new:uvarint | new_incarnation:uvarint | address:str (only if pending)
+//	| cluster_version:uvarint (version 2 only; 2..MaxClusterVersion)
 //
 // Members, issued and retired are strictly ascending by node id,
 // credentials strictly ascending by hash (bytewise). The lists are sorted
@@ -35,8 +38,9 @@ import (
 func EncodeControlState(cs ControlState) []byte {
 	b := make([]byte, 0, 8+controlSizeHint(cs))
 	b = append(b, controlMagic[:]...)
-	b = append(b, ControlStateVersion)
-	b = appendControl(b, cs)
+	version := controlVersion(cs)
+	b = append(b, version)
+	b = appendControl(b, cs, version)
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
@@ -50,15 +54,16 @@ func DecodeControlState(b []byte) (ControlState, error) {
 	if [3]byte(b[:3]) != controlMagic {
 		return ControlState{}, malformedf("control record magic missing")
 	}
-	if b[3] != ControlStateVersion {
-		return ControlState{}, &Error{Code: CodeUnknownVersion, Detail: "control record version " + strconv.Itoa(int(b[3]))}
+	version := b[3]
+	if version != ControlStateVersion1 && version != ControlStateVersion2 {
+		return ControlState{}, &Error{Code: CodeUnknownVersion, Detail: "control record version " + strconv.Itoa(int(version))}
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
 	if crc32.Checksum(body, castagnoli) != sum {
 		return ControlState{}, malformedf("control record checksum mismatch")
 	}
 	d := decoder{b: body[4:]}
-	cs, err := d.control()
+	cs, err := d.control(version)
 	if err != nil {
 		return ControlState{}, err
 	}
@@ -88,7 +93,16 @@ func controlSizeHint(cs ControlState) int {
 	return n
 }
 
-func appendControl(b []byte, cs ControlState) []byte {
+// controlVersion is the control section format for cs: 2 once the cluster
+// version was raised, 1 before.
+func controlVersion(cs ControlState) byte {
+	if cs.ClusterVersion >= 2 {
+		return ControlStateVersion2
+	}
+	return ControlStateVersion1
+}
+
+func appendControl(b []byte, cs ControlState, version byte) []byte {
 	var flags byte
 	if cs.Bootstrapped {
 		flags |= ctlFlagBootstrapped
@@ -131,6 +145,9 @@ func appendControl(b []byte, cs ControlState) []byte {
 		b = binary.AppendUvarint(b, p.NewIncarnation)
 		b = appendString(b, p.Address)
 	}
+	if version >= ControlStateVersion2 {
+		b = binary.AppendUvarint(b, cs.ClusterVersion)
+	}
 	return b
 }
 
@@ -144,8 +161,8 @@ func sortedCopy[T any](s []T, cmp func(a, b T) int) []T {
 	return s
 }
 
-// control reads a control section and validates it.
-func (d *decoder) control() (ControlState, error) {
+// control reads a control section of the given version and validates it.
+func (d *decoder) control(version byte) (ControlState, error) {
 	var cs ControlState
 	flags := d.byte()
 	if d.err == nil && flags&^(ctlFlagBootstrapped|ctlFlagPending) != 0 {
@@ -183,6 +200,14 @@ func (d *decoder) control() (ControlState, error) {
 		p.Address = d.str(MaxAddressLen)
 		cs.Pending = p
 	}
+	if version >= ControlStateVersion2 {
+		cs.ClusterVersion = d.uvarint()
+		// Version 2 is written exactly when the cluster version is 2 or
+		// more, and a version this binary does not know is unreadable.
+		if d.err == nil && (cs.ClusterVersion < 2 || cs.ClusterVersion > MaxClusterVersion) {
+			return ControlState{}, &Error{Code: CodeUnknownVersion, Detail: "cluster version " + strconv.FormatUint(cs.ClusterVersion, 10)}
+		}
+	}
 	if d.err != nil {
 		return ControlState{}, d.err
 	}
@@ -218,7 +243,9 @@ func (d *decoder) identities(what string) []Identity {
 }
 
 // validateControlState checks the invariants listed on ControlState, in
-// the order of the steps below; the first failure is the error.
+// the order of the steps below; the first failure is the error. The
+// cluster version was checked by the decoder of the section that carries
+// it.
 func validateControlState(cs ControlState) error {
 	if !cs.Bootstrapped {
 		if cs.BootstrapHash != ([32]byte{}) || cs.LastNodeID != 0 || cs.LastIncarnation != 0 ||

@@ -24,29 +24,40 @@ func EncodeSnapshot(lastToken uint64, locks []Lock) []byte {
 	return EncodeSnapshotState(SnapshotState{LastToken: lastToken, Locks: locks})
 }
 
-// EncodeSnapshotState encodes a snapshot in format SnapshotVersion (2):
+// EncodeSnapshotState encodes a snapshot in format SnapshotVersion2 while
+// the cluster version is 1, SnapshotVersion3 from cluster version 2 on:
 //
 //	"TKS" | version:1 | last_token:uvarint | count:uvarint | lock* | control | crc32c:4 (big endian, of all before)
 //	lock = key:str | token:uvarint | owner:str | lease_ms:uvarint | granted_at_ms:uvarint
-//	control: see EncodeControlState
+//	       | identity:str (version 3 only)
+//	control: see EncodeControlState (its version 1 form in snapshot
+//	         version 2, its version 2 form in snapshot version 3)
 //
-// Version 1, which DecodeSnapshot still reads, is the same without the
+// Version 1, which DecodeSnapshot still reads, is version 2 without the
 // control section. s.Locks must be sorted by key; the control lists are
-// sorted here. Equal states give equal bytes.
+// sorted here. Equal states give equal bytes. A lock with an identity
+// exists only from cluster version 2 on (Apply refuses it before).
 func EncodeSnapshotState(s SnapshotState) []byte {
 	b := make([]byte, 0, 32+len(s.Locks)*48+controlSizeHint(s.Control))
 	b = append(b, snapshotMagic[:]...)
-	b = append(b, SnapshotVersion)
+	version, ctlVersion := SnapshotVersion2, controlVersion(s.Control)
+	if ctlVersion >= ControlStateVersion2 {
+		version = SnapshotVersion3
+	}
+	b = append(b, version)
 	b = binary.AppendUvarint(b, s.LastToken)
 	b = binary.AppendUvarint(b, uint64(len(s.Locks)))
 	for _, l := range s.Locks {
 		b = appendLock(b, l)
+		if version >= SnapshotVersion3 {
+			b = appendString(b, l.Identity)
+		}
 	}
-	b = appendControl(b, s.Control)
+	b = appendControl(b, s.Control, ctlVersion)
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
-// DecodeSnapshot decodes and validates a snapshot of version 1 or 2 and
+// DecodeSnapshot decodes and validates a snapshot of version 1, 2 or 3 and
 // returns its lock table. It drops the control state: use
 // DecodeSnapshotState (or Machine.Restore) wherever that must survive.
 func DecodeSnapshot(b []byte) (lastToken uint64, locks []Lock, err error) {
@@ -58,9 +69,10 @@ func DecodeSnapshot(b []byte) (lastToken uint64, locks []Lock, err error) {
 }
 
 // DecodeSnapshotState decodes and validates a snapshot: checksum, version
-// (1 or 2), keys strictly ascending, tokens non-zero, unique and not above
-// last_token, and (version 2) a valid control state. A version 1 snapshot
-// has an empty control state.
+// (1, 2 or 3), keys strictly ascending, tokens non-zero, unique and not
+// above last_token, and (version 2 and 3) a valid control state. A version
+// 1 snapshot has an empty control state; only version 3 carries lock
+// identities and a cluster version.
 func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 	if len(b) < len(snapshotMagic)+1+4 {
 		return SnapshotState{}, malformedf("snapshot is %d bytes, too short", len(b))
@@ -69,7 +81,7 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 		return SnapshotState{}, malformedf("snapshot magic missing")
 	}
 	version := b[3]
-	if version != SnapshotVersion && version != SnapshotVersion1 {
+	if version < SnapshotVersion1 || version > SnapshotVersion3 {
 		return SnapshotState{}, &Error{Code: CodeUnknownVersion, Detail: "snapshot version " + strconv.Itoa(int(version))}
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
@@ -92,6 +104,9 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 	seen := make(map[uint64]struct{}, n)
 	for i := uint64(0); i < n; i++ {
 		l := d.lock()
+		if version >= SnapshotVersion3 {
+			l.Identity = d.str(MaxIdentityLen)
+		}
 		if d.err != nil {
 			return SnapshotState{}, d.err
 		}
@@ -111,8 +126,12 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 		locks = append(locks, l)
 	}
 	s.Locks = locks
-	if version == SnapshotVersion {
-		cs, err := d.control()
+	if version >= SnapshotVersion2 {
+		ctlVersion := ControlStateVersion1
+		if version >= SnapshotVersion3 {
+			ctlVersion = ControlStateVersion2
+		}
+		cs, err := d.control(ctlVersion)
 		if err != nil {
 			return SnapshotState{}, err
 		}

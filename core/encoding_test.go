@@ -30,7 +30,7 @@ func seal(body []byte) []byte {
 }
 
 func snapHeader(lastToken, count uint64) []byte {
-	return snapHeaderV(core.SnapshotVersion, lastToken, count)
+	return snapHeaderV(core.SnapshotVersion2, lastToken, count)
 }
 
 func snapHeaderV(version byte, lastToken, count uint64) []byte {
@@ -76,6 +76,9 @@ func sampleEntries() []core.Entry {
 		{RequestID: 1 << 40, Command: core.Release(strings.Repeat("é", core.MaxKeyLen/2), math.MaxUint64)},
 		{RequestID: 2, Command: core.Expire("a", 1)},
 		{RequestID: 3, Command: core.Expire("ключ", 1<<35)},
+		{RequestID: 4, Command: core.Renew("a", 1, 0)},
+		{RequestID: 5, Command: core.Renew(strings.Repeat("k", core.MaxKeyLen), math.MaxUint64, core.MaxLeaseMS)},
+		{RequestID: 6, Command: core.Command{Kind: core.KindGrant, Key: "a", LeaseMS: lease, Identity: strings.Repeat("i", core.MaxIdentityLen)}},
 	}
 }
 
@@ -225,7 +228,7 @@ func TestDecodeEntryRejects(t *testing.T) {
 	}{
 		{"empty", nil, core.CodeMalformed},
 		{"version 0", cat([]byte{0, 0, 1}, grantFields), core.CodeUnknownVersion},
-		{"version 2", cat([]byte{2, 0, 1}, grantFields), core.CodeUnknownVersion},
+		{"version 3", cat([]byte{3, 0, 1}, grantFields), core.CodeUnknownVersion},
 		{"version 255 alone", []byte{255}, core.CodeUnknownVersion},
 		{"control kind without op", []byte{1, 0, byte(core.KindControl)}, core.CodeMalformed},
 		{"control kind with a lock payload", cat([]byte{1, 9, byte(core.KindControl)}, str("k"), uv(1)), core.CodeMalformed},
@@ -341,7 +344,7 @@ func TestSnapshotOfManyLocks(t *testing.T) {
 }
 
 func TestDecodeSnapshotRejects(t *testing.T) {
-	for _, v := range []byte{core.SnapshotVersion1, core.SnapshotVersion} {
+	for _, v := range []byte{core.SnapshotVersion1, core.SnapshotVersion2} {
 		t.Run("v"+strconv.Itoa(int(v)), func(t *testing.T) { testDecodeSnapshotRejects(t, v) })
 	}
 }
@@ -352,7 +355,7 @@ func TestDecodeSnapshotRejects(t *testing.T) {
 // it names.
 func testDecodeSnapshotRejects(t *testing.T, v byte) {
 	var tail []byte
-	if v == core.SnapshotVersion {
+	if v == core.SnapshotVersion2 {
 		tail = ctl0
 	}
 	hdr := func(last, count uint64) []byte { return snapHeaderV(v, last, count) }
@@ -371,7 +374,7 @@ func testDecodeSnapshotRejects(t *testing.T, v byte) {
 		{"not a snapshot at all", core.EncodeEntry(core.Entry{Command: core.Grant("abcdef", "", lease, 0)}), core.CodeMalformed},
 		{"a control record", core.NewMachine().ControlSnapshot(), core.CodeMalformed},
 		{"version 0", seal(cat([]byte("TKS\x00"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
-		{"version 3", seal(cat([]byte("TKS\x03"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
+		{"version 4", seal(cat([]byte("TKS\x04"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
 		{"version 255", seal(cat([]byte("TKS\xff"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
 		{"bad checksum", func() []byte { b := seal(cat(hdr(2, 2), a1, b2, tail)); b[len(b)-1] ^= 0x40; return b }(), core.CodeMalformed},
 		{"checksum missing", cat(hdr(2, 2), a1, b2, tail), core.CodeMalformed},
@@ -388,7 +391,7 @@ func testDecodeSnapshotRejects(t *testing.T, v byte) {
 		{"count max uint64", seal(cat(hdr(2, math.MaxUint64), a1, b2, tail)), core.CodeMalformed},
 		// In version 2 the empty control section parses as a lock with an
 		// empty key.
-		{"count one more than present", seal(cat(hdr(2, 3), a1, b2, tail)), map[bool]core.Code{false: core.CodeMalformed, true: core.CodeInvalidArgument}[v == core.SnapshotVersion]},
+		{"count one more than present", seal(cat(hdr(2, 3), a1, b2, tail)), map[bool]core.Code{false: core.CodeMalformed, true: core.CodeInvalidArgument}[v == core.SnapshotVersion2]},
 		{"count one less than present", seal(cat(hdr(2, 1), a1, b2, tail)), core.CodeMalformed},
 		{"trailing bytes before checksum", seal(cat(hdr(2, 2), a1, b2, tail, []byte{0})), core.CodeMalformed},
 		{"non-canonical last token", seal(cat(ver, []byte{0x82, 0x00}, uv(2), a1, b2, tail)), core.CodeMalformed},
@@ -404,7 +407,7 @@ func testDecodeSnapshotRejects(t *testing.T, v byte) {
 		{"lease 0", seal(cat(hdr(1, 1), rawLock("a", 1, "", 0, 0), tail)), core.CodeInvalidArgument},
 		{"lease above 24h", seal(cat(hdr(1, 1), rawLock("a", 1, "", core.MaxLeaseMS+1, 0), tail)), core.CodeInvalidArgument},
 	}
-	if v == core.SnapshotVersion {
+	if v == core.SnapshotVersion2 {
 		tests = append(tests, []struct {
 			name string
 			in   []byte
@@ -511,7 +514,7 @@ func TestDecodeLockRecordRejects(t *testing.T) {
 	}{
 		{"empty", nil, core.CodeMalformed},
 		{"version 0", cat([]byte{0}, rawLock("a", 1, "", lease, 0)), core.CodeUnknownVersion},
-		{"version 2", cat([]byte{2}, rawLock("a", 1, "", lease, 0)), core.CodeUnknownVersion},
+		{"version 3", cat([]byte{3}, rawLock("a", 1, "", lease, 0)), core.CodeUnknownVersion},
 		{"trailing byte", cat([]byte{1}, rawLock("a", 1, "", lease, 0), []byte{0}), core.CodeMalformed},
 		{"non-canonical token", cat([]byte{1}, str("a"), []byte{0x81, 0x00}, str(""), uv(lease), uv(0)), core.CodeMalformed},
 		{"non-canonical granted_at", cat([]byte{1}, str("a"), uv(1), str(""), uv(lease), []byte{0x80, 0x80, 0x00}), core.CodeMalformed},

@@ -55,8 +55,12 @@ func FuzzDecodeEntry(f *testing.F) {
 		if re := core.EncodeEntry(e); !bytes.Equal(re, b) {
 			t.Fatalf("not canonical: %x re-encodes to %x", b, re)
 		}
-		// A decoded command always has an effect on a fresh machine.
+		// A decoded command always has an effect on a fresh machine, except
+		// that one of a later cluster version than the machine's is a Noop.
 		want := map[core.Kind]core.Result{core.KindGrant: granted(1), core.KindRelease: notFound, core.KindExpire: expiredFalse}[e.Command.Kind]
+		if core.CommandVersion(e.Command) > 1 {
+			want = noop
+		}
 		if e.Command.Kind == core.KindControl {
 			want = map[core.ControlOp]core.Result{
 				core.ControlBootstrap:           bootstrapRecorded(1, 1),
@@ -67,6 +71,7 @@ func FuzzDecodeEntry(f *testing.F) {
 				core.ControlCompleteReplacement: controlRejected(core.ReasonNoReplacement),
 				core.ControlAbortReplacement:    controlRejected(core.ReasonNoReplacement),
 				core.ControlRetire:              controlRejected(core.ReasonUnknownNode),
+				core.ControlSetClusterVersion:   {Kind: core.ResultControlApplied},
 			}[e.Command.Control.Op]
 		}
 		if got := core.NewMachine().Apply(e.Command); got != want {
@@ -99,6 +104,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		snapshotV1(3, []core.Lock{{Key: "a", Token: 1, Owner: "o", LeaseMS: 100}}),
 		grownMachine(f).Snapshot(),
 		func() []byte { m := core.NewMachine(); lifecycle(f, m); return m.Snapshot() }(),
+		v2Machine(f).Snapshot(),
 	} {
 		f.Add(snap)
 		f.Add(snap[:len(snap)-4]) // a body, for the sealed check below
@@ -185,6 +191,7 @@ func FuzzDecodeControlState(f *testing.F) {
 			return m.ControlSnapshot()
 		}(),
 		grownMachine(f).ControlSnapshot(),
+		v2Machine(f).ControlSnapshot(),
 	} {
 		f.Add(rec)
 		f.Add(rec[:len(rec)-4]) // a body, for the sealed check below
@@ -266,6 +273,7 @@ func checkControlRecord(t *testing.T, b []byte) {
 
 func FuzzDecodeLockRecord(f *testing.F) {
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, Owner: "o", LeaseMS: 100, GrantedAtMS: 7}))
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, Owner: "o", Identity: "ACCOUNT/user", LeaseMS: 100, GrantedAtMS: 7}))
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "잠금", Token: math.MaxUint64, LeaseMS: core.MaxLeaseMS, GrantedAtMS: math.MaxUint64}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		l, err := core.DecodeLockRecord(b)

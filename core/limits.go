@@ -14,6 +14,9 @@ const (
 	MaxKeyLen = 512
 	// MaxOwnerLen is the longest owner correlation id in bytes.
 	MaxOwnerLen = 256
+	// MaxIdentityLen is the longest authenticated identity in bytes (a
+	// NATS account public key is 56 bytes, a user name rarely more).
+	MaxIdentityLen = 256
 
 	// MaxEntrySize bounds one encoded log entry.
 	MaxEntrySize = 4096

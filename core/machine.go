@@ -6,11 +6,15 @@ import (
 	"sort"
 )
 
-// Lock is one held lock in the table.
+// Lock is one held lock in the table. LeaseMS is the lease a holder may
+// assume from each grant or renewal; renewals only ever lengthen it.
+// Identity is who the transport authenticated when it was granted (empty:
+// anonymous, or granted before cluster version 2).
 type Lock struct {
 	Key         string
 	Token       uint64
 	Owner       string
+	Identity    string
 	LeaseMS     uint64
 	GrantedAtMS uint64
 }
@@ -36,7 +40,7 @@ func NewMachine() *Machine { return &Machine{locks: make(map[string]Lock)} }
 // A valid control command yields one of the control results; a rejected
 // one (ControlRejected) changes nothing.
 func (m *Machine) Apply(c Command) Result {
-	if c.validate() != nil {
+	if c.validate() != nil || !m.supports(&c) {
 		return Result{Kind: ResultNoop}
 	}
 	if c.Kind == KindControl {
@@ -57,8 +61,20 @@ func (m *Machine) Apply(c Command) Result {
 			return Result{Kind: ResultNoop}
 		}
 		m.lastToken++
-		m.locks[c.Key] = Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS}
+		m.locks[c.Key] = Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, Identity: c.Identity, LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS}
 		return Result{Kind: ResultGranted, Token: m.lastToken}
+	case KindRenew:
+		if !ok || held.Token != c.Token {
+			return Result{Kind: ResultNotFound}
+		}
+		// A renewal never shortens the lease: a new leader re-arms every
+		// lock with its LeaseMS, and a holder may still assume the longer
+		// lease of an earlier grant or renewal.
+		if c.LeaseMS > held.LeaseMS {
+			held.LeaseMS = c.LeaseMS
+			m.locks[c.Key] = held
+		}
+		return Result{Kind: ResultRenewed, Token: held.Token}
 	case KindRelease:
 		if !ok || held.Token != c.Token {
 			return Result{Kind: ResultNotFound}
@@ -74,6 +90,19 @@ func (m *Machine) Apply(c Command) Result {
 	}
 	return Result{Kind: ResultNoop}
 }
+
+// supports reports whether the cluster version allows c: commands and
+// fields of a later version than the cluster has agreed on are Noop, so a
+// leader that proposed one too early changes nothing on any replica.
+func (m *Machine) supports(c *Command) bool {
+	return CommandVersion(*c) <= m.ClusterVersion()
+}
+
+// ClusterVersion is the format version every member has agreed to read:
+// 1 until a SetClusterVersion command raised it. Leaders propose commands
+// of a later version (CommandVersion) only once the cluster version allows
+// them, and snapshots and records are written in the formats it names.
+func (m *Machine) ClusterVersion() uint64 { return max(1, m.ctl.clusterVersion) }
 
 // Get returns the lock held on key, if any.
 func (m *Machine) Get(key string) (Lock, bool) {

@@ -38,8 +38,10 @@ func propertySeed(t *testing.T) uint64 {
 // model is an independent reference implementation of SPEC §2-§4, kept as
 // plain as possible: key -> token, and a counter.
 type model struct {
-	held map[string]uint64
-	last uint64
+	held   map[string]uint64
+	leases map[string]uint64 // key -> lease_ms, which renewals only lengthen
+	last   uint64
+	ctl    *ctlModel // for the cluster version
 }
 
 func (m *model) apply(c core.Command, valid bool) core.Result {
@@ -48,6 +50,10 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 	}
 	if c.Kind == core.KindControl {
 		panic("model: control command")
+	}
+	// Version 2 commands change nothing before the cluster agreed on it.
+	if (c.Kind == core.KindRenew || c.Identity != "") && m.ctl.version < 2 {
+		return noop
 	}
 	tok, ok := m.held[c.Key]
 	switch c.Kind {
@@ -60,7 +66,14 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 		}
 		m.last++
 		m.held[c.Key] = m.last
+		m.leases[c.Key] = c.LeaseMS
 		return granted(m.last)
+	case core.KindRenew:
+		if ok && tok == c.Token {
+			m.leases[c.Key] = max(m.leases[c.Key], c.LeaseMS)
+			return core.Result{Kind: core.ResultRenewed, Token: tok}
+		}
+		return notFound
 	case core.KindRelease:
 		if ok && tok == c.Token {
 			delete(m.held, c.Key)
@@ -88,6 +101,7 @@ type ctlModel struct {
 	retired      map[uint64]uint64
 	creds        map[[32]byte]bool // minted hashes; true once consumed
 	pending      *core.Replacement
+	version      uint64 // 0 until SetClusterVersion
 }
 
 func newCtlModel() *ctlModel {
@@ -144,6 +158,12 @@ func (m *ctlModel) apply(r core.ControlRequest) core.Result {
 		return core.Result{Kind: k, NodeID: mem.NodeID, Incarnation: mem.Incarnation}
 	}
 	switch r.Op {
+	case core.ControlSetClusterVersion:
+		if r.Version <= max(1, m.version) {
+			return m.reject(core.ReasonVersionNotNewer)
+		}
+		m.version = r.Version
+		return core.Result{Kind: core.ResultControlApplied}
 	case core.ControlBootstrap:
 		if m.bootstrapped {
 			return m.reject(core.ReasonAlreadyBootstrapped)
@@ -248,6 +268,9 @@ func (m *ctlModel) check(t *testing.T, mach *core.Machine) {
 	cs := mach.ControlState()
 	if cs.Bootstrapped != m.bootstrapped || cs.BootstrapHash != m.boot || cs.LastNodeID != m.lastID || cs.LastIncarnation != m.lastInc {
 		t.Fatalf("control header %+v, model bootstrapped=%t last=%d/%d", cs, m.bootstrapped, m.lastID, m.lastInc)
+	}
+	if cs.ClusterVersion != m.version || mach.ClusterVersion() != max(1, m.version) {
+		t.Fatalf("cluster version %d (effective %d), model %d", cs.ClusterVersion, mach.ClusterVersion(), m.version)
 	}
 	if len(cs.Members) != len(m.members) || len(cs.Retired) != len(m.retired) || len(cs.JoinCredentials) != len(m.creds) {
 		t.Fatalf("control sizes: %d members, %d retired, %d credentials; model %d, %d, %d",
@@ -356,10 +379,15 @@ func (g *cmdGen) control(ctl *ctlModel) (core.Command, bool) {
 			core.CompleteReplacement(2, 2, 2),
 			core.PrepareReplacement(1, strings.Repeat("h", core.MaxAddressLen)+":1"),
 			{Kind: core.KindControl, Key: "a", Control: core.MintJoin(h).Control},
-			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlOp(9 + r.IntN(247))}},
+			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlOp(10 + r.IntN(246))}},
+			core.SetClusterVersion(core.MaxClusterVersion + 1),
+			core.SetClusterVersion(1),
 			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlPromote, NodeID: 1, Incarnation: 1, Address: a}},
 		}
 		return invalid[r.IntN(len(invalid))], false
+	}
+	if r.IntN(12) == 0 {
+		return core.SetClusterVersion(2), true
 	}
 	op := r.IntN(8)
 	if op == 0 && ctl.bootstrapped && r.IntN(3) > 0 {
@@ -428,7 +456,18 @@ func (g *cmdGen) command(mod *model, ctl *ctlModel) (core.Command, bool) {
 			owner = "owner-" + strconv.Itoa(r.IntN(5))
 		}
 		leaseMS := core.MinLeaseMS + r.Uint64N(core.MaxLeaseMS-core.MinLeaseMS+1)
-		return core.Grant(g.key(), owner, leaseMS, r.Uint64()), true
+		c := core.Grant(g.key(), owner, leaseMS, r.Uint64())
+		if r.IntN(3) == 0 {
+			c.Identity = "account-" + strconv.Itoa(r.IntN(3))
+		}
+		return c, true
+	case p < 52:
+		k := g.key()
+		var leaseMS uint64
+		if r.IntN(3) > 0 {
+			leaseMS = core.MinLeaseMS + r.Uint64N(core.MaxLeaseMS-core.MinLeaseMS+1)
+		}
+		return core.Renew(k, g.token(k, mod), leaseMS), true
 	case p < 70:
 		k := g.key()
 		return core.Release(k, g.token(k, mod)), true
@@ -450,6 +489,11 @@ func (g *cmdGen) command(mod *model, ctl *ctlModel) (core.Command, bool) {
 		{Kind: core.KindExpire, Key: g.key(), Token: g.token("a", mod), LeaseMS: lease},
 		{Kind: core.KindControl, Key: g.key()},
 		{Kind: core.Kind(r.IntN(256)) | 8, Key: g.key(), Token: 1},
+		core.Renew(g.key(), 0, lease),
+		core.Renew(g.key(), 1, core.MaxLeaseMS+1),
+		{Kind: core.KindRenew, Key: g.key(), Token: 1, Owner: "o"},
+		{Kind: core.KindGrant, Key: g.key(), LeaseMS: lease, Identity: strings.Repeat("i", core.MaxIdentityLen+1)},
+		{Kind: core.KindRelease, Key: g.key(), Token: 1, Identity: "a"},
 	}
 	return invalid[r.IntN(len(invalid))], false
 }
@@ -507,8 +551,8 @@ func TestProperty(t *testing.T) {
 func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 	r := rand.New(rand.NewPCG(seed, uint64(seq)))
 	g := &cmdGen{r: r, keys: propertyKeys[:1+r.IntN(len(propertyKeys))], byKey: map[string][]uint64{}}
-	mod := &model{held: map[string]uint64{}}
 	ctl := newCtlModel()
+	mod := &model{held: map[string]uint64{}, leases: map[string]uint64{}, ctl: ctl}
 	// Most sequences start from a fresh counter; some start from a restored
 	// high one, and a few right below the end of the token space.
 	switch p := r.IntN(100); {
@@ -670,8 +714,8 @@ func checkTable(t *testing.T, m *core.Machine, mod *model) {
 			t.Fatalf("lock %+v: token 0, above LastToken %d, or shared", l, m.LastToken())
 		}
 		tokens[l.Token] = true
-		if mod.held[l.Key] != l.Token {
-			t.Fatalf("lock %+v, model has token %d", l, mod.held[l.Key])
+		if mod.held[l.Key] != l.Token || mod.leases[l.Key] != l.LeaseMS {
+			t.Fatalf("lock %+v, model has token %d lease %dms", l, mod.held[l.Key], mod.leases[l.Key])
 		}
 		if got, ok := m.Get(l.Key); !ok || got != l {
 			t.Fatalf("Get(%q) = %+v, %t; Locks has %+v", l.Key, got, ok, l)
