@@ -111,6 +111,8 @@ type Plane struct {
 	mu    sync.Mutex        // guards addrs and serialises Peers calls
 	addrs map[uint64]string // peer addresses, as the transport knows them
 
+	versionProbe VersionProbe // set before Start
+
 	srv  *http.Server
 	ln   net.Listener
 	wg   sync.WaitGroup

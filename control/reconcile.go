@@ -10,8 +10,13 @@ import (
 	"github.com/ticketd/ticketd/core"
 )
 
-// reconcileLoop runs on every node; while this node is the ready leader of
-// a bootstrapped cluster it makes the raft membership follow the
+// versionCheckInterval spaces the leader's probes of its members'
+// versions while the cluster version is below this binary's.
+const versionCheckInterval = time.Second
+
+// reconcileLoop runs on every node; while this node is the ready leader it
+// raises the cluster version when every member can read a newer one
+// (version.go), and in a bootstrapped cluster it makes the raft membership follow the
 // replicated control state (the source of truth) and promotes learners
 // that have caught up. Doing it from replicated state means a leader
 // crash between a control command and its conf change loses nothing: the
@@ -21,7 +26,7 @@ func (p *Plane) reconcileLoop() {
 	t := time.NewTicker(ReconcileIntervalDefault)
 	defer t.Stop()
 	lastPromote := map[uint64]time.Time{}
-	var lastChange time.Time
+	var lastChange, lastVersionCheck time.Time
 	// Proposals end when the plane closes, not after their own timeout.
 	bgCtx, cancelBG := context.WithCancel(context.Background())
 	defer cancelBG()
@@ -38,6 +43,10 @@ func (p *Plane) reconcileLoop() {
 		p.syncPeers()
 		if !p.cfg.Leadership.IsLeader() {
 			continue
+		}
+		if time.Since(lastVersionCheck) >= versionCheckInterval {
+			lastVersionCheck = time.Now()
+			p.maybeRaiseClusterVersion(bgCtx)
 		}
 		var (
 			bootstrapped bool

@@ -107,6 +107,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 			return nil, err
 		}
 	}
+	d.ctl.SetVersionProbe(d.api.MemberVersion)
 	if err := d.ctl.Start(); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}

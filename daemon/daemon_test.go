@@ -36,8 +36,17 @@ func startNode(t testing.TB, dir string, opts Options) *Daemon {
 	if err != nil {
 		t.Fatalf("start node: %v", err)
 	}
-	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Locks().IsLeader() })
+	waitFor(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return settled(d) })
 	return d
+}
+
+// settled reports whether d leads and has raised the cluster version, which
+// a new leader does once by itself (an entry tests that count applied
+// indexes must not see land in their middle).
+func settled(d *Daemon) bool {
+	var v uint64
+	d.Node().View(func(m *core.Machine) { v = m.ClusterVersion() })
+	return d.Locks().IsLeader() && v == core.MaxClusterVersion
 }
 
 func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
@@ -477,7 +486,7 @@ func TestMetricsAndHealthEndpoints(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Locks().IsLeader() })
+	waitFor(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return settled(d) })
 	_, cl := connect(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

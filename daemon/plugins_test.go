@@ -60,7 +60,7 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	waitFor(t, 10*time.Second, "node leads", func() bool { return d.Locks().IsLeader() })
+	waitFor(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return settled(d) })
 	nc, cl := connect(t, d)
 	events := make(chan *nats.Msg, 64)
 	sub, err := nc.ChanSubscribe(audit.SubjectPrefix+".>", events)

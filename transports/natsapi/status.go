@@ -1,7 +1,9 @@
 package natsapi
 
 import (
+	"context"
 	"encoding/hex"
+	"fmt"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -34,9 +36,11 @@ func (s *Service) status() protocol.StatusReply {
 		CommitIndex:  st.Commit,
 		AppliedIndex: node.AppliedIndex(),
 	}
+	out.MaxClusterVersion = core.MaxClusterVersion
 	node.View(func(m *core.Machine) {
 		out.Locks = m.Len()
 		out.LastToken = m.LastToken()
+		out.ClusterVersion = m.ClusterVersion()
 		sum := m.Digest()
 		out.Digest = hex.EncodeToString(sum[:])
 	})
@@ -63,4 +67,23 @@ func (s *Service) status() protocol.StatusReply {
 		add(id, false)
 	}
 	return out
+}
+
+// MemberVersion asks member id, over its own status subject, for the
+// newest cluster version its binary reads; a member whose status does not
+// say predates version reporting and reads version 1 only. It serves as
+// the control plane's control.VersionProbe.
+func (s *Service) MemberVersion(ctx context.Context, id uint64) (uint64, error) {
+	m, err := s.cfg.Conn.RequestWithContext(ctx, protocol.NodeStatusSubject(id), []byte("{}"))
+	if err != nil {
+		return 0, fmt.Errorf("natsapi: status of member %d: %w", id, err)
+	}
+	var st protocol.StatusReply
+	if err := protocol.ParseReply(m.Data, &st); err != nil {
+		return 0, fmt.Errorf("natsapi: status of member %d: %w", id, err)
+	}
+	if st.ID != id {
+		return 0, fmt.Errorf("natsapi: member %d's status subject answered as node %d", id, st.ID)
+	}
+	return max(1, st.MaxClusterVersion), nil
 }

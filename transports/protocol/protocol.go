@@ -167,18 +167,22 @@ type GetReply struct {
 
 // StatusReply is one node's view of the cluster.
 type StatusReply struct {
-	ID           uint64            `json:"id"`
-	Leader       uint64            `json:"leader"`
-	Term         uint64            `json:"term"`
-	State        string            `json:"state"`
-	CommitIndex  uint64            `json:"commit_index"`
-	AppliedIndex uint64            `json:"applied_index"`
-	Locks        int               `json:"locks"`
-	LastToken    uint64            `json:"last_token"`
-	Digest       string            `json:"digest"`
-	Members      []Member          `json:"members"`
-	Plugins      []PluginInfo      `json:"plugins,omitempty"`
-	Extra        map[string]string `json:"extra,omitempty"`
+	ID           uint64 `json:"id"`
+	Leader       uint64 `json:"leader"`
+	Term         uint64 `json:"term"`
+	State        string `json:"state"`
+	CommitIndex  uint64 `json:"commit_index"`
+	AppliedIndex uint64 `json:"applied_index"`
+	Locks        int    `json:"locks"`
+	LastToken    uint64 `json:"last_token"`
+	Digest       string `json:"digest"`
+	// ClusterVersion is the format version the cluster agreed on;
+	// MaxClusterVersion the newest this node's binary reads (absent: 1).
+	ClusterVersion    uint64            `json:"cluster_version,omitempty"`
+	MaxClusterVersion uint64            `json:"max_cluster_version,omitempty"`
+	Members           []Member          `json:"members"`
+	Plugins           []PluginInfo      `json:"plugins,omitempty"`
+	Extra             map[string]string `json:"extra,omitempty"`
 }
 
 // Member is one raft member as this node sees it.
