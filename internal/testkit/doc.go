@@ -1,6 +1,7 @@
 // Package testkit is the one set of test helpers the ticketd tests share:
 // free loopback addresses, polling with a deadline, an embedded NATS
-// server and a quiet logger.
+// server and a quiet logger. Its subpackage testcluster builds in-process
+// clusters of daemon.Start nodes.
 //
 // # What it owns
 //
@@ -18,7 +19,9 @@
 // # What it does not own
 //
 // It imports no ticketd package, so every package's internal tests can
-// use it, including those of the packages daemon is built from. A single
+// use it, including those of the packages daemon is built from. Starting
+// nodes lives in testcluster (which imports daemon: tests inside package
+// daemon cannot use it and run as package daemon_test instead); a single
 // node, metrics readers and fakes stay with the tests that need them.
 // Fault injection (filters, clock jumps, wipes) stays in faults.
 package testkit
