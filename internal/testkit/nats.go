@@ -8,9 +8,9 @@ import (
 	"github.com/nats-io/nats.go"
 )
 
-// NATSReadyTimeout bounds how long NATSServer waits for the server to
+// natsReadyTimeout bounds how long NATSServer waits for the server to
 // accept connections.
-const NATSReadyTimeout = 10 * time.Second
+const natsReadyTimeout = 10 * time.Second
 
 // NATSServer starts an embedded nats-server on a random 127.0.0.1 port,
 // with no logging and no signal handlers, and shuts it down at cleanup.
@@ -27,7 +27,7 @@ func NATSServer(t testing.TB, tweaks ...func(*server.Options)) *server.Server {
 		t.Fatalf("nats server: %v", err)
 	}
 	go s.Start()
-	if !s.ReadyForConnections(NATSReadyTimeout) {
+	if !s.ReadyForConnections(natsReadyTimeout) {
 		s.Shutdown()
 		t.Fatal("nats server not ready")
 	}

@@ -14,8 +14,8 @@ import (
 	"github.com/ticketd/ticketd/internal/testkit"
 )
 
-// PeerSecret is the peer secret every node of a cluster shares.
-const PeerSecret = "test-cluster-secret-0123456789"
+// peerSecret is the peer secret every node of a cluster shares.
+const peerSecret = "test-cluster-secret-0123456789"
 
 // Option changes how New builds a cluster.
 type Option func(*settings)
@@ -96,7 +96,7 @@ func New(t testing.TB, n int, opts ...Option) *Cluster {
 		cfg.NATSClusterListen = routes[i]
 		cfg.NATSRoutes = strings.Join(routes, ",")
 		cfg.PeerListen = peers[i]
-		cfg.PeerSecret = PeerSecret
+		cfg.PeerSecret = peerSecret
 		cfg.InitialCluster = strings.Join(members, ",")
 		cfg.TickMS = s.tickMS
 		cfg.ElectionTicks = s.electionTicks
