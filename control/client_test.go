@@ -4,25 +4,21 @@ import (
 	"context"
 	"errors"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/testkit"
 )
 
 // TestCallFindsTheLeader: Call skips nodes it cannot dial, follows
 // not_leader and unavailable answers and unreadable error bodies to the
 // next URL, and sends the body and the bearer credential.
 func TestCallFindsTheLeader(t *testing.T) {
-	dead, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	deadURL := "http://" + dead.Addr().String()
-	dead.Close()
+	deadURL := "http://" + testkit.FreeAddr(t)
 	answer := func(status int, body string) *httptest.Server {
 		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.WriteHeader(status)

@@ -2,8 +2,6 @@ package control
 
 import (
 	"fmt"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
@@ -12,6 +10,7 @@ import (
 	"go.etcd.io/raft/v3/tracker"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/testkit"
 )
 
 func TestConfChangeFor(t *testing.T) {
@@ -104,20 +103,14 @@ func TestReconcile(t *testing.T) {
 	l := &fakeLeadership{}
 	peers := &fakePeers{addrs: map[uint64]string{}}
 	p := New(Config{ID: 1, Node: n, Leadership: l, Peers: peers, Addresses: map[uint64]string{1: "127.0.0.1:7001", 9: "127.0.0.1:7009"},
-		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+		Logger: testkit.QuietLogger()})
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
 	defer p.Close()
 	wait := func(what string, cond func() bool) {
 		t.Helper()
-		deadline := time.Now().Add(10 * time.Second)
-		for !cond() {
-			if time.Now().After(deadline) {
-				t.Fatalf("timed out waiting for %s", what)
-			}
-			time.Sleep(ReconcileIntervalDefault / 4)
-		}
+		testkit.Eventually(t, 10*time.Second, what, cond)
 	}
 	apply := func(cmd core.Command) core.Result {
 		n.mu.Lock()

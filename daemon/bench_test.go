@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"context"
@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/daemon"
 	"github.com/ticketd/ticketd/sdk"
 )
 
@@ -14,7 +15,7 @@ import (
 // and the SDK on a single node with fsync on. -cpu sets the parallelism of
 // RunParallel (goroutines = GOMAXPROCS × 8 clients).
 func BenchmarkAcquireRelease(b *testing.B) {
-	d := startNode(b, b.TempDir(), Options{})
+	d := startNode(b, b.TempDir(), daemon.Options{})
 	defer d.Close()
 	var next atomic.Int64
 	b.SetParallelism(8)

@@ -13,6 +13,7 @@ import (
 
 	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/sdk"
 )
 
@@ -22,7 +23,11 @@ const (
 )
 
 // controlCluster starts nodes that form a cluster through the control
-// plane; every node's NATS server routes to every other.
+// plane; every node's NATS server routes to every other. It is not
+// testcluster's fixed slots: nodes join, are replaced and come back under
+// stale identities, and these tests read unexported state (the control
+// plane's members, the store's first index), so they stay in package
+// daemon, which testcluster (it imports daemon) cannot serve.
 type controlCluster struct {
 	t      *testing.T
 	routes []string
@@ -33,7 +38,7 @@ type controlCluster struct {
 func newControlCluster(t *testing.T, slots int) *controlCluster {
 	c := &controlCluster{t: t}
 	for i := 0; i < slots; i++ {
-		c.routes = append(c.routes, freeAddr(t))
+		c.routes = append(c.routes, testkit.FreeAddr(t))
 	}
 	t.Cleanup(func() {
 		for _, d := range c.nodes {
@@ -51,22 +56,37 @@ func (c *controlCluster) config(slot int) Config {
 	cfg.NATSListen = "127.0.0.1:0"
 	cfg.NATSClusterListen = c.routes[slot]
 	cfg.NATSRoutes = strings.Join(c.routes, ",")
-	cfg.PeerListen = freeAddr(c.t)
+	cfg.PeerListen = testkit.FreeAddr(c.t)
 	cfg.PeerSecret = "control-test-peer-secret-0123"
-	cfg.ControlListen = freeAddr(c.t)
+	cfg.ControlListen = testkit.FreeAddr(c.t)
 	cfg.ControlCredential = testAdmin
-	cfg.TickMS = testTickMS
-	cfg.ElectionTicks = testElectionTicks
+	cfg.TickMS = testkit.TickMS
+	cfg.ElectionTicks = testkit.ElectionTicks
 	return cfg
 }
 
 func (c *controlCluster) start(cfg Config) (*Daemon, error) {
-	d, err := Start(context.Background(), cfg, Options{Logger: quietLogger()})
+	d, err := Start(context.Background(), cfg, Options{Logger: testkit.QuietLogger()})
 	if err == nil {
 		c.nodes = append(c.nodes, d)
 		c.cfgs = append(c.cfgs, cfg)
 	}
 	return d, err
+}
+
+// client is an SDK client on a new connection to d.
+func (c *controlCluster) client(d *Daemon) *sdk.Client {
+	cl, err := sdk.New(testkit.Connect(c.t, d.ClientURL()))
+	if err != nil {
+		c.t.Fatalf("sdk: %v", err)
+	}
+	return cl
+}
+
+// tableDigest is the digest of d's lock table.
+func tableDigest(d *Daemon) (sum [32]byte) {
+	d.Node().View(func(m *core.Machine) { sum = m.Digest() })
+	return sum
 }
 
 func (c *controlCluster) urls() []string {
@@ -87,7 +107,7 @@ func (c *controlCluster) call(path, cred string, body control.Request) (control.
 
 func (c *controlCluster) leader() *Daemon {
 	var l *Daemon
-	waitFor(c.t, 10*time.Second, "a leader", func() bool {
+	testkit.Eventually(c.t, 10*time.Second, "a leader", func() bool {
 		for _, d := range c.nodes {
 			if d != nil && d.Locks().IsLeader() {
 				l = d
@@ -104,7 +124,7 @@ func (c *controlCluster) leader() *Daemon {
 func (c *controlCluster) waitVoters(voters ...uint64) {
 	c.t.Helper()
 	want := fmt.Sprint(voters)
-	waitFor(c.t, 20*time.Second, "voters "+want, func() bool {
+	testkit.Eventually(c.t, 20*time.Second, "voters "+want, func() bool {
 		for _, d := range c.nodes {
 			if d != nil && d.Locks().IsLeader() {
 				cs := d.Node().ConfState()
@@ -131,7 +151,7 @@ func TestControlPlane(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
+	testkit.Eventually(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
 
 	// Bootstrap: the admin credential is required, then the bootstrap one.
 	if _, err := c.call("/v1/bootstrap", "", control.Request{Credential: testBoot}); err == nil || !strings.Contains(err.Error(), control.CodeUnauthorized) {
@@ -178,11 +198,11 @@ func TestControlPlane(t *testing.T) {
 		t.Fatalf("reused join credential: %v", err)
 	}
 	for _, d := range c.nodes {
-		waitFor(t, 10*time.Second, "three members everywhere", func() bool { return len(d.ctl.Members()) == 3 })
+		testkit.Eventually(t, 10*time.Second, "three members everywhere", func() bool { return len(d.ctl.Members()) == 3 })
 	}
 
 	// Clients keep taking locks through node 1 while a voter is replaced.
-	_, cl := connect(t, a)
+	cl := c.client(a)
 	var (
 		stop     atomic.Bool
 		wg       sync.WaitGroup
@@ -235,7 +255,7 @@ func TestControlPlane(t *testing.T) {
 	newID := e.cfg.ID
 	id, _, _ := control.ReadIdentity(repl.Data)
 	var done control.Reply
-	waitFor(t, 20*time.Second, "replacement completes once caught up", func() bool {
+	testkit.Eventually(t, 20*time.Second, "replacement completes once caught up", func() bool {
 		done, err = c.call("/v1/replacements/complete", testAdmin, control.Request{OldNodeID: victimID, NodeID: newID, Incarnation: id.Incarnation})
 		return err == nil
 	})
@@ -328,7 +348,7 @@ func TestDeadLearnerIsNotPromoted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
+	testkit.Eventually(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
 	if _, err := c.call("/v1/bootstrap", testAdmin, control.Request{Credential: testBoot}); err != nil {
 		t.Fatal(err)
 	}
@@ -336,11 +356,11 @@ func TestDeadLearnerIsNotPromoted(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ghost, err := c.call("/v1/join", "", control.Request{Credential: mint.Credential, Address: freeAddr(t)})
+	ghost, err := c.call("/v1/join", "", control.Request{Credential: mint.Credential, Address: testkit.FreeAddr(t)})
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 5*time.Second, "ghost added as learner", func() bool {
+	testkit.Eventually(t, 5*time.Second, "ghost added as learner", func() bool {
 		cs := a.Node().ConfState()
 		return len(cs.Learners) == 1 && cs.Learners[0] == ghost.NodeID
 	})
@@ -372,11 +392,11 @@ func TestJoinAfterCompaction(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	waitFor(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
+	testkit.Eventually(t, 10*time.Second, "node 1 leads", func() bool { return a.Locks().IsLeader() })
 	if _, err := c.call("/v1/bootstrap", testAdmin, control.Request{Credential: testBoot}); err != nil {
 		t.Fatal(err)
 	}
-	_, cl := connect(t, a)
+	cl := c.client(a)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 	for i := 0; i < 60; i++ {
@@ -399,9 +419,7 @@ func TestJoinAfterCompaction(t *testing.T) {
 	}
 	// No more writes: only a snapshot naming node 2 can bring it up to date.
 	c.waitVoters(1, 2)
-	waitFor(t, 10*time.Second, "joined node has the lock table", func() bool {
-		_, sa, _ := digest(a)
-		_, sb, _ := digest(b)
-		return sa == sb
+	testkit.Eventually(t, 10*time.Second, "joined node has the lock table", func() bool {
+		return tableDigest(a) == tableDigest(b)
 	})
 }

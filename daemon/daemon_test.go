@@ -1,10 +1,9 @@
-package daemon
+package daemon_test
 
 import (
 	"context"
 	"errors"
 	"io"
-	"log/slog"
 	"net/http"
 	"strings"
 	"testing"
@@ -13,64 +12,42 @@ import (
 	"github.com/nats-io/nats.go"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/daemon"
+	"github.com/ticketd/ticketd/internal/testkit"
+	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/sdk"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
-func quietLogger() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 // startNode starts a single node with data in dir and waits until it
 // leads.
-func startNode(t testing.TB, dir string, opts Options) *Daemon {
+func startNode(t testing.TB, dir string, opts daemon.Options) *daemon.Daemon {
 	t.Helper()
-	cfg := Defaults()
+	cfg := daemon.Defaults()
 	cfg.Data = dir
 	cfg.NATSListen = "127.0.0.1:0"
-	cfg.TickMS = 20
+	cfg.TickMS = testkit.TickMS
 	if opts.Logger == nil {
-		opts.Logger = quietLogger()
+		opts.Logger = testkit.QuietLogger()
 	}
-	d, err := Start(context.Background(), cfg, opts)
+	d, err := daemon.Start(context.Background(), cfg, opts)
 	if err != nil {
 		t.Fatalf("start node: %v", err)
 	}
-	waitFor(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return settled(d) })
+	testkit.Eventually(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return testcluster.Settled(d) })
 	return d
 }
 
-// settled reports whether d leads and has raised the cluster version, which
-// a new leader does once by itself (an entry tests that count applied
-// indexes must not see land in their middle).
-func settled(d *Daemon) bool {
-	var v uint64
-	d.Node().View(func(m *core.Machine) { v = m.ClusterVersion() })
-	return d.Locks().IsLeader() && v == core.MaxClusterVersion
-}
-
-func waitFor(t testing.TB, within time.Duration, what string, cond func() bool) {
+// connect makes an SDK client on a new connection to d.
+func connect(t testing.TB, d *daemon.Daemon) (*nats.Conn, *sdk.Client) {
 	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for: %s", within, what)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-}
-
-func connect(t testing.TB, d *Daemon) (*nats.Conn, *sdk.Client) {
-	t.Helper()
-	nc, err := nats.Connect(d.ClientURL())
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
+	nc := testkit.Connect(t, d.ClientURL())
 	cl, err := sdk.New(nc)
 	if err != nil {
 		t.Fatalf("sdk: %v", err)
 	}
-	t.Cleanup(func() { nc.Close() })
 	return nc, cl
 }
 
@@ -94,17 +71,12 @@ func rawRequest(t testing.TB, nc *nats.Conn, subject string, body string, v any)
 	return nil
 }
 
-func digest(d *Daemon) (applied uint64, sum [32]byte, last uint64) {
-	d.Node().View(func(m *core.Machine) { sum, last = m.Digest(), m.LastToken() })
-	return d.Node().AppliedIndex(), sum, last
-}
-
 // TestLockLifecycleAcrossRestart walks the issue's session: acquire,
 // held, wrong token, release, re-acquire with a larger token, restart,
 // same state, next token larger than all before.
 func TestLockLifecycleAcrossRestart(t *testing.T) {
 	dir := t.TempDir()
-	d := startNode(t, dir, Options{})
+	d := startNode(t, dir, daemon.Options{})
 	_, cl := connect(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
@@ -132,14 +104,14 @@ func TestLockLifecycleAcrossRestart(t *testing.T) {
 	if l2.Token <= l1.Token {
 		t.Fatalf("token %d after %d: not increasing", l2.Token, l1.Token)
 	}
-	_, sumBefore, lastBefore := digest(d)
+	before := testcluster.StateOf(d)
 	d.Close()
 
-	d = startNode(t, dir, Options{})
+	d = startNode(t, dir, daemon.Options{})
 	defer d.Close()
-	_, sumAfter, lastAfter := digest(d)
-	if sumAfter != sumBefore || lastAfter != lastBefore {
-		t.Fatalf("state changed across restart: last token %d -> %d", lastBefore, lastAfter)
+	after := testcluster.StateOf(d)
+	if after.Digest != before.Digest || after.LastToken != before.LastToken {
+		t.Fatalf("state changed across restart: last token %d -> %d", before.LastToken, after.LastToken)
 	}
 	_, cl = connect(t, d)
 	h, err := cl.Get(ctx, "k")
@@ -163,7 +135,7 @@ func TestLockLifecycleAcrossRestart(t *testing.T) {
 // applied Expire, and a late Expire for the old token leaves the next
 // holder alone.
 func TestLeaseExpiresByCommittedExpire(t *testing.T) {
-	d := startNode(t, t.TempDir(), Options{})
+	d := startNode(t, t.TempDir(), daemon.Options{})
 	defer d.Close()
 	_, cl := connect(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -175,7 +147,7 @@ func TestLeaseExpiresByCommittedExpire(t *testing.T) {
 	}
 	start := time.Now()
 	expiries := func() float64 { return counterValue(t, d, "ticketd_expiries_total", "existed", "true") }
-	waitFor(t, 5*time.Second, "expire applied", func() bool { return expiries() == 1 })
+	testkit.Eventually(t, 5*time.Second, "expire applied", func() bool { return expiries() == 1 })
 	if el := time.Since(start); el < 400*time.Millisecond {
 		t.Fatalf("expired after %v, before its 500ms lease", el)
 	}
@@ -202,14 +174,14 @@ func TestLeaseExpiresByCommittedExpire(t *testing.T) {
 // TestBadInputChangesNothing sends hostile payloads on the wire and checks
 // the stable codes and that no entry was applied.
 func TestBadInputChangesNothing(t *testing.T) {
-	d := startNode(t, t.TempDir(), Options{})
+	d := startNode(t, t.TempDir(), daemon.Options{})
 	defer d.Close()
 	nc, _ := connect(t, d)
 	var ok protocol.AcquireReply
 	if e := rawRequest(t, nc, protocol.SubjectAcquire, `{"key":"held","lease_ms":60000}`, &ok); e != nil {
 		t.Fatalf("setup acquire: %v", e)
 	}
-	appliedBefore, sumBefore, _ := digest(d)
+	before := testcluster.StateOf(d)
 	big := strings.Repeat("x", 10*1024)
 	cases := []struct {
 		name, subject, body string
@@ -249,11 +221,11 @@ func TestBadInputChangesNothing(t *testing.T) {
 			}
 		})
 	}
-	appliedAfter, sumAfter, _ := digest(d)
+	after := testcluster.StateOf(d)
 	// The wrong-token release is a real proposal (NotFound); everything
 	// else must be refused before the log.
-	if appliedAfter > appliedBefore+1 || sumAfter != sumBefore {
-		t.Fatalf("bad input changed state: applied %d -> %d", appliedBefore, appliedAfter)
+	if after.Applied > before.Applied+1 || after.Digest != before.Digest {
+		t.Fatalf("bad input changed state: applied %d -> %d", before.Applied, after.Applied)
 	}
 }
 
@@ -261,7 +233,7 @@ func TestBadInputChangesNothing(t *testing.T) {
 // applies after the requester's declared deadline, so the leader releases
 // it with the exact token and the key is free again.
 func TestGrantAfterDeadlineIsReleased(t *testing.T) {
-	d := startNode(t, t.TempDir(), Options{})
+	d := startNode(t, t.TempDir(), daemon.Options{})
 	defer d.Close()
 	nc, cl := connect(t, d)
 	// timeout_ms=1: the deadline (minus the reply margin) has passed
@@ -270,7 +242,7 @@ func TestGrantAfterDeadlineIsReleased(t *testing.T) {
 	if e == nil || e.Code != protocol.CodeTimeout {
 		t.Fatalf("got %v, want timeout", e)
 	}
-	waitFor(t, 5*time.Second, "abandoned grant released", func() bool {
+	testkit.Eventually(t, 5*time.Second, "abandoned grant released", func() bool {
 		return counterValue(t, d, "ticketd_releases_total", "", "") == 1
 	})
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -289,7 +261,7 @@ func TestGrantAfterDeadlineIsReleased(t *testing.T) {
 // The leader cannot know, so it does not release: the lock stays and then
 // expires through a committed Expire within its lease.
 func TestLostReplyExpiresWithinLease(t *testing.T) {
-	d := startNode(t, t.TempDir(), Options{})
+	d := startNode(t, t.TempDir(), daemon.Options{})
 	defer d.Close()
 	_, cl := connect(t, d)
 	gone, err := nats.Connect(d.ClientURL())
@@ -308,12 +280,12 @@ func TestLostReplyExpiresWithinLease(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	var token uint64
-	waitFor(t, 5*time.Second, "orphan granted", func() bool {
+	testkit.Eventually(t, 5*time.Second, "orphan granted", func() bool {
 		h, err := cl.Get(ctx, "orphan")
 		token = h.Token
 		return err == nil && h.Held
 	})
-	waitFor(t, 5*time.Second, "orphan expired", func() bool {
+	testkit.Eventually(t, 5*time.Second, "orphan expired", func() bool {
 		return counterValue(t, d, "ticketd_expiries_total", "existed", "true") == 1
 	})
 	if h, err := cl.Get(ctx, "orphan"); err != nil || h.Held {
@@ -329,7 +301,7 @@ func TestLostReplyExpiresWithinLease(t *testing.T) {
 // ErrIndeterminate, never a guess, and sends exactly one acquire.
 func TestSDKIndeterminateWhenReplyIsLate(t *testing.T) {
 	release := make(chan struct{})
-	d := startNode(t, t.TempDir(), Options{Policy: slowPolicy{release}})
+	d := startNode(t, t.TempDir(), daemon.Options{Policy: slowPolicy{release}})
 	defer d.Close()
 	_, cl := connect(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -341,7 +313,7 @@ func TestSDKIndeterminateWhenReplyIsLate(t *testing.T) {
 	}
 	// The server learns the request was abandoned: it grants after the
 	// deadline and releases with the exact token.
-	waitFor(t, 5*time.Second, "late grant released", func() bool {
+	testkit.Eventually(t, 5*time.Second, "late grant released", func() bool {
 		return counterValue(t, d, "ticketd_grants_abandoned_total", "", "") == 1
 	})
 	if v := counterValue(t, d, "ticketd_proposals_total", "kind", "grant"); v != 1 {
@@ -358,7 +330,7 @@ func (p slowPolicy) ValidateGrant(ctx context.Context, key, owner string, leaseM
 
 // TestWaitQueueFIFO: waiters get the key in arrival order as it frees.
 func TestWaitQueueFIFO(t *testing.T) {
-	d := startNode(t, t.TempDir(), Options{})
+	d := startNode(t, t.TempDir(), daemon.Options{})
 	defer d.Close()
 	_, cl := connect(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
@@ -379,7 +351,7 @@ func TestWaitQueueFIFO(t *testing.T) {
 			l, err := cl.Acquire(ctx, "q", sdk.WithLease(time.Minute), sdk.WithWait(10*time.Second))
 			results <- got{i, l, err}
 		}()
-		waitFor(t, 5*time.Second, "waiter queued", func() bool {
+		testkit.Eventually(t, 5*time.Second, "waiter queued", func() bool {
 			return gaugeValue(t, d, "ticketd_waiters") == float64(i+1)
 		})
 	}
@@ -407,7 +379,7 @@ func TestWaitQueueFIFO(t *testing.T) {
 	}
 }
 
-func metricFamilies(t testing.TB, d *Daemon) map[string][]metricSample {
+func metricFamilies(t testing.TB, d *daemon.Daemon) map[string][]metricSample {
 	t.Helper()
 	mfs, err := d.Registry().Gather()
 	if err != nil {
@@ -437,7 +409,7 @@ type metricSample struct {
 	value  float64
 }
 
-func counterValue(t testing.TB, d *Daemon, name, label, value string) float64 {
+func counterValue(t testing.TB, d *daemon.Daemon, name, label, value string) float64 {
 	t.Helper()
 	var sum float64
 	for _, s := range metricFamilies(t, d)[name] {
@@ -448,12 +420,12 @@ func counterValue(t testing.TB, d *Daemon, name, label, value string) float64 {
 	return sum
 }
 
-func gaugeValue(t testing.TB, d *Daemon, name string) float64 {
+func gaugeValue(t testing.TB, d *daemon.Daemon, name string) float64 {
 	return counterValue(t, d, name, "", "")
 }
 
 // histogramMean is sum/count of a histogram metric.
-func histogramMean(t testing.TB, d *Daemon, name string) float64 {
+func histogramMean(t testing.TB, d *daemon.Daemon, name string) float64 {
 	t.Helper()
 	mfs, err := d.Registry().Gather()
 	if err != nil {
@@ -476,17 +448,17 @@ func acquireParams(key string, lease time.Duration) lockservice.AcquireParams {
 }
 
 func TestMetricsAndHealthEndpoints(t *testing.T) {
-	cfg := Defaults()
+	cfg := daemon.Defaults()
 	cfg.Data = t.TempDir()
 	cfg.NATSListen = "127.0.0.1:0"
-	cfg.MetricsListen = freeAddr(t)
-	cfg.TickMS = 20
-	d, err := Start(context.Background(), cfg, Options{Logger: quietLogger()})
+	cfg.MetricsListen = testkit.FreeAddr(t)
+	cfg.TickMS = testkit.TickMS
+	d, err := daemon.Start(context.Background(), cfg, daemon.Options{Logger: testkit.QuietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	waitFor(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return settled(d) })
+	testkit.Eventually(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return testcluster.Settled(d) })
 	_, cl := connect(t, d)
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()

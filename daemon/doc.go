@@ -14,7 +14,8 @@
 // that makes a plugin set the lock service's Grant policy (plugins.go).
 // The node's health, readiness and status views, which read several parts
 // at once. cmd/ticketd parses files, TICKETD_* env and flags into a
-// Config; tests start in-process nodes with Start directly.
+// Config; tests start in-process nodes with Start, directly or through
+// internal/testkit/testcluster.
 //
 // # What it does not own
 //

@@ -1,4 +1,4 @@
-package daemon
+package daemon_test
 
 import (
 	"bytes"
@@ -16,6 +16,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/jetstream"
 
+	"github.com/ticketd/ticketd/daemon"
+	"github.com/ticketd/ticketd/internal/testkit"
+	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/plugins/audit"
 	"github.com/ticketd/ticketd/sdk"
 )
@@ -47,20 +50,20 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	policy := buildExample(t, "ownerprefix", dir)
 	auditPlugin := buildExample(t, "audit", dir)
 
-	cfg := Defaults()
+	cfg := daemon.Defaults()
 	cfg.Data = t.TempDir()
 	cfg.NATSListen = "127.0.0.1:0"
-	cfg.TickMS = 20
+	cfg.TickMS = testkit.TickMS
 	cfg.Plugins = policy + "," + auditPlugin
 	// A loaded 2-core CI box can stall a healthy call past the 50ms default.
 	cfg.PluginCallTimeoutMS = 2000
 	cfg.AuditStream = "TICKETD_AUDIT"
-	d, err := Start(context.Background(), cfg, Options{Logger: quietLogger()})
+	d, err := daemon.Start(context.Background(), cfg, daemon.Options{Logger: testkit.QuietLogger()})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer d.Close()
-	waitFor(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return settled(d) })
+	testkit.Eventually(t, 10*time.Second, "node leads at the newest cluster version", func() bool { return testcluster.Settled(d) })
 	nc, cl := connect(t, d)
 	events := make(chan *nats.Msg, 64)
 	sub, err := nc.ChanSubscribe(audit.SubjectPrefix+".>", events)
@@ -74,20 +77,20 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
 
-	appliedBefore, _, lastBefore := digest(d)
+	state := testcluster.StateOf(d)
 	_, err = cl.Acquire(ctx, "payments/42", sdk.WithLease(time.Second), sdk.WithOwner("intruder"))
 	if !errors.Is(err, sdk.ErrDenied) || !strings.Contains(err.Error(), "svc-payments-") {
 		t.Fatalf("got %v, want ErrDenied naming the required owner prefix", err)
 	}
-	if appliedAfter, _, lastAfter := digest(d); appliedAfter != appliedBefore || lastAfter != lastBefore {
-		t.Fatalf("a denied grant reached the log: applied %d->%d, last token %d->%d", appliedBefore, appliedAfter, lastBefore, lastAfter)
+	if after := testcluster.StateOf(d); after.Applied != state.Applied || after.LastToken != state.LastToken {
+		t.Fatalf("a denied grant reached the log: applied %d->%d, last token %d->%d", state.Applied, after.Applied, state.LastToken, after.LastToken)
 	}
 	l, err := cl.Acquire(ctx, "payments/42", sdk.WithLease(time.Minute), sdk.WithOwner("svc-payments-7"))
 	if err != nil {
 		t.Fatalf("allowed owner: %v", err)
 	}
-	if l.Token != lastBefore+1 {
-		t.Fatalf("token %d, want %d: the denied request consumed a token", l.Token, lastBefore+1)
+	if l.Token != state.LastToken+1 {
+		t.Fatalf("token %d, want %d: the denied request consumed a token", l.Token, state.LastToken+1)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)
@@ -124,7 +127,7 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	}
 	var before uint64
 	var first *jetstream.RawStreamMsg
-	waitFor(t, 5*time.Second, "events in the audit stream", func() bool {
+	testkit.Eventually(t, 5*time.Second, "events in the audit stream", func() bool {
 		info, err := stream.Info(ctx)
 		if err != nil || info.State.Msgs < 2 {
 			return false

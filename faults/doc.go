@@ -42,7 +42,8 @@
 //
 // The in-process driver starts 3 or 5 daemon.Start nodes on 127.0.0.1
 // (embedded NATS, routed together; small snapshot intervals so restarted
-// nodes catch up from snapshots). Its faults: crash and restart of the
+// nodes catch up from snapshots) with internal/testkit/testcluster, the
+// builder the daemon tests use; the faults stay here. Its faults: crash and restart of the
 // leader, a follower or a majority (daemon.Close: a clean stop, the
 // process driver does the dirty one); partitions through
 // peer.Transport.SetFilter (isolate the leader or a follower, split into a

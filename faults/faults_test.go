@@ -138,7 +138,7 @@ func TestInProcessFaults(t *testing.T) {
 	if cfg.Control {
 		start = startInProcessControl
 	}
-	c, err := start(t.TempDir(), cfg.Nodes, log, 25, 10)
+	c, err := start(t, cfg.Nodes, log, 25, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -167,7 +167,7 @@ func TestInProcessWipe(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer closeLog()
-	c, err := startInProcessControl(t.TempDir(), cfg.Nodes, log, 25, 10)
+	c, err := startInProcessControl(t, cfg.Nodes, log, 25, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -193,7 +193,7 @@ func TestProcessFaults(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c, err := startProcesses(bin, cfg.OutDir, cfg.Nodes)
+	c, err := startProcesses(t, bin, cfg.OutDir, cfg.Nodes)
 	if err != nil {
 		t.Fatal(err)
 	}

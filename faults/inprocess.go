@@ -7,16 +7,18 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"os"
 	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
+	"testing"
 	"time"
 
 	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/testkit"
+	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/sdk"
 
 	"github.com/ticketd/ticketd/daemon"
@@ -26,28 +28,6 @@ const (
 	modeInProcess = "inprocess"
 	modeProcess   = "process"
 )
-
-// freeAddr returns a 127.0.0.1 port that was free a moment ago.
-func freeAddr() (string, error) {
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		return "", err
-	}
-	defer ln.Close()
-	return ln.Addr().String(), nil
-}
-
-func freeAddrs(n int) ([]string, error) {
-	out := make([]string, n)
-	for i := range out {
-		a, err := freeAddr()
-		if err != nil {
-			return nil, err
-		}
-		out[i] = a
-	}
-	return out, nil
-}
 
 // inprocCluster runs daemon.Start nodes in this process. Crashes are
 // Close and restart on the same data (a clean stop, not a power cut: the
@@ -60,26 +40,24 @@ func freeAddrs(n int) ([]string, error) {
 // available: raft ids then differ from slot+1, so the peer filters map
 // ids to slots through ids.
 type inprocCluster struct {
-	cfgs     []daemon.Config
-	logger   *slog.Logger
-	election time.Duration
-	control  bool
-	dataDir  string
-	wipes    int
+	// kit starts and stops the nodes and holds their configs.
+	kit     *testcluster.Cluster
+	control bool
+	clocks  []*jumpClock // node i's lease clock, for the life of the cluster
 
 	idMu sync.RWMutex
 	ids  []uint64 // raft id of each slot's current node
 
+	// mu guards what the harness adds to the kit's nodes.
 	mu      sync.Mutex
-	nodes   []*daemon.Daemon
-	closing []bool
-	clocks  []*jumpClock
+	closing []bool // node i is being stopped on purpose
 	filter  func(from, to uint64) bool
 	exits   []string
+	wipes   int
 }
 
-func startInProcess(dataDir string, n int, logger *slog.Logger, tickMS, electionTicks int) (*inprocCluster, error) {
-	return startInProcessMode(dataDir, n, logger, tickMS, electionTicks, false)
+func startInProcess(t testing.TB, n int, logger *slog.Logger, tickMS, electionTicks int) (*inprocCluster, error) {
+	return startInProcessMode(t, n, logger, tickMS, electionTicks, false)
 }
 
 // Control-plane credentials of the in-process cluster in control mode.
@@ -89,72 +67,42 @@ const (
 )
 
 // startInProcessControl forms the cluster through the control plane.
-func startInProcessControl(dataDir string, n int, logger *slog.Logger, tickMS, electionTicks int) (*inprocCluster, error) {
-	return startInProcessMode(dataDir, n, logger, tickMS, electionTicks, true)
+func startInProcessControl(t testing.TB, n int, logger *slog.Logger, tickMS, electionTicks int) (*inprocCluster, error) {
+	return startInProcessMode(t, n, logger, tickMS, electionTicks, true)
 }
 
-func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, electionTicks int, controlMode bool) (*inprocCluster, error) {
-	peers, err := freeAddrs(n)
-	if err != nil {
-		return nil, err
-	}
-	routes, err := freeAddrs(n)
-	if err != nil {
-		return nil, err
-	}
-	clients, err := freeAddrs(n)
-	if err != nil {
-		return nil, err
-	}
-	var members []string
-	for i := 0; i < n; i++ {
-		members = append(members, fmt.Sprintf("%d=%s", i+1, peers[i]))
-	}
+func startInProcessMode(t testing.TB, n int, logger *slog.Logger, tickMS, electionTicks int, controlMode bool) (*inprocCluster, error) {
 	var controls []string
 	if controlMode {
-		if controls, err = freeAddrs(n); err != nil {
-			return nil, err
-		}
+		controls = testkit.FreeAddrs(t, n)
 	}
 	c := &inprocCluster{
-		logger:   logger,
-		election: time.Duration(tickMS*electionTicks) * time.Millisecond,
-		control:  controlMode,
-		dataDir:  dataDir,
-		ids:      make([]uint64, n),
-		nodes:    make([]*daemon.Daemon, n),
-		closing:  make([]bool, n),
-		clocks:   make([]*jumpClock, n),
+		control: controlMode,
+		ids:     make([]uint64, n),
+		closing: make([]bool, n),
+		clocks:  make([]*jumpClock, n),
 	}
 	for i := 0; i < n; i++ {
-		cfg := daemon.Defaults()
-		cfg.ID = uint64(i + 1)
-		cfg.Data = filepath.Join(dataDir, fmt.Sprintf("node%d", i+1))
-		cfg.NATSListen = clients[i]
-		cfg.NATSClusterListen = routes[i]
-		cfg.NATSRoutes = strings.Join(routes, ",")
-		cfg.PeerListen = peers[i]
-		cfg.PeerSecret = "faults-harness-secret-0123456789"
-		cfg.InitialCluster = strings.Join(members, ",")
-		cfg.TickMS = tickMS
-		cfg.ElectionTicks = electionTicks
-		// Small snapshot intervals: a node that was down catches up
-		// from a snapshot, not only from the log.
-		cfg.SnapshotEntries = 300
-		cfg.CompactKeep = 50
-		cfg.LogLevel = "warn"
-		if controlMode {
-			cfg.InitialCluster = ""
-			cfg.ControlListen = controls[i]
-			cfg.ControlCredential = faultsAdminCredential
-			if i == 0 {
-				cfg.BootstrapCredential = faultsBootCredential
-			}
-		}
-		c.cfgs = append(c.cfgs, cfg)
 		c.clocks[i] = &jumpClock{}
 		c.ids[i] = uint64(i + 1)
 	}
+	c.kit = testcluster.New(t, n, testcluster.Unstarted(), testcluster.WithTicks(tickMS, electionTicks),
+		testcluster.WithConfig(func(i int, cfg *daemon.Config) {
+			// Small snapshot intervals: a node that was down catches up
+			// from a snapshot, not only from the log.
+			cfg.SnapshotEntries = 300
+			cfg.CompactKeep = 50
+			cfg.LogLevel = "warn"
+			if controlMode {
+				cfg.InitialCluster = ""
+				cfg.ControlListen = controls[i]
+				cfg.ControlCredential = faultsAdminCredential
+				if i == 0 {
+					cfg.BootstrapCredential = faultsBootCredential
+				}
+			}
+		}),
+		testcluster.WithOptions(func(i int, o *daemon.Options) { o.Logger, o.Now = logger, c.clocks[i].Now }))
 	if controlMode {
 		if err := c.formByControl(); err != nil {
 			c.close()
@@ -171,15 +119,13 @@ func startInProcessMode(dataDir string, n int, logger *slog.Logger, tickMS, elec
 	return c, nil
 }
 
-func (c *inprocCluster) size() int                      { return len(c.cfgs) }
-func (c *inprocCluster) electionTimeout() time.Duration { return c.election }
+func (c *inprocCluster) size() int                      { return c.kit.Size() }
+func (c *inprocCluster) electionTimeout() time.Duration { return c.kit.ElectionTimeout() }
 
 func (c *inprocCluster) clientURLs() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	out := make([]string, len(c.cfgs))
-	for i, cfg := range c.cfgs {
-		out[i] = "nats://" + cfg.NATSListen
+	out := make([]string, c.size())
+	for i := range out {
+		out[i] = c.kit.ClientURL(i)
 	}
 	return out
 }
@@ -207,10 +153,8 @@ func (c *inprocCluster) raftIDs() []uint64 {
 
 // controlURLs are the control listeners of the running nodes.
 func (c *inprocCluster) controlURLs() []string {
-	c.mu.Lock()
-	defer c.mu.Unlock()
 	var out []string
-	for _, d := range c.nodes {
+	for _, d := range c.kit.Nodes() {
 		if d != nil && d.ControlAddr() != "" {
 			out = append(out, "http://"+d.ControlAddr())
 		}
@@ -236,48 +180,36 @@ func (c *inprocCluster) formByControl() error {
 	if _, err := c.callControl(20*time.Second, "/v1/bootstrap", control.Request{Credential: faultsBootCredential}); err != nil {
 		return fmt.Errorf("control mode: bootstrap: %w", err)
 	}
-	for i := 1; i < len(c.cfgs); i++ {
+	for i := 1; i < c.size(); i++ {
 		mint, err := c.callControl(20*time.Second, "/v1/join-credentials", control.Request{})
 		if err != nil {
 			return fmt.Errorf("control mode: mint join credential: %w", err)
 		}
-		c.mu.Lock()
-		c.cfgs[i].Join = strings.Join(c.controlURLsLocked(), ",")
-		c.cfgs[i].JoinCredential = mint.Credential
-		c.mu.Unlock()
+		join := strings.Join(c.controlURLs(), ",")
+		c.kit.UpdateConfig(i, func(cfg *daemon.Config) { cfg.Join, cfg.JoinCredential = join, mint.Credential })
 		if err := c.restart(i); err != nil {
 			return fmt.Errorf("control mode: join: %w", err)
 		}
 	}
-	c.mu.Lock()
-	c.refreshJoinLocked()
-	c.mu.Unlock()
+	c.refreshJoin()
 	return c.waitVoters(30 * time.Second)
 }
 
-// refreshJoinLocked points every joined node's Join at the control
+// refreshJoin points every joined node's Join at the control
 // listeners of all slots (as an operator would update the config), so a
 // restarted node's identity check reaches the leader at once.
-func (c *inprocCluster) refreshJoinLocked() {
+func (c *inprocCluster) refreshJoin() {
 	var urls []string
-	for _, cfg := range c.cfgs {
-		urls = append(urls, "http://"+cfg.ControlListen)
+	for i := 0; i < c.size(); i++ {
+		urls = append(urls, "http://"+c.kit.Config(i).ControlListen)
 	}
-	for i := range c.cfgs {
-		if c.cfgs[i].Join != "" {
-			c.cfgs[i].Join = strings.Join(urls, ",")
-		}
+	for i := 0; i < c.size(); i++ {
+		c.kit.UpdateConfig(i, func(cfg *daemon.Config) {
+			if cfg.Join != "" {
+				cfg.Join = strings.Join(urls, ",")
+			}
+		})
 	}
-}
-
-func (c *inprocCluster) controlURLsLocked() []string {
-	var out []string
-	for _, d := range c.nodes {
-		if d != nil && d.ControlAddr() != "" {
-			out = append(out, "http://"+d.ControlAddr())
-		}
-	}
-	return out
 }
 
 // waitVoters waits until the leader's raft membership is exactly the
@@ -328,9 +260,7 @@ func (c *inprocCluster) wipe(i int) (string, []string, error) {
 	if !c.control {
 		return "", nil, errUnsupported
 	}
-	c.mu.Lock()
-	old := c.cfgs[i]
-	c.mu.Unlock()
+	old := c.kit.Config(i)
 	oldID, oldInc, err := readIncarnation(old.Data)
 	if err != nil {
 		return "", nil, fmt.Errorf("read identity of node %d: %w", i+1, err)
@@ -341,31 +271,31 @@ func (c *inprocCluster) wipe(i int) (string, []string, error) {
 	if err := os.RemoveAll(old.Data); err != nil {
 		return "", nil, fmt.Errorf("wipe %s: %w", old.Data, err)
 	}
-	peerAddr, err1 := freeAddr()
-	ctlAddr, err2 := freeAddr()
+	// The nemesis goroutine cannot fail the test: errors, not testing.TB.
+	peerAddr, err1 := testkit.PickFreeAddr()
+	ctlAddr, err2 := testkit.PickFreeAddr()
 	if err := errors.Join(err1, err2); err != nil {
 		return "", nil, err
 	}
 	c.mu.Lock()
 	c.wipes++
+	wipes := c.wipes
+	c.mu.Unlock()
 	cfg := old
-	cfg.Data = filepath.Join(c.dataDir, fmt.Sprintf("node%d-wipe%d", i+1, c.wipes))
+	cfg.Data = filepath.Join(c.kit.Dir(), fmt.Sprintf("node%d-wipe%d", i+1, wipes))
 	cfg.PeerListen = peerAddr
 	cfg.ControlListen = ctlAddr
 	cfg.BootstrapCredential = ""
 	cfg.JoinCredential = ""
-	cfg.Join = strings.Join(c.controlURLsLocked(), ",")
+	cfg.Join = strings.Join(c.controlURLs(), ",")
 	cfg.Replace = oldID
 	// Later restarts of the slot start the new node on its own data.
-	c.cfgs[i] = cfg
-	c.mu.Unlock()
+	c.kit.UpdateConfig(i, func(slot *daemon.Config) { *slot = cfg })
 	// restart also records the slot's new raft id.
 	if err := c.restart(i); err != nil {
 		return "", nil, fmt.Errorf("start the replacement of node id %d: %w", oldID, err)
 	}
-	c.mu.Lock()
-	c.refreshJoinLocked()
-	c.mu.Unlock()
+	c.refreshJoin()
 	newID, newInc, err := readIncarnation(cfg.Data)
 	if err != nil {
 		return "", nil, fmt.Errorf("read the replacement's identity: %w", err)
@@ -436,18 +366,13 @@ func (c *inprocCluster) isVoterMember(id uint64) bool {
 	return false
 }
 
-func (c *inprocCluster) node(i int) *daemon.Daemon {
-	c.mu.Lock()
-	defer c.mu.Unlock()
-	return c.nodes[i]
-}
+func (c *inprocCluster) node(i int) *daemon.Daemon { return c.kit.Node(i) }
 
 func (c *inprocCluster) running(i int) bool { return c.node(i) != nil }
 
 func (c *inprocCluster) leader() int {
 	best, term := -1, uint64(0)
-	for i := range c.cfgs {
-		d := c.node(i)
+	for i, d := range c.kit.Nodes() {
 		if d == nil || !d.Locks().IsLeader() {
 			continue
 		}
@@ -460,31 +385,19 @@ func (c *inprocCluster) leader() int {
 
 func (c *inprocCluster) crash(i int) error {
 	c.mu.Lock()
-	d := c.nodes[i]
-	c.nodes[i] = nil
 	c.closing[i] = true
 	c.mu.Unlock()
-	if d == nil {
-		return fmt.Errorf("node %d is not running", i+1)
-	}
-	d.Close()
-	return nil
+	return c.kit.Stop(i)
 }
 
 func (c *inprocCluster) restart(i int) error {
 	if c.running(i) {
 		return nil
 	}
-	// The context passed to Start governs the peer transport for the
-	// node's whole life (cancelling it closes the peer listener), so it
-	// must not be a start-up timeout.
-	c.mu.Lock()
-	cfg := c.cfgs[i]
-	c.mu.Unlock()
-	d, err := daemon.Start(context.Background(), cfg, daemon.Options{Logger: c.logger, Now: c.clocks[i].Now})
-	if err != nil {
-		return fmt.Errorf("restart node %d: %w", i+1, err)
+	if err := c.kit.Start(i); err != nil {
+		return err
 	}
+	d := c.kit.Node(i)
 	// In control mode the raft id is issued by the cluster.
 	if id := d.Node().ID(); id != 0 {
 		c.idMu.Lock()
@@ -492,7 +405,6 @@ func (c *inprocCluster) restart(i int) error {
 		c.idMu.Unlock()
 	}
 	c.mu.Lock()
-	c.nodes[i] = d
 	c.closing[i] = false
 	f := c.filter
 	c.mu.Unlock()
@@ -503,7 +415,7 @@ func (c *inprocCluster) restart(i int) error {
 		<-d.Done()
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		if c.nodes[i] == d && !c.closing[i] {
+		if c.kit.Node(i) == d && !c.closing[i] {
 			c.exits = append(c.exits, fmt.Sprintf("node %d: raft loop stopped: %v", i+1, d.Node().Err()))
 		}
 	}()
@@ -517,9 +429,8 @@ func (c *inprocCluster) setLinks(allow func(from, to int) bool, _ linkMode) {
 	}
 	c.mu.Lock()
 	c.filter = f
-	nodes := append([]*daemon.Daemon(nil), c.nodes...)
 	c.mu.Unlock()
-	for _, d := range nodes {
+	for _, d := range c.kit.Nodes() {
 		if d != nil {
 			d.Peers().SetFilter(f)
 		}
@@ -565,17 +476,10 @@ func (c *inprocCluster) unexpectedExits() []string {
 }
 
 func (c *inprocCluster) close() {
-	var wg sync.WaitGroup
-	for i := range c.cfgs {
-		c.mu.Lock()
-		d := c.nodes[i]
-		c.nodes[i] = nil
+	c.mu.Lock()
+	for i := range c.closing {
 		c.closing[i] = true
-		c.mu.Unlock()
-		if d != nil {
-			wg.Add(1)
-			go func() { defer wg.Done(); d.Close() }()
-		}
 	}
-	wg.Wait()
+	c.mu.Unlock()
+	c.kit.Close()
 }

@@ -10,10 +10,12 @@ import (
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/sdk"
 )
 
@@ -57,20 +59,11 @@ type proc struct {
 	paused bool // guarded by procCluster.mu
 }
 
-func startProcesses(bin, dir string, n int) (_ *procCluster, err error) {
+func startProcesses(t testing.TB, bin, dir string, n int) (_ *procCluster, err error) {
 	const tickMS, electionTicks = 50, 10
-	peers, err := freeAddrs(n)
-	if err != nil {
-		return nil, err
-	}
-	routes, err := freeAddrs(n)
-	if err != nil {
-		return nil, err
-	}
-	natsAddrs, err := freeAddrs(n)
-	if err != nil {
-		return nil, err
-	}
+	peers := testkit.FreeAddrs(t, n)
+	routes := testkit.FreeAddrs(t, n)
+	natsAddrs := testkit.FreeAddrs(t, n)
 	c := &procCluster{
 		bin: bin, dir: dir, n: n,
 		election: tickMS * electionTicks * time.Millisecond,

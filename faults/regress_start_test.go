@@ -2,12 +2,11 @@ package faults
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
 	"github.com/ticketd/ticketd/daemon"
+	"github.com/ticketd/ticketd/internal/testkit"
 )
 
 // TestStartContextDoesNotBoundPeerTransport (was a known bug): daemon.Start documented no
@@ -21,8 +20,8 @@ import (
 func TestStartContextDoesNotBoundPeerTransport(t *testing.T) {
 	// Fixed: daemon.Start's context bounds start-up only. This test stays
 	// as the regression test.
-	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
-	c, err := startInProcess(t.TempDir(), 3, quiet, 20, 10)
+	quiet := testkit.QuietLogger()
+	c, err := startInProcess(t, 3, quiet, 20, 10)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -33,7 +32,8 @@ func TestStartContextDoesNotBoundPeerTransport(t *testing.T) {
 			d.Close()
 		}
 	}()
-	for _, cfg := range c.cfgs {
+	for i := 0; i < c.size(); i++ {
+		cfg := c.kit.Config(i)
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		d, err := daemon.Start(ctx, cfg, daemon.Options{Logger: quiet})
 		cancel() // start-up is over
@@ -42,14 +42,12 @@ func TestStartContextDoesNotBoundPeerTransport(t *testing.T) {
 		}
 		nodes = append(nodes, d)
 	}
-	deadline := time.Now().Add(10 * time.Second)
-	for time.Now().Before(deadline) {
+	testkit.Eventually(t, 10*time.Second, "a leader (none: the peer transports stopped with the start-up context)", func() bool {
 		for _, d := range nodes {
 			if d.Locks().IsLeader() {
-				return
+				return true
 			}
 		}
-		time.Sleep(20 * time.Millisecond)
-	}
-	t.Fatal("no leader within 10s: the peer transports stopped with the start-up context")
+		return false
+	})
 }

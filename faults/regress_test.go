@@ -3,11 +3,10 @@ package faults
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/sdk"
 )
 
@@ -21,7 +20,7 @@ import (
 // acquire with indeterminate without waiting for the leader (fixed in
 // be9c3bb, found by the clock-jump fault).
 func TestLeaseClockOnlyTimesLeases(t *testing.T) {
-	c, err := startInProcess(t.TempDir(), 1, slog.New(slog.NewTextHandler(io.Discard, nil)), 20, 10)
+	c, err := startInProcess(t, 1, testkit.QuietLogger(), 20, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -1,12 +1,11 @@
 package faults
 
 import (
-	"io"
-	"log/slog"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/sdk"
 )
 
@@ -20,7 +19,7 @@ import (
 // of a forward jump on the leader's clock) and fencing alone keeps the
 // resource consistent.
 func TestCheckersCatchAnUnrecordedClockJump(t *testing.T) {
-	c, err := startInProcess(t.TempDir(), 1, slog.New(slog.NewTextHandler(io.Discard, nil)), 20, 10)
+	c, err := startInProcess(t, 1, testkit.QuietLogger(), 20, 10)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log"
-	"log/slog"
 	"math"
 	"slices"
 	"sync"
@@ -15,16 +14,16 @@ import (
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/prometheus/client_golang/prometheus"
-	"github.com/ticketd/ticketd/core"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
-)
 
-var quietLogger = slog.New(slog.NewTextHandler(io.Discard, nil))
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/testkit"
+)
 
 func openTestStore(t testing.TB, dir string) *Store {
 	t.Helper()
-	s, err := Open(dir, StoreOptions{NoSync: true, Logger: quietLogger})
+	s, err := Open(dir, StoreOptions{NoSync: true, Logger: testkit.QuietLogger()})
 	if err != nil {
 		t.Fatalf("Open(%s): %v", dir, err)
 	}
@@ -750,7 +749,7 @@ func checkCorruptRow(t *testing.T, key, value []byte, read func(*Store) error) {
 		t.Fatal(err)
 	}
 
-	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{quietLogger}})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{testkit.QuietLogger()}})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -763,7 +762,7 @@ func checkCorruptRow(t *testing.T, key, value []byte, read func(*Store) error) {
 		t.Fatal(err)
 	}
 
-	s2, err := Open(dir, StoreOptions{NoSync: true, Logger: quietLogger})
+	s2, err := Open(dir, StoreOptions{NoSync: true, Logger: testkit.QuietLogger()})
 	if read == nil {
 		if !errors.Is(err, ErrCorrupt) {
 			t.Fatalf("Open: err %v, want ErrCorrupt", err)
@@ -798,7 +797,7 @@ func histogram(t *testing.T, reg *prometheus.Registry, name string) (count uint6
 
 func TestStorageFsyncMetrics(t *testing.T) {
 	reg := prometheus.NewRegistry()
-	s, err := Open(t.TempDir(), StoreOptions{Logger: quietLogger, Metrics: NewMetrics(reg)})
+	s, err := Open(t.TempDir(), StoreOptions{Logger: testkit.QuietLogger(), Metrics: NewMetrics(reg)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1166,7 +1165,7 @@ func TestStorageRaftCluster(t *testing.T) {
 // benchWrite measures one Write per iteration carrying perWrite entries of
 // 64 bytes and the HardState that commits them (synced unless noSync).
 func benchWrite(b *testing.B, perWrite int, noSync bool) {
-	s, err := Open(b.TempDir(), StoreOptions{NoSync: noSync, Logger: quietLogger})
+	s, err := Open(b.TempDir(), StoreOptions{NoSync: noSync, Logger: testkit.QuietLogger()})
 	if err != nil {
 		b.Fatal(err)
 	}

@@ -9,37 +9,9 @@ import (
 	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
-
-// runServer starts an embedded NATS server on 127.0.0.1 with a random
-// port (or the given one) and stops it at the end of the test.
-func runServer(t *testing.T, port int) *server.Server {
-	t.Helper()
-	if port == 0 {
-		port = -1
-	}
-	s, err := server.NewServer(&server.Options{Host: "127.0.0.1", Port: port, NoLog: true, NoSigs: true})
-	if err != nil {
-		t.Fatalf("nats server: %v", err)
-	}
-	go s.Start()
-	if !s.ReadyForConnections(10 * time.Second) {
-		t.Fatal("nats server not ready")
-	}
-	t.Cleanup(s.Shutdown)
-	return s
-}
-
-func connect(t *testing.T, s *server.Server, opts ...nats.Option) *nats.Conn {
-	t.Helper()
-	nc, err := nats.Connect(s.ClientURL(), opts...)
-	if err != nil {
-		t.Fatalf("connect: %v", err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
-}
 
 // action is what the fake does with one request.
 type action struct {
@@ -70,7 +42,7 @@ type fake struct {
 
 func startFake(t *testing.T, s *server.Server, script func(subject string, n int, data []byte) action) *fake {
 	t.Helper()
-	f := &fake{t: t, nc: connect(t, s), script: script}
+	f := &fake{t: t, nc: testkit.Connect(t, s.ClientURL()), script: script}
 	for _, subj := range []string{protocol.SubjectAcquire, protocol.SubjectRelease, protocol.SubjectGet, protocol.SubjectStatus} {
 		sub, err := f.nc.QueueSubscribe(subj, protocol.QueueGroup, f.handle)
 		if err != nil {
@@ -131,7 +103,7 @@ func (f *fake) settle(client *nats.Conn) {
 	if err := f.nc.Flush(); err != nil {
 		f.t.Fatalf("flush fake: %v", err)
 	}
-	eventually(f.t, 5*time.Second, "fake idle", func() bool {
+	testkit.Eventually(f.t, 5*time.Second, "fake idle", func() bool {
 		for _, s := range f.subs {
 			if n, _, _ := s.Pending(); n > 0 {
 				return false
@@ -151,18 +123,6 @@ func (f *fake) settle(client *nats.Conn) {
 		}
 		return true
 	})
-}
-
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t *testing.T, within time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(within)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out waiting for %s", what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
 }
 
 func mustJSON(t testing.TB, v any) []byte {
@@ -237,7 +197,7 @@ func (a *attempts) snapshot() []error {
 // newClient makes a client on its own connection with fast retries.
 func newClient(t *testing.T, s *server.Server, opts ...Option) (*Client, *nats.Conn) {
 	t.Helper()
-	nc := connect(t, s)
+	nc := testkit.Connect(t, s.ClientURL())
 	base := []Option{WithRequestTimeout(2 * time.Second), WithRetryBackoff(time.Millisecond, 10*time.Millisecond)}
 	c, err := New(nc, append(base, opts...)...)
 	if err != nil {

@@ -10,9 +10,11 @@ import (
 	"testing"
 	"time"
 
+	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
@@ -31,7 +33,7 @@ func decodeAcquire(t *testing.T, data []byte) protocol.AcquireRequest {
 }
 
 func TestAcquireGrantDeadline(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, standard)
 	c, _ := newClient(t, s)
 	ctx := context.Background()
@@ -76,7 +78,7 @@ func TestAcquireGrantDeadline(t *testing.T) {
 }
 
 func TestLeaseFromReplyNeverLonger(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	startFake(t, s, func(subject string, n int, data []byte) action {
 		var r protocol.AcquireRequest
 		_ = json.Unmarshal(data, &r)
@@ -94,7 +96,7 @@ func TestLeaseFromReplyNeverLonger(t *testing.T) {
 }
 
 func TestErrorCodesMapToSentinels(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	var code atomic.Value
 	f := startFake(t, s, func(subject string, n int, data []byte) action {
 		return fail(code.Load().(protocol.Code), "scripted")
@@ -154,7 +156,7 @@ func TestErrorCodesMapToSentinels(t *testing.T) {
 }
 
 func TestUnknownCodeMatchesOnlyItself(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, func(string, int, []byte) action { return fail("quota_exceeded", "from the future") })
 	c, nc := newClient(t, s)
 	_, err := c.Acquire(context.Background(), "k")
@@ -176,7 +178,7 @@ func TestUnknownCodeMatchesOnlyItself(t *testing.T) {
 }
 
 func TestErrorFromHeaderOnly(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	startFake(t, s, func(string, int, []byte) action {
 		h := nats.Header{}
 		h.Set(HeaderServiceError, "key is held")
@@ -193,7 +195,7 @@ func TestErrorFromHeaderOnly(t *testing.T) {
 func TestRetryableCodesRetried(t *testing.T) {
 	for _, code := range []protocol.Code{protocol.CodeNotLeader, protocol.CodeUnavailable, protocol.CodeShuttingDown} {
 		t.Run(string(code), func(t *testing.T) {
-			s := runServer(t, 0)
+			s := testkit.NATSServer(t)
 			f := startFake(t, s, func(subject string, n int, data []byte) action {
 				if n < 2 {
 					return fail(code, "not now")
@@ -227,7 +229,7 @@ func TestRetryableCodesRetried(t *testing.T) {
 }
 
 func TestRetryableCodeUntilContextDeadline(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, func(string, int, []byte) action { return fail(protocol.CodeNotLeader, "no") })
 	// The backoff outlasts the context, so the deadline certainly falls
 	// in a pause between attempts, not on a request in flight (which
@@ -248,7 +250,7 @@ func TestRetryableCodeUntilContextDeadline(t *testing.T) {
 }
 
 func TestNoRespondersRetriedUntilResponderAppears(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	var a attempts
 	c, _ := newClient(t, s, withAttemptHook(a.hook))
 
@@ -262,7 +264,7 @@ func TestNoRespondersRetriedUntilResponderAppears(t *testing.T) {
 		done <- result{l, err}
 	}()
 	// Start the responder only once the SDK has seen "no responders".
-	eventually(t, 5*time.Second, "a no-responders attempt", func() bool {
+	testkit.Eventually(t, 5*time.Second, "a no-responders attempt", func() bool {
 		for _, err := range a.snapshot() {
 			if errors.Is(err, nats.ErrNoResponders) {
 				return true
@@ -290,7 +292,7 @@ func TestNoRespondersRetriedUntilResponderAppears(t *testing.T) {
 }
 
 func TestNoRespondersRetryBudget(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	c, _ := newClient(t, s, WithRetryBudget(100*time.Millisecond))
 	_, err := c.Get(context.Background(), "k")
 	if !errors.Is(err, ErrUnavailable) || !errors.Is(err, nats.ErrNoResponders) || IsIndeterminate(err) {
@@ -303,7 +305,7 @@ func TestNoRespondersRetryBudget(t *testing.T) {
 }
 
 func TestAcquireSwallowedIsIndeterminateNotRetried(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, func(string, int, []byte) action { return action{swallow: true} })
 	c, nc := newClient(t, s, WithRequestTimeout(200*time.Millisecond))
 	_, err := c.Acquire(context.Background(), "k", WithOwner("w"))
@@ -323,7 +325,7 @@ func TestAcquireSwallowedIsIndeterminateNotRetried(t *testing.T) {
 }
 
 func TestAcquireContextDeadlineInFlightIsIndeterminate(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, func(string, int, []byte) action { return action{swallow: true} })
 	c, nc := newClient(t, s, WithRequestTimeout(time.Minute))
 	ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
@@ -339,7 +341,7 @@ func TestAcquireContextDeadlineInFlightIsIndeterminate(t *testing.T) {
 }
 
 func TestAcquireCanceledInFlightIsIndeterminate(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	f := startFake(t, s, func(string, int, []byte) action {
@@ -368,7 +370,7 @@ func TestAcquireUnreadableReplyIsIndeterminate(t *testing.T) {
 	}
 	for name, body := range bodies {
 		t.Run(name, func(t *testing.T) {
-			s := runServer(t, 0)
+			s := testkit.NATSServer(t)
 			f := startFake(t, s, func(string, int, []byte) action { return action{body: body} })
 			c, nc := newClient(t, s)
 			_, err := c.Acquire(context.Background(), "k")
@@ -390,7 +392,7 @@ func TestAcquireUnreadableReplyIsIndeterminate(t *testing.T) {
 }
 
 func TestReleaseSwallowedIsIndeterminate(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, func(string, int, []byte) action { return action{swallow: true} })
 	c, nc := newClient(t, s, WithRequestTimeout(200*time.Millisecond))
 	err := c.Release(context.Background(), "k", 3)
@@ -404,7 +406,7 @@ func TestReleaseSwallowedIsIndeterminate(t *testing.T) {
 }
 
 func TestReleaseNotReleasedIsNotFound(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	startFake(t, s, func(string, int, []byte) action {
 		return action{body: []byte(`{"key":"k","released":false}`)}
 	})
@@ -415,7 +417,7 @@ func TestReleaseNotReleasedIsNotFound(t *testing.T) {
 }
 
 func TestGetSwallowedIsRetried(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, func(subject string, n int, data []byte) action {
 		if n == 0 {
 			return action{swallow: true}
@@ -437,7 +439,7 @@ func TestGetSwallowedIsRetried(t *testing.T) {
 }
 
 func TestGetSwallowedUntilDeadlineIsDefinite(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, func(string, int, []byte) action { return action{swallow: true} })
 	c, _ := newClient(t, s, WithRequestTimeout(50*time.Millisecond))
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
@@ -452,7 +454,7 @@ func TestGetSwallowedUntilDeadlineIsDefinite(t *testing.T) {
 }
 
 func TestContextDoneBeforeSend(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, standard)
 	c, nc := newClient(t, s)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -474,14 +476,14 @@ func TestContextDoneBeforeSend(t *testing.T) {
 }
 
 func TestContextCanceledDuringBackoff(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	var attemptsSeen atomic.Int32
 	// The hook runs after an attempt and before the backoff pause: cancel
 	// there, so the SDK is certainly pausing (not in flight) when it sees
 	// the cancellation. The pause is long, so only ctx can end it.
-	nc := connect(t, s)
+	nc := testkit.Connect(t, s.ClientURL())
 	c, err := New(nc, WithRetryBackoff(time.Hour, time.Hour), WithRetryBudget(0),
 		withAttemptHook(func(string, int, error) {
 			attemptsSeen.Add(1)
@@ -516,7 +518,7 @@ func TestTimeoutMSWithinSDKWait(t *testing.T) {
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
-			s := runServer(t, 0)
+			s := testkit.NATSServer(t)
 			f := startFake(t, s, func(string, int, []byte) action { return action{swallow: true} })
 			c, _ := newClient(t, s, WithRequestTimeout(tc.rt))
 			ctx := context.Background()
@@ -594,7 +596,7 @@ func TestAcquireTimesInvariants(t *testing.T) {
 }
 
 func TestClientSideValidation(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	f := startFake(t, s, standard)
 	c, nc := newClient(t, s)
 	ctx := context.Background()
@@ -624,7 +626,7 @@ func TestClientSideValidation(t *testing.T) {
 }
 
 func TestConnectOwnsConnection(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	startFake(t, s, standard)
 	c, err := Connect(s.ClientURL(), WithRequestTimeout(time.Second))
 	if err != nil {
@@ -651,7 +653,7 @@ func TestConnectOwnsConnection(t *testing.T) {
 }
 
 func TestNewDoesNotOwnConnection(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	c, nc := newClient(t, s)
 	if err := c.Close(); err != nil {
 		t.Fatal(err)
@@ -673,7 +675,7 @@ func TestNewDoesNotOwnConnection(t *testing.T) {
 // reconnecting the SDK publishes nothing (no request is buffered to
 // surprise us later) and retries once the connection is back.
 func TestNotConnectedRetriedUntilReconnected(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	port := s.Addr().(*net.TCPAddr).Port
 	url := s.ClientURL()
 	var a attempts
@@ -687,20 +689,20 @@ func TestNotConnectedRetriedUntilReconnected(t *testing.T) {
 		t.Fatal(err)
 	}
 	s.Shutdown()
-	eventually(t, 5*time.Second, "client reconnecting", func() bool { return nc.Status() == nats.RECONNECTING })
+	testkit.Eventually(t, 5*time.Second, "client reconnecting", func() bool { return nc.Status() == nats.RECONNECTING })
 
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.Acquire(context.Background(), "k")
 		done <- err
 	}()
-	eventually(t, 5*time.Second, "a not-connected attempt", func() bool { return len(a.snapshot()) > 0 })
+	testkit.Eventually(t, 5*time.Second, "a not-connected attempt", func() bool { return len(a.snapshot()) > 0 })
 	for _, err := range a.snapshot() {
 		if !errors.Is(err, ErrUnavailable) {
 			t.Fatalf("attempt error %v", err)
 		}
 	}
-	s2 := runServer(t, port)
+	s2 := testkit.NATSServer(t, func(o *server.Options) { o.Port = port })
 	f := startFake(t, s2, standard)
 	if err := <-done; err != nil {
 		t.Fatalf("Acquire: %v", err)
@@ -711,7 +713,7 @@ func TestNotConnectedRetriedUntilReconnected(t *testing.T) {
 }
 
 func TestLockClock(t *testing.T) {
-	s := runServer(t, 0)
+	s := testkit.NATSServer(t)
 	startFake(t, s, standard)
 	clk := &fakeClock{now: time.Unix(1000, 0)}
 	c, _ := newClient(t, s, WithClock(clk))

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
@@ -37,9 +38,9 @@ func TestThreeProcessFailover(t *testing.T) {
 	var peers, routes, members []string
 	urls := make([]string, n)
 	for i := 0; i < n; i++ {
-		peers = append(peers, freeAddr(t))
-		routes = append(routes, freeAddr(t))
-		urls[i] = "nats://" + freeAddr(t)
+		peers = append(peers, testkit.FreeAddr(t))
+		routes = append(routes, testkit.FreeAddr(t))
+		urls[i] = "nats://" + testkit.FreeAddr(t)
 		members = append(members, fmt.Sprintf("%d=%s", i+1, peers[i]))
 	}
 	args := func(i int) []string {

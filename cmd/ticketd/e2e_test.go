@@ -4,7 +4,6 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
-	"net"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -13,6 +12,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/testkit"
 )
 
 // buildOnce builds the ticketd binary for process-level tests.
@@ -39,16 +40,6 @@ func binary(t *testing.T) string {
 		t.Fatal(err)
 	}
 	return bin
-}
-
-func freeAddr(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // proc is a running `ticketd serve`.
@@ -144,7 +135,7 @@ func token(t *testing.T, v map[string]any) uint64 {
 func TestCLISessionSurvivesKill9(t *testing.T) {
 	bin := binary(t)
 	data := t.TempDir()
-	addr := freeAddr(t)
+	addr := testkit.FreeAddr(t)
 	url := "nats://" + addr
 	serveArgs := []string{"--data", data, "--nats-listen", addr, "--tick-ms", "20"}
 	p := startServe(t, bin, serveArgs...)

@@ -5,8 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
-	"log/slog"
 	"sync"
 	"testing"
 	"time"
@@ -17,6 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/raftstore"
 )
@@ -64,29 +63,13 @@ func counters(t *testing.T, reg *prometheus.Registry) map[string]float64 {
 	return out
 }
 
-func quiet() *slog.Logger { return slog.New(slog.NewTextHandler(io.Discard, nil)) }
-
 func runNATS(t *testing.T, jetStream bool) *nats.Conn {
 	t.Helper()
-	o := &natsserver.Options{Host: "127.0.0.1", Port: natsserver.RANDOM_PORT, NoSigs: true, NoLog: true}
+	var tweaks []func(*natsserver.Options)
 	if jetStream {
-		o.JetStream, o.StoreDir = true, t.TempDir()
+		tweaks = append(tweaks, func(o *natsserver.Options) { o.JetStream, o.StoreDir = true, t.TempDir() })
 	}
-	ns, err := natsserver.NewServer(o)
-	if err != nil {
-		t.Fatal(err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(10 * time.Second) {
-		t.Fatal("NATS did not start")
-	}
-	t.Cleanup(func() { ns.Shutdown(); ns.WaitForShutdown() })
-	nc, err := nats.Connect(ns.ClientURL())
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
-	return nc
+	return testkit.Connect(t, testkit.NATSServer(t, tweaks...).ClientURL())
 }
 
 // TestPublish: every event of an applied command goes out as an Event on
@@ -105,7 +88,7 @@ func TestPublish(t *testing.T) {
 		{Type: "lock.other", Plugin: "audit", Data: json.RawMessage(`{}`)},
 	}}
 	reg := prometheus.NewRegistry()
-	p := NewPublisher(Config{Auditor: a, Node: 3, Logger: quiet(), Registerer: reg})
+	p := NewPublisher(Config{Auditor: a, Node: 3, Logger: testkit.QuietLogger(), Registerer: reg})
 	p.Start(nc)
 	defer p.Close()
 	p.Offer(raftstore.Applied{Index: 13}) // the plugin fails: counted, nothing published
@@ -140,7 +123,7 @@ func TestPublish(t *testing.T) {
 func TestOfferNeverBlocks(t *testing.T) {
 	a := &fakeAuditor{block: make(chan struct{})}
 	reg := prometheus.NewRegistry()
-	p := NewPublisher(Config{Auditor: a, Logger: quiet(), Registerer: reg, QueueSize: 4})
+	p := NewPublisher(Config{Auditor: a, Logger: testkit.QuietLogger(), Registerer: reg, QueueSize: 4})
 	p.Start(nil) // no events, so nothing is published
 	done := make(chan struct{})
 	go func() {

@@ -3,11 +3,10 @@ package natsapi
 import (
 	"context"
 	"errors"
-	"io"
-	"log/slog"
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/transports/protocol"
@@ -16,7 +15,7 @@ import (
 // singleNode runs a one-voter raft node with its lock service, no NATS.
 func singleNode(t *testing.T) *lockservice.Service {
 	t.Helper()
-	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	log := testkit.QuietLogger()
 	st, err := raftstore.Open(t.TempDir(), raftstore.StoreOptions{NoSync: true, Logger: log})
 	if err != nil {
 		t.Fatal(err)
@@ -29,13 +28,7 @@ func singleNode(t *testing.T) *lockservice.Service {
 	srv.Attach(n)
 	n.Start()
 	t.Cleanup(func() { srv.Close(); n.Stop(); _ = st.Close() })
-	deadline := time.Now().Add(10 * time.Second)
-	for !srv.IsLeader() {
-		if time.Now().After(deadline) {
-			t.Fatal("no leader")
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
+	testkit.Eventually(t, 10*time.Second, "a leader", srv.IsLeader)
 	return srv
 }
 
@@ -44,7 +37,7 @@ func singleNode(t *testing.T) *lockservice.Service {
 // with that exact token (SPEC §4.4).
 func TestUnwritableReplyReleasesGrant(t *testing.T) {
 	srv := singleNode(t)
-	s := &Service{cfg: Config{Locks: srv, Now: time.Now}, log: slog.New(slog.NewTextHandler(io.Discard, nil)), ctx: context.Background()}
+	s := &Service{cfg: Config{Locks: srv, Now: time.Now}, log: testkit.QuietLogger(), ctx: context.Background()}
 	var failed *protocol.Error
 	req := &request{
 		op:       "acquire",

@@ -24,18 +24,6 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 )
 
-// eventually polls cond until it holds or the deadline passes.
-func eventually(t testing.TB, timeout time.Duration, what string, cond func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !cond() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(2 * time.Millisecond)
-	}
-}
-
 // checkGoroutines fails the test if goroutines started during it are still
 // running once its cleanups (Close) have run. Register it first.
 func checkGoroutines(t *testing.T) {
@@ -272,18 +260,6 @@ func cluster(t testing.TB, size int, mod func(*Config)) []*node {
 
 func heartbeat(from, to, term uint64) raftpb.Message {
 	return raftpb.Message{Type: raftpb.MsgHeartbeat, From: from, To: to, Term: term}
-}
-
-// deadAddr returns a loopback address nothing listens on.
-func deadAddr(t testing.TB) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := ln.Addr().String()
-	ln.Close()
-	return addr
 }
 
 // testCA is a throwaway certificate authority.

@@ -16,6 +16,8 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/internal/testkit"
 )
 
 const waitFor = 10 * time.Second
@@ -44,7 +46,7 @@ func meshed(t testing.TB, size int, mod func(*Config)) []*node {
 				others = append(others, o.id)
 			}
 		}
-		eventually(t, waitFor, fmt.Sprintf("node %d connected to %v", n.id, others), connected(n, others...))
+		testkit.Eventually(t, waitFor, fmt.Sprintf("node %d connected to %v", n.id, others), connected(n, others...))
 	}
 	return nodes
 }
@@ -146,7 +148,7 @@ func TestExchangeThreeNodes(t *testing.T) {
 		}
 	}
 	for _, n := range nodes {
-		eventually(t, waitFor, fmt.Sprintf("node %d inbox", n.id), func() bool { return n.in.len() == 2*perPair })
+		testkit.Eventually(t, waitFor, fmt.Sprintf("node %d inbox", n.id), func() bool { return n.in.len() == 2*perPair })
 		next := map[uint64]uint64{}
 		for _, m := range n.in.all() {
 			if m.To != n.id || m.From == n.id || m.From < 1 || m.From > 3 {
@@ -190,7 +192,7 @@ func TestSnapshotStreamed(t *testing.T) {
 	snap := raftpb.Message{Type: raftpb.MsgSnap, From: 1, To: 2, Term: 3, Snapshot: &raftpb.Snapshot{Data: data,
 		Metadata: raftpb.SnapshotMetadata{Index: 1000, Term: 3, ConfState: raftpb.ConfState{Voters: []uint64{1, 2}}}}}
 	n1.tr.Send([]raftpb.Message{snap, heartbeat(1, 2, 3)})
-	eventually(t, waitFor, "snapshot and heartbeat delivered", func() bool { return n2.in.len() == 2 })
+	testkit.Eventually(t, waitFor, "snapshot and heartbeat delivered", func() bool { return n2.in.len() == 2 })
 	var got *raftpb.Message
 	for _, m := range n2.in.all() {
 		if m.Type == raftpb.MsgSnap {
@@ -201,7 +203,7 @@ func TestSnapshotStreamed(t *testing.T) {
 		len(got.Snapshot.Metadata.ConfState.Voters) != 2 || !bytes.Equal(got.Snapshot.Data, data) {
 		t.Fatal("snapshot arrived altered")
 	}
-	eventually(t, waitFor, "ReportSnapshot", func() bool { return len(n1.rep.snapshots()) == 1 })
+	testkit.Eventually(t, waitFor, "ReportSnapshot", func() bool { return len(n1.rep.snapshots()) == 1 })
 	if r := n1.rep.snapshots()[0]; r != (snapReport{2, raft.SnapshotFinish}) {
 		t.Fatalf("report %+v, want SnapshotFinish for 2", r)
 	}
@@ -234,16 +236,16 @@ func TestSnapshotFailuresReported(t *testing.T) {
 		nodes[1].in.err = errors.New("raft stopped")
 		nodes[1].in.mu.Unlock()
 		nodes[0].tr.Send([]raftpb.Message{small(1, 2)})
-		eventually(t, waitFor, "failure report", func() bool { return failures(nodes[0].rep, 2) == 1 })
+		testkit.Eventually(t, waitFor, "failure report", func() bool { return failures(nodes[0].rep, 2) == 1 })
 	})
 	t.Run("peer down and queue full", func(t *testing.T) {
-		n := startNode(t, 1, map[uint64]string{2: deadAddr(t)}, nil)
+		n := startNode(t, 1, map[uint64]string{2: testkit.FreeAddr(t)}, nil)
 		var msgs []raftpb.Message
 		for range 20 {
 			msgs = append(msgs, small(1, 2))
 		}
 		n.tr.Send(msgs) // more than the snapshot queue holds: the rest fail at once
-		eventually(t, waitFor, "20 failure reports", func() bool { return failures(n.rep, 2) == 20 })
+		testkit.Eventually(t, waitFor, "20 failure reports", func() bool { return failures(n.rep, 2) == 20 })
 		if st := n.tr.Stats().Peers[2]; st.SnapshotsFailed != 20 || st.Dropped == 0 {
 			t.Fatalf("stats %+v", st)
 		}
@@ -252,7 +254,7 @@ func TestSnapshotFailuresReported(t *testing.T) {
 		nodes := meshed(t, 2, nil)
 		nodes[0].tr.SetFilter(func(from, to uint64) bool { return false })
 		nodes[0].tr.Send([]raftpb.Message{small(1, 2)})
-		eventually(t, waitFor, "failure report", func() bool { return failures(nodes[0].rep, 2) == 1 })
+		testkit.Eventually(t, waitFor, "failure report", func() bool { return failures(nodes[0].rep, 2) == 1 })
 		if nodes[1].in.len() != 0 {
 			t.Fatal("filtered snapshot delivered")
 		}
@@ -268,7 +270,7 @@ func TestWrongSecretRejected(t *testing.T) {
 	n1.tr.AddPeer(2, n2.addr())
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1)})
 	n2.tr.Send([]raftpb.Message{heartbeat(2, 1, 1)})
-	eventually(t, waitFor, "repeated handshake failures on both sides", func() bool {
+	testkit.Eventually(t, waitFor, "repeated handshake failures on both sides", func() bool {
 		return n1.tr.Stats().HandshakeFailures >= 3 && n2.tr.Stats().HandshakeFailures >= 3
 	})
 	for _, n := range []*node{n1, n2} {
@@ -295,13 +297,13 @@ func TestUnknownPeerRejected(t *testing.T) {
 	n2 := startNode(t, 2, nil, nil) // knows no members
 	n3 := startNode(t, 3, map[uint64]string{2: n2.addr()}, nil)
 	n3.tr.Send([]raftpb.Message{heartbeat(3, 2, 1)})
-	eventually(t, waitFor, "unknown peer refused", func() bool {
+	testkit.Eventually(t, waitFor, "unknown peer refused", func() bool {
 		return n2.logs.has("inbound handshake failed", "unknown peer", "claims id 3") &&
 			n3.logs.has("connect failed", "rejected by remote", "unknown peer")
 	})
 	// A node that thinks id 5 lives at node 2's address is refused too.
 	n1 := startNode(t, 1, map[uint64]string{5: n2.addr()}, nil)
-	eventually(t, waitFor, "wrong target refused", func() bool {
+	testkit.Eventually(t, waitFor, "wrong target refused", func() bool {
 		return n2.logs.has("inbound handshake failed", "peer id mismatch", "meant to reach 5") &&
 			n1.logs.has("connect failed", "peer id mismatch")
 	})
@@ -341,7 +343,7 @@ func TestForgedMessagesDropped(t *testing.T) {
 	// Node 1 has no outbound connection of its own, so only the raw
 	// sessions below reach node 2.
 	n1 := startNode(t, 1, nil, nil)
-	n2 := startNode(t, 2, map[uint64]string{1: n1.addr(), 3: deadAddr(t)}, nil)
+	n2 := startNode(t, 2, map[uint64]string{1: n1.addr(), 3: testkit.FreeAddr(t)}, nil)
 	cases := []struct {
 		m   raftpb.Message
 		log string
@@ -363,7 +365,7 @@ func TestForgedMessagesDropped(t *testing.T) {
 		if !closedByRemote(t, s) {
 			t.Fatalf("case %d: connection not closed after %s", i, tc.log)
 		}
-		eventually(t, waitFor, "rejection logged: "+tc.log, func() bool {
+		testkit.Eventually(t, waitFor, "rejection logged: "+tc.log, func() bool {
 			return n2.logs.has("inbound connection dropped", "protocol violation", tc.log)
 		})
 	}
@@ -376,7 +378,7 @@ func TestForgedMessagesDropped(t *testing.T) {
 	if err := s.writeMessage(&m, time.Second); err != nil {
 		t.Fatal(err)
 	}
-	eventually(t, waitFor, "honest message", func() bool { return n2.in.len() == 1 })
+	testkit.Eventually(t, waitFor, "honest message", func() bool { return n2.in.len() == 1 })
 }
 
 func TestSendNeverBlocks(t *testing.T) {
@@ -400,14 +402,14 @@ func TestSendNeverBlocks(t *testing.T) {
 	}
 
 	t.Run("peer down", func(t *testing.T) {
-		n := startNode(t, 1, map[uint64]string{2: deadAddr(t)}, func(c *Config) { c.QueueSize = 64 })
+		n := startNode(t, 1, map[uint64]string{2: testkit.FreeAddr(t)}, func(c *Config) { c.QueueSize = 64 })
 		msgs := batch(1, 2, 100, 16)
 		worst, total := measure(func() { n.tr.Send(msgs) })
 		t.Logf("100,000 messages to a down peer: worst Send %v, total %v", worst, total)
 		if worst > 100*time.Millisecond {
 			t.Fatalf("a Send of 100 messages took %v", worst)
 		}
-		eventually(t, waitFor, "everything dropped", func() bool { return n.tr.Stats().Peers[2].Dropped == 100_000 })
+		testkit.Eventually(t, waitFor, "everything dropped", func() bool { return n.tr.Stats().Peers[2].Dropped == 100_000 })
 		if st := n.tr.Stats().Peers[2]; st.Sent != 0 || st.Connected {
 			t.Fatalf("stats %+v", st)
 		}
@@ -440,7 +442,7 @@ func TestSendNeverBlocks(t *testing.T) {
 		}
 		close(release)
 		nodes[0].tr.Send(batch(1, 2, 1, 1))
-		eventually(t, waitFor, "delivery after the stall", func() bool { return got.Load() > 0 })
+		testkit.Eventually(t, waitFor, "delivery after the stall", func() bool { return got.Load() > 0 })
 	})
 }
 
@@ -449,24 +451,24 @@ func TestReconnectAfterRestart(t *testing.T) {
 	nodes := meshed(t, 2, nil)
 	n1, n2 := nodes[0], nodes[1]
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1)})
-	eventually(t, waitFor, "first delivery", func() bool { return n2.in.len() == 1 })
+	testkit.Eventually(t, waitFor, "first delivery", func() bool { return n2.in.len() == 1 })
 
 	addr := n2.addr()
 	n2.tr.Close()
-	eventually(t, waitFor, "node 1 notices", func() bool {
+	testkit.Eventually(t, waitFor, "node 1 notices", func() bool {
 		return !n1.tr.Stats().Peers[2].Connected && n1.rep.unreachableCount(2) > 0
 	})
 
 	n2b := startNode(t, 2, map[uint64]string{1: n1.addr()}, func(c *Config) { c.Listen = addr })
-	eventually(t, waitFor, "delivery to the restarted node", func() bool {
+	testkit.Eventually(t, waitFor, "delivery to the restarted node", func() bool {
 		n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 2)})
 		return n2b.in.len() > 0
 	})
-	eventually(t, waitFor, "reconnected both ways", func() bool {
+	testkit.Eventually(t, waitFor, "reconnected both ways", func() bool {
 		return connected(n1, 2)() && connected(n2b, 1)()
 	})
 	n2b.tr.Send([]raftpb.Message{heartbeat(2, 1, 2)})
-	eventually(t, waitFor, "delivery from the restarted node", func() bool { return n1.in.len() == 1 })
+	testkit.Eventually(t, waitFor, "delivery from the restarted node", func() bool { return n1.in.len() == 1 })
 }
 
 func TestFilterDropsOneWay(t *testing.T) {
@@ -484,7 +486,7 @@ func TestFilterDropsOneWay(t *testing.T) {
 	n1.tr.SetFilter(func(from, to uint64) bool { return !(from == 1 && to == 2) })
 	n1.tr.Send(tenOf(1, 2))
 	n2.tr.Send(tenOf(2, 1))
-	eventually(t, waitFor, "2->1 still flows", func() bool { return n1.in.len() == 10 })
+	testkit.Eventually(t, waitFor, "2->1 still flows", func() bool { return n1.in.len() == 10 })
 	if st := n1.tr.Stats().Peers[2]; st.Filtered != 10 || st.Sent != 0 || n2.in.len() != 0 {
 		t.Fatalf("1->2 not filtered: %+v, delivered %d", st, n2.in.len())
 	}
@@ -492,13 +494,13 @@ func TestFilterDropsOneWay(t *testing.T) {
 	n1.tr.SetFilter(nil)
 	n2.tr.SetFilter(func(from, to uint64) bool { return from != 1 })
 	n1.tr.Send(tenOf(1, 2))
-	eventually(t, waitFor, "inbound filter", func() bool { return n2.tr.Stats().Peers[1].Filtered == 10 })
+	testkit.Eventually(t, waitFor, "inbound filter", func() bool { return n2.tr.Stats().Peers[1].Filtered == 10 })
 	if n2.in.len() != 0 {
 		t.Fatalf("inbound filter let %d through", n2.in.len())
 	}
 	n2.tr.SetFilter(nil)
 	n1.tr.Send(tenOf(1, 2))
-	eventually(t, waitFor, "traffic resumes", func() bool { return n2.in.len() == 10 })
+	testkit.Eventually(t, waitFor, "traffic resumes", func() bool { return n2.in.len() == 10 })
 }
 
 func TestMutualTLS(t *testing.T) {
@@ -510,8 +512,8 @@ func TestMutualTLS(t *testing.T) {
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1),
 		{Type: raftpb.MsgSnap, From: 1, To: 2, Term: 1, Snapshot: &raftpb.Snapshot{Data: data, Metadata: raftpb.SnapshotMetadata{Index: 3, Term: 1}}}})
 	n2.tr.Send([]raftpb.Message{heartbeat(2, 1, 1)})
-	eventually(t, waitFor, "exchange over TLS", func() bool { return n2.in.len() == 2 && n1.in.len() == 1 })
-	eventually(t, waitFor, "snapshot finish", func() bool { return len(n1.rep.snapshots()) == 1 })
+	testkit.Eventually(t, waitFor, "exchange over TLS", func() bool { return n2.in.len() == 2 && n1.in.len() == 1 })
+	testkit.Eventually(t, waitFor, "snapshot finish", func() bool { return len(n1.rep.snapshots()) == 1 })
 	if r := n1.rep.snapshots()[0]; r.status != raft.SnapshotFinish {
 		t.Fatalf("snapshot over TLS: %+v", r)
 	}
@@ -530,7 +532,7 @@ func TestMutualTLS(t *testing.T) {
 	if err == nil || (errors.As(err, &ne) && ne.Timeout()) {
 		t.Fatalf("certificate-less client not refused: %v", err)
 	}
-	eventually(t, waitFor, "refusal counted and logged", func() bool {
+	testkit.Eventually(t, waitFor, "refusal counted and logged", func() bool {
 		return n1.tr.Stats().HandshakeFailures > before && n1.logs.has("inbound handshake failed", "tls")
 	})
 
@@ -542,7 +544,7 @@ func TestMutualTLS(t *testing.T) {
 	n1.tr.AddPeer(4, n4.addr())
 	n3.tr.Send([]raftpb.Message{heartbeat(3, 1, 1)})
 	n4.tr.Send([]raftpb.Message{heartbeat(4, 1, 1)})
-	eventually(t, waitFor, "foreign CA and plain TCP refused", func() bool {
+	testkit.Eventually(t, waitFor, "foreign CA and plain TCP refused", func() bool {
 		return n3.logs.has("connect failed", "tls") && n4.logs.has("connect failed", "handshake with 1") &&
 			n1.tr.Stats().HandshakeFailures >= before+3
 	})
@@ -555,11 +557,11 @@ func TestMutualTLS(t *testing.T) {
 // the listener's fresh nonce changes the proof it expects.
 func TestReplayedHandshakeRejected(t *testing.T) {
 	checkGoroutines(t)
-	n2 := startNode(t, 2, map[uint64]string{1: deadAddr(t)}, nil)
+	n2 := startNode(t, 2, map[uint64]string{1: testkit.FreeAddr(t)}, nil)
 	px := startProxy(t, n2.addr(), nil)
 	n1 := startNode(t, 1, map[uint64]string{2: px.addr()}, nil)
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1)})
-	eventually(t, waitFor, "delivery through the proxy", func() bool { return n2.in.len() == 1 })
+	testkit.Eventually(t, waitFor, "delivery through the proxy", func() bool { return n2.in.len() == 1 })
 	rec := px.recordedBytes()
 	if len(rec) < HeaderSize+helloSize+HeaderSize+proofSize {
 		t.Fatalf("recorded only %d bytes", len(rec))
@@ -576,7 +578,7 @@ func TestReplayedHandshakeRejected(t *testing.T) {
 			break
 		}
 	}
-	eventually(t, waitFor, "replay refused", func() bool {
+	testkit.Eventually(t, waitFor, "replay refused", func() bool {
 		return n2.logs.has("inbound handshake failed", "authentication failed", "did not prove")
 	})
 	if n2.in.len() != 1 {
@@ -587,7 +589,7 @@ func TestReplayedHandshakeRejected(t *testing.T) {
 // A bit flipped in flight after the handshake fails the frame MAC.
 func TestTamperedFrameRejected(t *testing.T) {
 	checkGoroutines(t)
-	n2 := startNode(t, 2, map[uint64]string{1: deadAddr(t)}, nil)
+	n2 := startNode(t, 2, map[uint64]string{1: testkit.FreeAddr(t)}, nil)
 	const firstFrame = HeaderSize + helloSize + HeaderSize + proofSize
 	var tampered atomic.Bool
 	px := startProxy(t, n2.addr(), func(off int64, b []byte) {
@@ -598,10 +600,10 @@ func TestTamperedFrameRejected(t *testing.T) {
 	})
 	n1 := startNode(t, 1, map[uint64]string{2: px.addr()}, nil)
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 7)})
-	eventually(t, waitFor, "bad MAC detected", func() bool {
+	testkit.Eventually(t, waitFor, "bad MAC detected", func() bool {
 		return n2.logs.has("inbound connection dropped", "frame authentication failed")
 	})
-	eventually(t, waitFor, "delivery after reconnect", func() bool {
+	testkit.Eventually(t, waitFor, "delivery after reconnect", func() bool {
 		n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 8)})
 		return n2.in.len() > 0
 	})
@@ -620,7 +622,7 @@ func TestRemovePeer(t *testing.T) {
 	if _, ok := n2.tr.Stats().Peers[1]; ok {
 		t.Fatal("removed peer still in stats")
 	}
-	eventually(t, waitFor, "node 1 refused after removal", func() bool {
+	testkit.Eventually(t, waitFor, "node 1 refused after removal", func() bool {
 		return !connected(n1, 2)() && n1.logs.has("connect failed", "rejected by remote", "unknown peer")
 	})
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1)})
@@ -629,9 +631,9 @@ func TestRemovePeer(t *testing.T) {
 		t.Fatalf("unroutable %d", st.Unroutable)
 	}
 	// Let node 1 give up on that message before node 2 re-admits it.
-	eventually(t, waitFor, "message dropped while removed", func() bool { return n1.tr.Stats().Peers[2].Dropped == 1 })
+	testkit.Eventually(t, waitFor, "message dropped while removed", func() bool { return n1.tr.Stats().Peers[2].Dropped == 1 })
 	n2.tr.AddPeer(1, n1.addr())
-	eventually(t, waitFor, "delivery after re-adding", func() bool {
+	testkit.Eventually(t, waitFor, "delivery after re-adding", func() bool {
 		n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 2)})
 		return n2.in.len() > 0
 	})
@@ -644,7 +646,7 @@ func TestRemovePeer(t *testing.T) {
 
 func TestHostileInbound(t *testing.T) {
 	checkGoroutines(t)
-	n := startNode(t, 1, map[uint64]string{2: deadAddr(t)}, func(c *Config) { c.HandshakeTimeout = 200 * time.Millisecond })
+	n := startNode(t, 1, map[uint64]string{2: testkit.FreeAddr(t)}, func(c *Config) { c.HandshakeTimeout = 200 * time.Millisecond })
 	h := hello{kind: kindMsg, dialer: 2, target: 1}
 	cases := []struct {
 		name string
@@ -676,7 +678,7 @@ func TestHostileInbound(t *testing.T) {
 		if errors.As(err, &ne) && ne.Timeout() {
 			t.Fatalf("%s: the listener did not close the connection", tc.name)
 		}
-		eventually(t, waitFor, tc.name+" logged", func() bool {
+		testkit.Eventually(t, waitFor, tc.name+" logged", func() bool {
 			return n.tr.Stats().HandshakeFailures == uint64(i+1) && n.logs.has("inbound handshake failed", tc.log)
 		})
 	}
@@ -710,7 +712,7 @@ func TestPendingHandshakeLimit(t *testing.T) {
 	if _, err := extra.Read(make([]byte, 1)); err == nil {
 		t.Fatal("read from the listener succeeded")
 	}
-	eventually(t, waitFor, "refusal", func() bool {
+	testkit.Eventually(t, waitFor, "refusal", func() bool {
 		return n.tr.Stats().HandshakeFailures == 1 && n.logs.has("too many pending handshakes")
 	})
 }
@@ -719,12 +721,12 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	checkGoroutines(t)
 	nodes := meshed(t, 3, nil)
 	n1 := nodes[0]
-	n1.tr.AddPeer(9, deadAddr(t)) // a member that never answers: reconnect churn
+	n1.tr.AddPeer(9, testkit.FreeAddr(t)) // a member that never answers: reconnect churn
 	addr3 := nodes[2].addr()
 	for round := range 3 {
 		nodes[2].tr.Close()
 		nodes[2] = startNode(t, 3, map[uint64]string{1: n1.addr(), 2: nodes[1].addr()}, func(c *Config) { c.Listen = addr3 })
-		eventually(t, waitFor, fmt.Sprint("round ", round), func() bool {
+		testkit.Eventually(t, waitFor, fmt.Sprint("round ", round), func() bool {
 			n1.tr.Send([]raftpb.Message{heartbeat(1, 3, uint64(round))})
 			return nodes[2].in.len() > 0
 		})
@@ -740,7 +742,7 @@ func TestCloseStopsGoroutines(t *testing.T) {
 	})
 	n1.tr.AddPeer(5, n5.addr())
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 5, 1)})
-	eventually(t, waitFor, "step entered", func() bool {
+	testkit.Eventually(t, waitFor, "step entered", func() bool {
 		select {
 		case <-stuck:
 			return true
@@ -796,7 +798,7 @@ func BenchmarkSendReceive(b *testing.B) {
 				nodes[0].tr.Send(batch[:k])
 				sent += k
 			}
-			eventually(b, waitFor, "all received", func() bool { return got.Load() == int64(b.N) })
+			testkit.Eventually(b, waitFor, "all received", func() bool { return got.Load() == int64(b.N) })
 			b.StopTimer()
 			if st := nodes[0].tr.Stats().Peers[2]; st.Dropped != 0 {
 				b.Fatalf("dropped %d", st.Dropped)
