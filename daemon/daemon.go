@@ -121,7 +121,7 @@ func (d *Daemon) openStore(metrics *raftstore.Metrics) error {
 	}
 	st, err := raftstore.Open(filepath.Join(d.cfg.Data, "raft"), raftstore.StoreOptions{
 		NoSync:  d.cfg.NoSync,
-		Logger:  d.log.With("component", "store"),
+		Logger:  d.log,
 		Metrics: metrics,
 	})
 	if err != nil {
@@ -210,7 +210,7 @@ func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raft
 		Store:           d.store,
 		Transport:       transport,
 		Observers:       observers,
-		Logger:          d.log.With("component", "raftstore"),
+		Logger:          d.log,
 		TickInterval:    time.Duration(d.cfg.TickMS) * time.Millisecond,
 		ElectionTicks:   d.cfg.ElectionTicks,
 		HeartbeatTicks:  d.cfg.HeartbeatTicks,
