@@ -31,7 +31,7 @@ func commands() *command {
 			{name: "release", args: "KEY", summary: "give a lock back (--token)", run: lockRelease},
 			{name: "get", args: "KEY", summary: "show the current holder", run: lockGet},
 		}},
-		{name: "status", summary: "show the cluster as a node sees it", run: status},
+		{name: "status", summary: "show the cluster as a node sees it (--watch: a live view of every member)", run: status},
 		{name: "bench", summary: "drive acquire+release cycles and print figures", run: bench},
 		{name: "admin", summary: "control plane: bootstrap, join credentials, replacement", run: admin, usage: adminUsage},
 	}}

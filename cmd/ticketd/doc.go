@@ -4,7 +4,7 @@
 //	ticketd lock acquire KEY --lease 10s [--owner NAME] [--wait 5s]
 //	ticketd lock release KEY --token N
 //	ticketd lock get KEY
-//	ticketd status
+//	ticketd status [--watch [--interval 1s]]   one view, or a live view of every member
 //	ticketd bench --clients 16 --keys 1000 --duration 10s [--json]
 //
 // Client commands take --nats URL (default nats://127.0.0.1:4222), print
