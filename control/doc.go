@@ -8,7 +8,7 @@
 //
 //   - The control API (api.go): POST /v1/bootstrap, /v1/join-credentials,
 //     /v1/join, /v1/replacements[/complete|/abort], /v1/retire,
-//     /v1/members and /v1/identity. Admin endpoints need the control
+//     /v1/members, /v1/identity and /v1/snapshot. Admin endpoints need the control
 //     credential as a bearer token; /v1/join is authenticated by a
 //     one-time join credential and /v1/identity answers only valid or
 //     not. Only the ready leader answers; anything else gets not_leader
@@ -34,6 +34,15 @@
 //     was issued, kept in its data directory, and ResolveIdentity, which
 //     a starting node runs to confirm it with the cluster, or to join or
 //     replace a member and write it.
+//
+//   - Backup and restore (backup.go, snapshot.go, restore.go): POST
+//     /v1/snapshot (admin, the ready leader after a ReadIndex) answers a
+//     backup file: the core snapshot of the applied state with its
+//     index, term, last token, members and time, under a SHA-256;
+//     DecodeBackup treats such a file as hostile input. Restore seeds a
+//     new node from one: core.Reseed (tokens bumped, locks kept or
+//     dropped, the old members retired and one fresh voter issued, or a
+//     static member list), raftstore.Seed, and the identity file.
 //
 // # What it does not own
 //

@@ -32,6 +32,10 @@ import (
 	"github.com/ticketd/ticketd/transports/peer"
 )
 
+// StoreDir is the raft store's directory inside a node's data directory
+// (ticketd snapshot restore seeds it).
+const StoreDir = "raft"
+
 // StartTimeoutDefault bounds how long Start waits for the embedded NATS
 // server and the NATS connection.
 const StartTimeoutDefault = 10 * time.Second
@@ -119,7 +123,7 @@ func (d *Daemon) openStore(metrics *raftstore.Metrics) error {
 	if err := os.MkdirAll(d.cfg.Data, 0o750); err != nil {
 		return fmt.Errorf("daemon: data dir: %w", err)
 	}
-	st, err := raftstore.Open(filepath.Join(d.cfg.Data, "raft"), raftstore.StoreOptions{
+	st, err := raftstore.Open(filepath.Join(d.cfg.Data, StoreDir), raftstore.StoreOptions{
 		NoSync:  d.cfg.NoSync,
 		Logger:  d.log,
 		Metrics: metrics,
