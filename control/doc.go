@@ -16,11 +16,13 @@
 //     Control command proposed to the raft log, so every voter applies
 //     the same transition in the same order; credentials travel to the
 //     log only as SHA-256 hashes.
+//
 //   - The wire format (client.go): Request, Reply, Member, and Error with
 //     its Code* values, each mapped to one HTTP status. Call finds the
 //     leader among a list of URLs, retrying not_leader and unavailable
 //     answers and nodes it cannot dial; a request that may have reached a
 //     node without an answer comes back indeterminate, never retried.
+//
 //   - Reconciliation (reconcile.go): on the ready leader, every
 //     ReconcileIntervalDefault, one ConfChangeV2 at a time (joint
 //     consensus when more than one voter changes) moves the raft
@@ -30,6 +32,7 @@
 //     members, so a retired id can no longer connect. Working from
 //     replicated state means a new leader finishes what a crashed one
 //     started.
+//
 //   - The identity file (identity.go): the NodeID and incarnation a node
 //     was issued, kept in its data directory, and ResolveIdentity, which
 //     a starting node runs to confirm it with the cluster, or to join or

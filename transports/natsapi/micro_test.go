@@ -117,7 +117,7 @@ func TestMicroStatsCountWhatTheServiceDid(t *testing.T) {
 		t.Fatal(err)
 	}
 	expect(acquire, `{"key":"b","lease_ms":60000}`, "")
-	expect(acquire, `{"key":"a","lease_ms":60000}`, "held")          // relayed from the leader
+	expect(acquire, `{"key":"a","lease_ms":60000}`, "held")            // relayed from the leader
 	expect(acquire, `{"key":"a","lease_ms":60000,"x":1}`, "malformed") // answered by the follower
 	expect(acquire, `{"key":"a","lease_ms":1}`, "invalid_argument")
 	expect(release, fmt.Sprintf(`{"key":"a","token":%d}`, ar.Token), "")
