@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/transports/peer"
 )
 
 // The backup file: one core snapshot (core.Machine.Snapshot: the lock
@@ -33,8 +34,9 @@ const (
 	// MaxBackupInfo bounds the JSON info section.
 	MaxBackupInfo = 64 << 10
 	// MaxBackupData bounds the core snapshot in a backup: the largest
-	// snapshot the peer transport can send (peer.MaxSnapshotSize).
-	MaxBackupData = 1 << 30
+	// snapshot the peer transport can send, so a restored node can bring
+	// its first followers up to date.
+	MaxBackupData = peer.MaxSnapshotSize
 	// MaxBackupSize bounds a whole backup file.
 	MaxBackupSize = len(backupMagic) + 1 + 4 + MaxBackupInfo + 8 + MaxBackupData + sha256.Size
 )
