@@ -226,7 +226,9 @@ func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raft
 	if err != nil {
 		return fmt.Errorf("daemon: start raft node: %w", err)
 	}
+	d.reg.MustRegister(raftstore.NodeCollector(d.node))
 	if d.peers != nil {
+		d.reg.MustRegister(peer.Collector(d.peers))
 		// The transport lives until Close, not as long as Start's context: a
 		// caller bounding start-up with a timeout must not cut the raft links.
 		if err := d.peers.Start(context.Background(), d.node); err != nil {

@@ -18,7 +18,10 @@
 //     reads and applied-index waits (propose.go), and the Observers that
 //     hear applied commands, restores, membership and leadership changes
 //     (observer.go).
-//   - Metrics (metrics.go): apply-batch and fsync histograms.
+//   - Metrics (metrics.go): apply-batch and fsync histograms, counters of
+//     leader changes and snapshots taken, failed and restored, and
+//     NodeCollector, the raft state read at scrape time (term, indexes,
+//     leader, membership, and on the leader each follower's lag).
 //
 // # The Ready contract
 //

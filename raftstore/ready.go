@@ -114,6 +114,7 @@ func (n *Node) trackSoftState(rd raft.Ready) (lostLeadership bool) {
 		case lead == 0:
 			n.log.Info("leader lost", "previous", prev, "term", n.term.Load(), "role", rd.SoftState.RaftState.String())
 		default:
+			n.cfg.Metrics.leaderElected()
 			n.log.Info("leader elected", "leader", lead, "term", n.term.Load(), "self", lead == n.cfg.ID)
 		}
 	}
@@ -242,6 +243,7 @@ func (n *Node) send(msgs []raftpb.Message) {
 func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 	obs := n.cfg.Observers
 	if ra.restored {
+		n.cfg.Metrics.snapshotRestored()
 		n.log.Info("snapshot restored", "index", ra.applied, "voters", ra.confState.Voters, "learners", ra.confState.Learners)
 		for _, o := range obs {
 			o.OnRestored(ra.applied)
@@ -288,11 +290,14 @@ func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState, force bool) er
 	data := n.machine.Snapshot()
 	n.machineMu.RUnlock()
 	if err := n.cfg.Store.CreateSnapshot(applied, cs, data); err != nil {
+		n.cfg.Metrics.snapshotFailed()
 		return fmt.Errorf("create snapshot at %d: %w", applied, err)
 	}
 	n.snapIndex = applied
+	n.cfg.Metrics.snapshotTaken()
 	if applied > n.cfg.CompactKeep {
 		if err := n.cfg.Store.Compact(applied - n.cfg.CompactKeep); err != nil && !errors.Is(err, raft.ErrCompacted) {
+			n.cfg.Metrics.snapshotFailed()
 			return fmt.Errorf("compact to %d: %w", applied-n.cfg.CompactKeep, err)
 		}
 	}

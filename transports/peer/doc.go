@@ -122,5 +122,7 @@
 // never from Send.
 //
 // Logs an unauthenticated party can trigger (refused handshakes) are
-// limited to a few per second; the counters in Stats are not.
+// limited to a few per second; the counters in Stats are not. Collector
+// (metrics.go) exports them to Prometheus (ticketd_peer_*), read at
+// scrape time.
 package peer
