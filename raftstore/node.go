@@ -332,7 +332,8 @@ func (n *Node) run() {
 // fail ends the loop after a Ready could not be handled: the node can no
 // longer lead or answer, so every waiting caller and observer hears that.
 func (n *Node) fail(err error) {
-	n.log.Error("ready loop stopped", "err", err)
+	// The one line an operator needs: what stopped the node and where.
+	n.log.Error("node stopped (fail-stop)", "err", err)
 	n.errc <- err
 	n.isLeader.Store(false)
 	n.ready.Store(false)
@@ -341,3 +342,22 @@ func (n *Node) fail(err error) {
 		o.OnLeadershipLost()
 	}
 }
+
+// UndecodableEntryError stops the node: a committed entry that this binary
+// cannot decode (a newer entry version during a rolling upgrade, or
+// damaged bytes). Skipping it would let replicas that can read it diverge
+// from this one, so the node stops at that index instead, like etcd does
+// on an entry it cannot apply.
+type UndecodableEntryError struct {
+	Index   uint64
+	Term    uint64
+	Version byte // the entry's first byte: its format version
+	Err     error
+}
+
+func (e *UndecodableEntryError) Error() string {
+	return fmt.Sprintf("raftstore: committed entry %d (term %d) has entry version %d, which this binary (entry versions up to %d, cluster version up to %d) cannot decode: %v; stopping so that replicas never diverge: run a binary that reads it",
+		e.Index, e.Term, e.Version, core.MaxEntryVersion, core.MaxClusterVersion, e.Err)
+}
+
+func (e *UndecodableEntryError) Unwrap() error { return e.Err }
