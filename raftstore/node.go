@@ -109,6 +109,10 @@ type Node struct {
 	isLeader  atomic.Bool
 	ready     atomic.Bool // leader of the current term and caught up
 	confState atomic.Pointer[raftpb.ConfState]
+	// summary is published by the Ready loop after each durable apply, so
+	// status readers never take machineMu (which the loop holds across
+	// fsyncs) and never walk the table.
+	summary atomic.Pointer[Summary]
 
 	// Request ids (proposals, ReadIndex contexts) are reqBase plus a
 	// sequence; the random base keeps them apart across restarts.
@@ -161,6 +165,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	n.applied.Store(applied)
 	n.confState.Store(&cs)
+	n.publishSummary(applied)
 	snap, err := cfg.Store.Snapshot()
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: read snapshot: %w", err)
@@ -280,6 +285,32 @@ func (n *Node) ConfState() raftpb.ConfState { return *n.confState.Load() }
 
 // Status is raft's own status (progress of peers on a leader).
 func (n *Node) Status() raft.Status { return n.raft.Status() }
+
+// Summary describes the applied state as of AppliedIndex: what status
+// reports about it. It is computed once per applied Ready (O(1): the
+// digest is incremental), never by the reader.
+type Summary struct {
+	Applied        uint64
+	Locks          int
+	LastToken      uint64
+	ClusterVersion uint64
+	Digest         [32]byte
+}
+
+// Summary returns the latest published summary of the applied state. It
+// takes no lock and does no work proportional to the table.
+func (n *Node) Summary() Summary { return *n.summary.Load() }
+
+// ClusterVersion is the cluster version of the applied state.
+func (n *Node) ClusterVersion() uint64 { return n.summary.Load().ClusterVersion }
+
+// publishSummary publishes the summary of the machine at applied. The
+// caller holds machineMu (or owns the machine exclusively).
+func (n *Node) publishSummary(applied uint64) {
+	m := n.machine
+	n.summary.Store(&Summary{Applied: applied, Locks: m.Len(), LastToken: m.LastToken(),
+		ClusterVersion: m.ClusterVersion(), Digest: m.Digest()})
+}
 
 // View runs f with read access to the applied state machine. f must not
 // keep m.

@@ -201,6 +201,9 @@ func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
 	n.applied.Store(ra.applied)
 	cs := ra.confState
 	n.confState.Store(&cs)
+	if ra.state != nil {
+		n.publishSummary(ra.applied)
+	}
 	return nil
 }
 
