@@ -242,6 +242,12 @@ func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 		Metrics: lockservice.NewMetrics(d.reg),
 		Policy:  opts.Policy,
 		Now:     opts.Now,
+		Limits: lockservice.Limits{
+			MaxLocks:            d.cfg.MaxLocks,
+			MaxLocksPerIdentity: d.cfg.MaxLocksPerIdentity,
+			MaxWaitersPerKey:    d.cfg.MaxWaitersPerKey,
+			MaxWaiters:          d.cfg.MaxWaiters,
+		},
 	}
 	var err error
 	if d.plugins, err = loadPlugins(ctx, d.cfg, d.log.With("component", "plugins")); err != nil {

@@ -33,6 +33,9 @@ type Node interface {
 	Propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error)
 	ReadIndex(ctx context.Context) error
 	View(f func(m *core.Machine))
+	// ClusterVersion is the applied cluster version, read without waiting
+	// for the raft loop.
+	ClusterVersion() uint64
 }
 
 var _ Node = (*raftstore.Node)(nil)
@@ -48,7 +51,14 @@ type Config struct {
 	Now func() time.Time
 	// WallClockMS stamps Grant.GrantedAtMS (information only); nil means
 	// time.Now().UnixMilli.
-	WallClockMS              func() uint64
+	WallClockMS func() uint64
+	// Limits bounds the locks and waiters clients can make the leader
+	// hold (quota.go).
+	Limits Limits
+	// StorageAlarm, if set, is asked before every Grant is admitted: a
+	// non-nil error (the storage is low on space) refuses the Grant with
+	// ErrResourceExhausted. Releases and expiries are never refused.
+	StorageAlarm             func() error
 	ExpireRetry              time.Duration
 	ReplyMargin              time.Duration
 	BackgroundProposeTimeout time.Duration
@@ -107,12 +117,15 @@ type leaderState struct {
 	ready  bool
 	leases *leaseHeap
 	// epoch counts leadership changes; reserved maps a key with a Grant in
-	// flight to the epoch that proposed it, so work left over from an
-	// earlier leadership never clears a later one's reservation.
-	epoch    uint64
-	reserved map[string]uint64
-	queues   map[string]*waitQueue
-	waiters  int
+	// flight to the epoch that proposed it (and the identity it counts
+	// against), so work left over from an earlier leadership never clears
+	// a later one's reservation. reservedBy counts reservations per
+	// identity (quota.go).
+	epoch      uint64
+	reserved   map[string]reservation
+	reservedBy map[string]int
+	queues     map[string]*waitQueue
+	waiters    int
 }
 
 var _ raftstore.Observer = (*Service)(nil)
@@ -140,6 +153,7 @@ func New(cfg Config) *Service {
 	if cfg.BackgroundProposeTimeout <= 0 {
 		cfg.BackgroundProposeTimeout = BackgroundProposeTimeoutDefault
 	}
+	cfg.Limits.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{
 		cfg:           cfg,
@@ -148,9 +162,10 @@ func New(cfg Config) *Service {
 		cancel:        cancel,
 		timersChanged: make(chan struct{}, 1),
 		lead: leaderState{
-			leases:   newLeaseHeap(),
-			reserved: make(map[string]uint64),
-			queues:   make(map[string]*waitQueue),
+			leases:     newLeaseHeap(),
+			reserved:   make(map[string]reservation),
+			reservedBy: make(map[string]int),
+			queues:     make(map[string]*waitQueue),
 		},
 	}
 }
@@ -187,12 +202,20 @@ func (s *Service) notLeader() error {
 }
 
 // Acquire takes a lock for p, waiting in the key's queue when p.Wait > 0.
+// The caller's identity (IdentityFrom(ctx)) is what the quotas count.
 func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 	if p.Received.IsZero() {
 		p.Received = s.cfg.Now()
 	}
 	deadline := p.Received.Add(p.Timeout - s.cfg.ReplyMargin)
+	identity := IdentityFrom(ctx)
 	cmd := core.Grant(p.Key, p.Owner, uint64(p.Lease/time.Millisecond), 0)
+	if s.node.ClusterVersion() >= 2 {
+		// Recorded in the lock, so that any later leader counts it
+		// against the same identity. Before version 2 no replica could
+		// apply it (core.CommandVersion).
+		cmd.Identity = identity
+	}
 	if err := cmd.Validate(); err != nil {
 		return Grant{}, err
 	}
@@ -209,8 +232,12 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		return Grant{}, s.notLeader()
 	}
 	if !s.busy(p.Key) {
+		if err := s.admitGrant(identity); err != nil {
+			s.lead.mu.Unlock()
+			return Grant{}, err
+		}
 		epoch := s.lead.epoch
-		s.lead.reserved[p.Key] = epoch
+		s.reserve(p.Key, epoch, identity)
 		s.lead.mu.Unlock()
 		return s.grant(p, cmd, deadline, epoch)
 	}
@@ -218,7 +245,11 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		s.lead.mu.Unlock()
 		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
 	}
-	w := s.enqueue(p.Key)
+	if err := s.admitWaiter(p.Key); err != nil {
+		s.lead.mu.Unlock()
+		return Grant{}, err
+	}
+	w := s.enqueue(p.Key, identity)
 	s.lead.mu.Unlock()
 	if err := s.await(ctx, p, w, deadline); err != nil {
 		return Grant{}, err
