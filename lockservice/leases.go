@@ -96,13 +96,13 @@ func (h *leaseHeap) get(key string) (*leaseItem, bool) {
 	return it, ok
 }
 
-// due returns the items whose deadline is at or before now. Each one is
-// pushed back by retry, so that if its Expire does not apply (the proposal
-// was lost) it comes due again; pushing a deadline later never shortens a
-// lease.
-func (h *leaseHeap) due(now time.Time, retry time.Duration) []leaseItem {
+// due returns up to limit items whose deadline is at or before now,
+// earliest first. Each one is pushed back by retry, so that if its Expire
+// does not apply (the proposal was lost) it comes due again; pushing a
+// deadline later never shortens a lease.
+func (h *leaseHeap) due(now time.Time, retry time.Duration, limit int) []leaseItem {
 	var out []leaseItem
-	for len(h.items) > 0 && !h.items[0].deadline.After(now) {
+	for len(h.items) > 0 && len(out) < limit && !h.items[0].deadline.After(now) {
 		it := h.items[0]
 		out = append(out, *it)
 		it.deadline = now.Add(retry)

@@ -45,16 +45,16 @@ func TestLeaseHeapDueOrderAndRetry(t *testing.T) {
 	if next, ok := h.next(); !ok || !next.Equal(t0.Add(time.Second)) {
 		t.Fatalf("next %v %v", next, ok)
 	}
-	due := h.due(t0.Add(2500*time.Millisecond), time.Second)
+	due := h.due(t0.Add(2500*time.Millisecond), time.Second, 100)
 	if len(due) != 2 || due[0].key != "c" || due[1].key != "a" {
 		t.Fatalf("due %+v, want c then a", due)
 	}
 	// Due items are pushed back by the retry interval, not dropped: if
 	// their Expire is lost they come due again.
-	if again := h.due(t0.Add(2600*time.Millisecond), time.Second); len(again) != 0 {
+	if again := h.due(t0.Add(2600*time.Millisecond), time.Second, 100); len(again) != 0 {
 		t.Fatalf("items due again before their retry: %+v", again)
 	}
-	again := h.due(t0.Add(3600*time.Millisecond), time.Second)
+	again := h.due(t0.Add(3600*time.Millisecond), time.Second, 100)
 	keys := map[string]bool{}
 	for _, it := range again {
 		keys[it.key] = true

@@ -58,7 +58,10 @@ type Config struct {
 	// StorageAlarm, if set, is asked before every Grant is admitted: a
 	// non-nil error (the storage is low on space) refuses the Grant with
 	// ErrResourceExhausted. Releases and expiries are never refused.
-	StorageAlarm             func() error
+	StorageAlarm func() error
+	// ExpireWorkers bounds the Expire proposals in flight
+	// (ExpireWorkersDefault).
+	ExpireWorkers            int
 	ExpireRetry              time.Duration
 	ReplyMargin              time.Duration
 	BackgroundProposeTimeout time.Duration
@@ -102,10 +105,12 @@ type Service struct {
 
 	ctx    context.Context // ends when the service closes
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the expiry loop and background proposals
+	wg     sync.WaitGroup // the expiry loop, its workers and background proposals
 	// timersChanged wakes the expiry loop when the earliest deadline may
 	// have moved.
 	timersChanged chan struct{}
+	// expireq carries due leases from the expiry loop to its workers.
+	expireq chan leaseItem
 
 	lead leaderState
 }
@@ -153,6 +158,9 @@ func New(cfg Config) *Service {
 	if cfg.BackgroundProposeTimeout <= 0 {
 		cfg.BackgroundProposeTimeout = BackgroundProposeTimeoutDefault
 	}
+	if cfg.ExpireWorkers <= 0 {
+		cfg.ExpireWorkers = ExpireWorkersDefault
+	}
 	cfg.Limits.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{
@@ -161,6 +169,7 @@ func New(cfg Config) *Service {
 		ctx:           ctx,
 		cancel:        cancel,
 		timersChanged: make(chan struct{}, 1),
+		expireq:       make(chan leaseItem, expireBatch),
 		lead: leaderState{
 			leases:     newLeaseHeap(),
 			reserved:   make(map[string]reservation),
@@ -173,8 +182,7 @@ func New(cfg Config) *Service {
 // Attach binds the service to its node and starts the expiry loop.
 func (s *Service) Attach(n Node) {
 	s.node = n
-	s.wg.Add(1)
-	go s.expiryLoop()
+	s.startExpiry()
 }
 
 // Close stops background work and fails queued waiters.
