@@ -131,6 +131,15 @@ func (m *Machine) Len() int { return len(m.locks) }
 // receives LastToken()+1.
 func (m *Machine) LastToken() uint64 { return m.lastToken }
 
+// ForEachLock calls f for every held lock in no particular order, without
+// copying or sorting the table. Callers must not let the order reach
+// anything replicated or compared (results, snapshots, digests).
+func (m *Machine) ForEachLock(f func(l Lock)) {
+	for _, l := range m.locks {
+		f(l)
+	}
+}
+
 // Locks returns every held lock sorted by key.
 func (m *Machine) Locks() []Lock {
 	out := make([]Lock, 0, len(m.locks))

@@ -60,8 +60,13 @@ func (s *Service) countApplied(r core.Result) {
 // serving.
 func (s *Service) OnLeaderReady(term uint64) {
 	now := s.cfg.Now()
+	// Unsorted: the order of arming does not matter, and sorting a large
+	// table here would hold up the raft loop that calls us.
 	var locks []core.Lock
-	s.node.View(func(m *core.Machine) { locks = m.Locks() })
+	s.node.View(func(m *core.Machine) {
+		locks = make([]core.Lock, 0, m.Len())
+		m.ForEachLock(func(l core.Lock) { locks = append(locks, l) })
+	})
 	s.lead.mu.Lock()
 	s.lead.leases.reset()
 	for _, l := range locks {
