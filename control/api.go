@@ -39,6 +39,7 @@ func (p *Plane) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v1/retire", admin(p.retire))
 	mux.HandleFunc("POST /v1/members", admin(p.members))
 	mux.HandleFunc("POST /v1/identity", open(p.identity)) // answers only valid/invalid
+	mux.HandleFunc("POST /v1/snapshot", p.snapshot)       // admin; answers a backup file
 	return mux
 }
 
@@ -54,62 +55,83 @@ func (p *Plane) listen() error {
 	return nil
 }
 
+// writeJSON answers v with status.
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_ = json.NewEncoder(w).Encode(v)
+}
+
+// writeError answers e with the HTTP status its code maps to.
+func writeError(w http.ResponseWriter, e *Error) {
+	status := http.StatusConflict
+	switch e.Code {
+	case CodeUnauthorized:
+		status = http.StatusUnauthorized
+	case CodeNotLeader:
+		status = http.StatusMisdirectedRequest
+	case CodeInvalid:
+		status = http.StatusBadRequest
+	case CodeUnavailable:
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, map[string]any{"error": e})
+}
+
+// admitted checks the control credential of an admin request in constant
+// time; with no credential configured nothing is admitted.
+func (p *Plane) admitted(r *http.Request) *Error {
+	got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
+	want := hashCredential(p.cfg.Credential)
+	have := hashCredential(got)
+	if p.cfg.Credential == "" || subtle.ConstantTimeCompare(want[:], have[:]) != 1 {
+		return &Error{Code: CodeUnauthorized, Message: "a valid control credential is required"}
+	}
+	return nil
+}
+
+// decodeRequest reads a bounded body holding one Request (or nothing).
+func decodeRequest(r *http.Request) (Request, *Error) {
+	var req Request
+	body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
+	if err != nil || len(body) > MaxBody {
+		return req, &Error{Code: CodeInvalid, Message: "unreadable or oversize body"}
+	}
+	if len(bytes.TrimSpace(body)) > 0 {
+		dec := json.NewDecoder(bytes.NewReader(body))
+		dec.DisallowUnknownFields()
+		if err := dec.Decode(&req); err != nil {
+			return req, &Error{Code: CodeInvalid, Message: fmt.Sprintf("bad JSON: %v", err)}
+		}
+	}
+	return req, nil
+}
+
 // handler authenticates (admin endpoints), decodes the body, refuses
 // anything but the ready leader and maps an *Error to its HTTP status.
 func (p *Plane) handler(needAdmin bool, h handlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		write := func(status int, v any) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(status)
-			_ = json.NewEncoder(w).Encode(v)
-		}
-		fail := func(e *Error) {
-			status := http.StatusConflict
-			switch e.Code {
-			case CodeUnauthorized:
-				status = http.StatusUnauthorized
-			case CodeNotLeader:
-				status = http.StatusMisdirectedRequest
-			case CodeInvalid:
-				status = http.StatusBadRequest
-			case CodeUnavailable:
-				status = http.StatusServiceUnavailable
-			}
-			write(status, map[string]any{"error": e})
-		}
 		if needAdmin {
-			got := strings.TrimPrefix(r.Header.Get("Authorization"), "Bearer ")
-			want := hashCredential(p.cfg.Credential)
-			have := hashCredential(got)
-			if p.cfg.Credential == "" || subtle.ConstantTimeCompare(want[:], have[:]) != 1 {
-				fail(&Error{Code: CodeUnauthorized, Message: "a valid control credential is required"})
+			if e := p.admitted(r); e != nil {
+				writeError(w, e)
 				return
 			}
 		}
-		body, err := io.ReadAll(io.LimitReader(r.Body, MaxBody+1))
-		if err != nil || len(body) > MaxBody {
-			fail(&Error{Code: CodeInvalid, Message: "unreadable or oversize body"})
+		req, e := decodeRequest(r)
+		if e != nil {
+			writeError(w, e)
 			return
 		}
-		var req Request
-		if len(bytes.TrimSpace(body)) > 0 {
-			dec := json.NewDecoder(bytes.NewReader(body))
-			dec.DisallowUnknownFields()
-			if err := dec.Decode(&req); err != nil {
-				fail(&Error{Code: CodeInvalid, Message: fmt.Sprintf("bad JSON: %v", err)})
-				return
-			}
-		}
 		if !p.cfg.Leadership.IsLeader() {
-			fail(&Error{Code: CodeNotLeader, Message: "ask the leader", Leader: p.cfg.Node.Leader()})
+			writeError(w, &Error{Code: CodeNotLeader, Message: "ask the leader", Leader: p.cfg.Node.Leader()})
 			return
 		}
 		reply, cerr := h(r, req)
 		if cerr != nil {
-			fail(cerr)
+			writeError(w, cerr)
 			return
 		}
-		write(http.StatusOK, reply)
+		writeJSON(w, http.StatusOK, reply)
 	}
 }
 

@@ -80,6 +80,24 @@ type Request struct {
 // retrying not_leader and unavailable answers until ctx ends. Other
 // refusals come back as *Error.
 func Call(ctx context.Context, urls []string, path, credential string, body any) (Reply, error) {
+	data, err := roundTrip(ctx, urls, path, credential, body, 1<<20)
+	if err != nil {
+		return Reply{}, err
+	}
+	var rep Reply
+	if err := json.Unmarshal(data, &rep); err != nil {
+		return Reply{}, fmt.Errorf("control: reply: %w", err)
+	}
+	return rep, nil
+}
+
+// roundTrip posts body to path on the first of urls that is the leader
+// and returns the body of its 200 answer, read up to limit bytes (more is
+// an error). not_leader and unavailable answers and nodes it cannot dial
+// are retried until ctx ends; other refusals come back as *Error, and a
+// request that may have reached a node without an answer as
+// indeterminate.
+func roundTrip(ctx context.Context, urls []string, path, credential string, body any, limit int64) ([]byte, error) {
 	b, _ := json.Marshal(body)
 	var last error = errors.New("no control URL given")
 	deadline := time.Now().Add(TimeoutDefault * 3)
@@ -87,7 +105,7 @@ func Call(ctx context.Context, urls []string, path, credential string, body any)
 		for _, u := range urls {
 			req, err := http.NewRequestWithContext(ctx, http.MethodPost, strings.TrimRight(u, "/")+path, bytes.NewReader(b))
 			if err != nil {
-				return Reply{}, fmt.Errorf("control: request: %w", err)
+				return nil, fmt.Errorf("control: request: %w", err)
 			}
 			if credential != "" {
 				req.Header.Set("Authorization", "Bearer "+credential)
@@ -100,16 +118,18 @@ func Call(ctx context.Context, urls []string, path, credential string, body any)
 					continue
 				}
 				// The request may have reached the leader and taken effect.
-				return Reply{}, &Error{Code: CodeIndeterminate, Message: fmt.Sprintf("%s: %v", u, err), Err: err}
+				return nil, &Error{Code: CodeIndeterminate, Message: fmt.Sprintf("%s: %v", u, err), Err: err}
 			}
-			data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+			data, err := io.ReadAll(io.LimitReader(resp.Body, limit+1))
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
-				var rep Reply
-				if err := json.Unmarshal(data, &rep); err != nil {
-					return Reply{}, fmt.Errorf("control: reply: %w", err)
+				switch {
+				case err != nil:
+					return nil, fmt.Errorf("control: read reply from %s: %w", u, err)
+				case int64(len(data)) > limit:
+					return nil, fmt.Errorf("control: reply from %s is above %d bytes", u, limit)
 				}
-				return rep, nil
+				return data, nil
 			}
 			var eb struct {
 				Error *Error `json:"error"`
@@ -119,15 +139,15 @@ func Call(ctx context.Context, urls []string, path, credential string, body any)
 				continue
 			}
 			if eb.Error.Code != CodeNotLeader && eb.Error.Code != CodeUnavailable {
-				return Reply{}, eb.Error
+				return nil, eb.Error
 			}
 			last = eb.Error
 		}
 		select {
 		case <-ctx.Done():
-			return Reply{}, ctx.Err()
+			return nil, ctx.Err()
 		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second)):
 		}
 	}
-	return Reply{}, fmt.Errorf("control: no leader answered the control request: %w", last)
+	return nil, fmt.Errorf("control: no leader answered the control request: %w", last)
 }

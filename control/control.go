@@ -48,6 +48,14 @@ type Node interface {
 	Propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error)
 	// ProposeConfChange proposes a raft membership change.
 	ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) error
+	// ReadIndex returns once the applied state holds every write committed
+	// before the call (on the leader).
+	ReadIndex(ctx context.Context) error
+	// AppliedIndex is the index the machine View shows is applied at;
+	// read inside View, the two agree.
+	AppliedIndex() uint64
+	// Term is the current raft term.
+	Term() uint64
 }
 
 // Leadership says whether this node is the ready leader: leader of the

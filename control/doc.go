@@ -8,7 +8,7 @@
 //
 //   - The control API (api.go): POST /v1/bootstrap, /v1/join-credentials,
 //     /v1/join, /v1/replacements[/complete|/abort], /v1/retire,
-//     /v1/members and /v1/identity. Admin endpoints need the control
+//     /v1/members, /v1/identity and /v1/snapshot. Admin endpoints need the control
 //     credential as a bearer token; /v1/join is authenticated by a
 //     one-time join credential and /v1/identity answers only valid or
 //     not. Only the ready leader answers; anything else gets not_leader
@@ -16,11 +16,13 @@
 //     Control command proposed to the raft log, so every voter applies
 //     the same transition in the same order; credentials travel to the
 //     log only as SHA-256 hashes.
+//
 //   - The wire format (client.go): Request, Reply, Member, and Error with
 //     its Code* values, each mapped to one HTTP status. Call finds the
 //     leader among a list of URLs, retrying not_leader and unavailable
 //     answers and nodes it cannot dial; a request that may have reached a
 //     node without an answer comes back indeterminate, never retried.
+//
 //   - Reconciliation (reconcile.go): on the ready leader, every
 //     ReconcileIntervalDefault, one ConfChangeV2 at a time (joint
 //     consensus when more than one voter changes) moves the raft
@@ -30,10 +32,20 @@
 //     members, so a retired id can no longer connect. Working from
 //     replicated state means a new leader finishes what a crashed one
 //     started.
+//
 //   - The identity file (identity.go): the NodeID and incarnation a node
 //     was issued, kept in its data directory, and ResolveIdentity, which
 //     a starting node runs to confirm it with the cluster, or to join or
 //     replace a member and write it.
+//
+//   - Backup and restore (backup.go, snapshot.go, restore.go): POST
+//     /v1/snapshot (admin, the ready leader after a ReadIndex) answers a
+//     backup file: the core snapshot of the applied state with its
+//     index, term, last token, members and time, under a SHA-256;
+//     DecodeBackup treats such a file as hostile input. Restore seeds a
+//     new node from one: core.Reseed (tokens bumped, locks kept or
+//     dropped, the old members retired and one fresh voter issued, or a
+//     static member list), raftstore.Seed, and the identity file.
 //
 // # What it does not own
 //

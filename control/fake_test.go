@@ -141,3 +141,9 @@ func (p *fakePeers) get(id uint64) (string, bool) {
 	a, ok := p.addrs[id]
 	return a, ok
 }
+
+func (n *fakeNode) ReadIndex(ctx context.Context) error { return ctx.Err() }
+
+func (n *fakeNode) AppliedIndex() uint64 { return n.index }
+
+func (n *fakeNode) Term() uint64 { return 1 }

@@ -23,6 +23,15 @@
 // peer transport refuse a node that comes back with a retired or stale
 // identity.
 //
+// # Reseeding
+//
+// Reseed (reseed.go) turns a backed-up state into the first state of a
+// new cluster (ticketd snapshot restore): the token counter bumped past
+// every token the old cluster may have issued since, the locks kept or
+// dropped, and the control state either reduced to its cluster version
+// (static clusters) or given one fresh voter with every old member
+// retired. It is a pure function of its input, like Apply.
+//
 // # Rules
 //
 // Apply is a pure function of (state, command): no clock, no randomness, no

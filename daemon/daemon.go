@@ -34,6 +34,10 @@ import (
 	"github.com/ticketd/ticketd/transports/peer"
 )
 
+// StoreDir is the raft store's directory inside a node's data directory
+// (ticketd snapshot restore seeds it).
+const StoreDir = "raft"
+
 // StartTimeoutDefault bounds how long Start waits for the embedded NATS
 // server and the NATS connection.
 const StartTimeoutDefault = 10 * time.Second
@@ -121,9 +125,9 @@ func (d *Daemon) openStore(metrics *raftstore.Metrics) error {
 	if err := os.MkdirAll(d.cfg.Data, 0o750); err != nil {
 		return fmt.Errorf("daemon: data dir: %w", err)
 	}
-	st, err := raftstore.Open(filepath.Join(d.cfg.Data, "raft"), raftstore.StoreOptions{
+	st, err := raftstore.Open(filepath.Join(d.cfg.Data, StoreDir), raftstore.StoreOptions{
 		NoSync:  d.cfg.NoSync,
-		Logger:  d.log.With("component", "store"),
+		Logger:  d.log,
 		Metrics: metrics,
 	})
 	if err != nil {
@@ -212,7 +216,7 @@ func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raft
 		Store:           d.store,
 		Transport:       transport,
 		Observers:       observers,
-		Logger:          d.log.With("component", "raftstore"),
+		Logger:          d.log,
 		TickInterval:    time.Duration(d.cfg.TickMS) * time.Millisecond,
 		ElectionTicks:   d.cfg.ElectionTicks,
 		HeartbeatTicks:  d.cfg.HeartbeatTicks,

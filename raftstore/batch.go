@@ -114,7 +114,7 @@ func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 	}
 	s.publish(st)
 	if hasSnap {
-		s.log.Info("installed snapshot", "index", w.Snapshot.Metadata.Index, "term", w.Snapshot.Metadata.Term,
+		s.log.Debug("installed snapshot", "index", w.Snapshot.Metadata.Index, "term", w.Snapshot.Metadata.Term,
 			"last_token", st.lastToken)
 	}
 	if !synced && s.wo.Sync {

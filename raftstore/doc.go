@@ -10,7 +10,9 @@
 //     (log, HardState, snapshots, compaction), state.go the applied state
 //     (lock rows, control row, applied index, LoadMachine), batch.go builds
 //     and commits the one batch per Ready, keys.go holds the key layout and
-//     row codecs.
+//     row codecs. seed.go creates a store that starts from a snapshot (a
+//     node restored from a backup), through the same Write a received
+//     snapshot takes.
 //   - Node: the node loop and its lifecycle (node.go), the Ready steps
 //     (ready.go), proposals matched to their applied results, ReadIndex
 //     reads and applied-index waits (propose.go), and the Observers that

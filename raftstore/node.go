@@ -57,7 +57,9 @@ type Config struct {
 	// Transport may be nil for a single-voter node.
 	Transport Transport
 	// Observers hear every event; each event goes to them in list order.
-	Observers       []Observer
+	Observers []Observer
+	// Logger receives the node's lifecycle events at Info and raft's own
+	// chatter at Debug (logger.go); the caller's logger names the node.
 	Logger          *slog.Logger
 	TickInterval    time.Duration
 	ElectionTicks   int
@@ -152,7 +154,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	n := &Node{
 		cfg:     cfg,
-		log:     cfg.Logger.With("node", cfg.ID),
+		log:     cfg.Logger.With("component", "raftstore"),
 		machine: machine,
 		reqBase: binary.LittleEndian.Uint64(seed[:]),
 		waiting: waiting{
@@ -195,7 +197,7 @@ func (n *Node) startRaft(applied uint64) error {
 		ReadOnlyOption:            raft.ReadOnlySafe,
 		DisableProposalForwarding: true,
 		StepDownOnRemoval:         true,
-		Logger:                    raftLogger{l: n.log.With("component", "raft")},
+		Logger:                    raftLogger{l: n.log.With("subsystem", "raft")},
 	}
 	hs, _, err := cfg.Store.InitialState()
 	if err != nil {

@@ -3,6 +3,7 @@ package raftstore
 import (
 	"errors"
 	"fmt"
+	"log/slog"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -93,10 +94,14 @@ func (n *Node) handleReady(rd raft.Ready) error {
 }
 
 // trackSoftState records the leader, role and term rd reports, and says
-// whether this node just stopped being leader.
+// whether this node just stopped being leader. A change of leader is an
+// operator's event: it is logged here, once, at Info.
 func (n *Node) trackSoftState(rd raft.Ready) (lostLeadership bool) {
+	if !raft.IsEmptyHardState(rd.HardState) {
+		n.term.Store(rd.HardState.Term)
+	}
 	if rd.SoftState != nil {
-		n.leader.Store(rd.SoftState.Lead)
+		prev := n.leader.Swap(rd.SoftState.Lead)
 		wasLeader := n.isLeader.Load()
 		nowLeader := rd.SoftState.RaftState == raft.StateLeader
 		n.isLeader.Store(nowLeader)
@@ -104,9 +109,13 @@ func (n *Node) trackSoftState(rd raft.Ready) (lostLeadership bool) {
 			n.ready.Store(false)
 			lostLeadership = true
 		}
-	}
-	if !raft.IsEmptyHardState(rd.HardState) {
-		n.term.Store(rd.HardState.Term)
+		switch lead := rd.SoftState.Lead; {
+		case lead == prev:
+		case lead == 0:
+			n.log.Info("leader lost", "previous", prev, "term", n.term.Load(), "role", rd.SoftState.RaftState.String())
+		default:
+			n.log.Info("leader elected", "leader", lead, "term", n.term.Load(), "self", lead == n.cfg.ID)
+		}
 	}
 	return lostLeadership
 }
@@ -238,11 +247,13 @@ func (n *Node) send(msgs []raftpb.Message) {
 func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 	obs := n.cfg.Observers
 	if ra.restored {
+		n.log.Info("snapshot restored", "index", ra.applied, "voters", ra.confState.Voters, "learners", ra.confState.Learners)
 		for _, o := range obs {
 			o.OnRestored(ra.applied)
 		}
 	}
 	for _, cc := range ra.confChanges {
+		logConfChange(n.log, cc, ra.confState)
 		for _, o := range obs {
 			o.OnConfChange(cc, ra.confState)
 		}
@@ -290,8 +301,25 @@ func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState, force bool) er
 			return fmt.Errorf("compact to %d: %w", applied-n.cfg.CompactKeep, err)
 		}
 	}
-	n.log.Debug("snapshot taken", "index", applied, "bytes", len(data))
+	n.log.Info("snapshot taken", "index", applied, "bytes", len(data))
 	return nil
+}
+
+// logConfChange logs each change of an applied membership change, one
+// line each, with the membership that results.
+func logConfChange(log *slog.Logger, cc raftpb.ConfChangeV2, cs raftpb.ConfState) {
+	for _, c := range cc.Changes {
+		msg := "member changed"
+		switch c.Type {
+		case raftpb.ConfChangeAddNode:
+			msg = "voter added"
+		case raftpb.ConfChangeAddLearnerNode:
+			msg = "learner added"
+		case raftpb.ConfChangeRemoveNode:
+			msg = "member removed"
+		}
+		log.Info(msg, "member", c.NodeID, "voters", cs.Voters, "learners", cs.Learners, "joint", len(cs.VotersOutgoing) > 0)
+	}
 }
 
 func decodeConfChange(e raftpb.Entry) (raftpb.ConfChangeV2, error) {

@@ -161,8 +161,23 @@ func lockGet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 
 func status(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cf := newClientFlags("status", stderr)
+	watch := cf.fs.Bool("watch", false, "refresh a live view of every member until interrupted")
+	interval := cf.fs.Duration("interval", watchIntervalDefault, "refresh interval of --watch")
 	if _, code, ok := cf.parse(args, 0, stderr); !ok {
 		return code
+	}
+	if *watch {
+		if *interval <= 0 {
+			fmt.Fprintln(stderr, "ticketd status: --interval must be positive")
+			return exitUsage
+		}
+		cl, err := sdk.Connect(*cf.url)
+		if err != nil {
+			return fail(stderr, err)
+		}
+		defer cl.Close()
+		// --timeout bounds one refresh, not the whole watch.
+		return watchStatus(ctx, cl, *interval, min(*cf.timeout, max(*interval, time.Second)), stdout)
 	}
 	cl, ctx, done, err := cf.connect(ctx)
 	if err != nil {

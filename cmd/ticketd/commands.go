@@ -31,7 +31,12 @@ func commands() *command {
 			{name: "release", args: "KEY", summary: "give a lock back (--token)", run: lockRelease},
 			{name: "get", args: "KEY", summary: "show the current holder", run: lockGet},
 		}},
-		{name: "status", summary: "show the cluster as a node sees it", run: status},
+		{name: "status", summary: "show the cluster as a node sees it (--watch: a live view of every member)", run: status},
+		{name: "snapshot", summary: "back up a cluster and restore it into a new one", subs: []*command{
+			{name: "save", args: "FILE", summary: "write a backup taken by the leader (--control, control credential)", run: snapshotSave},
+			{name: "status", args: "FILE", summary: "verify a backup file and show what it holds", run: snapshotStatus},
+			{name: "restore", args: "FILE", summary: "seed a new cluster's first member (--data, --bump-tokens, --drop-locks)", run: snapshotRestore},
+		}},
 		{name: "bench", summary: "drive acquire+release cycles and print figures", run: bench},
 		{name: "admin", summary: "control plane: bootstrap, join credentials, replacement", run: admin, usage: adminUsage},
 	}}

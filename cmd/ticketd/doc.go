@@ -4,8 +4,12 @@
 //	ticketd lock acquire KEY --lease 10s [--owner NAME] [--wait 5s]
 //	ticketd lock release KEY --token N
 //	ticketd lock get KEY
-//	ticketd status
+//	ticketd status [--watch [--interval 1s]]   one view, or a live view of every member
 //	ticketd bench --clients 16 --keys 1000 --duration 10s [--json]
+//	ticketd snapshot save FILE --control URLS         back up (control credential)
+//	ticketd snapshot status FILE                      verify a backup file
+//	ticketd snapshot restore FILE --data DIR [--peer-address A | --id N --initial-cluster ...]
+//	                         [--bump-tokens N] [--drop-locks]
 //
 // Client commands take --nats URL (default nats://127.0.0.1:4222), print
 // one JSON object on stdout, and on failure print the stable error code and

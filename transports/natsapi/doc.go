@@ -1,6 +1,16 @@
 // Package natsapi serves ticketd's client protocol (package protocol) as a
-// nats.go/micro service, so `nats micro ls|info|stats ticketd` discovers
-// it and every endpoint answers $SRV.PING/INFO/STATS.
+// NATS micro service, so `nats micro ls|info|stats ticketd` discovers it
+// and every instance answers $SRV.PING/INFO/STATS.
+//
+// # Micro
+//
+// micro.go answers the micro protocol itself, with nats.go/micro's types,
+// instead of through micro.AddService: each request is answered from its
+// own goroutine (acquires wait in key queues), after micro's handler would
+// have returned, so micro could count neither its error nor its time.
+// Here each endpoint counts a request when its reply is written: the time
+// since it arrived and the error code it carried (a relayed leader error
+// too). A request a follower forwards is counted once, on the follower.
 //
 // # Routing
 //

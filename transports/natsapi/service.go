@@ -52,16 +52,20 @@ type Config struct {
 type Service struct {
 	cfg Config
 	log *slog.Logger
-	svc micro.Service
+	svc *microService
 	fwd *nats.Subscription
 	// acqSem bounds acquires (which may wait in a queue); sem bounds the
 	// rest, so waiting acquires can never starve the releases that would
 	// free their keys.
 	acqSem chan struct{}
 	sem    chan struct{}
-	wg     sync.WaitGroup
-	ctx    context.Context
-	stop   context.CancelFunc
+	// mu guards stopped; dispatch adds to wg under it, so Stop's wait
+	// never races a late message.
+	mu      sync.Mutex
+	stopped bool
+	wg      sync.WaitGroup
+	ctx     context.Context
+	stop    context.CancelFunc
 }
 
 // request abstracts a micro request and a forwarded *nats.Msg.
@@ -78,6 +82,19 @@ type request struct {
 	ok            func(body []byte) error
 	fail          func(e *protocol.Error) error
 	relay         func(body []byte, hdr nats.Header) error
+}
+
+// answered records, once, that req's reply went out (or could not): the
+// endpoint's request count, processing time and error. ep is nil for a
+// forwarded request, which no client sent to a micro endpoint.
+func (s *Service) answered(ep *endpoint, req *request, sent error, errText string) {
+	if ep == nil {
+		return
+	}
+	if sent != nil {
+		errText = "reply not written: " + sent.Error()
+	}
+	s.svc.record(ep, time.Since(req.received), errText)
 }
 
 // Start registers the service on cfg.Conn.
@@ -97,110 +114,118 @@ func Start(cfg Config) (*Service, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel}
 	id := cfg.Locks.ID()
-	svc, err := micro.AddService(cfg.Conn, micro.Config{
-		Name:        protocol.ServiceName,
-		Version:     protocol.ServiceVersion,
-		Description: "ticketd distributed lock service",
-		QueueGroup:  protocol.QueueGroup,
-		Metadata:    map[string]string{"node_id": fmt.Sprint(id)},
-	})
-	if err != nil {
+	s.svc = newMicroService(cfg.Conn, protocol.ServiceName, protocol.ServiceVersion, "ticketd distributed lock service",
+		map[string]string{"node_id": fmt.Sprint(id)})
+	fail := func(err error) (*Service, error) {
+		_ = s.svc.stop()
 		cancel()
-		return nil, fmt.Errorf("natsapi: add service: %w", err)
+		return nil, err
 	}
-	s.svc = svc
-	lock := svc.AddGroup(protocol.SubjectPrefix + ".lock")
 	for _, op := range []string{"acquire", "release", "get"} {
-		if err := lock.AddEndpoint(op, s.microHandler(op)); err != nil {
-			_ = svc.Stop()
-			cancel()
-			return nil, fmt.Errorf("natsapi: add endpoint %s: %w", op, err)
+		if err := s.svc.addEndpoint(op, protocol.SubjectPrefix+".lock."+op, protocol.QueueGroup, s.microHandler(op)); err != nil {
+			return fail(err)
 		}
 	}
-	if err := svc.AddEndpoint("status", s.microHandler("status"), micro.WithEndpointSubject(protocol.SubjectStatus)); err != nil {
-		_ = svc.Stop()
-		cancel()
-		return nil, fmt.Errorf("natsapi: add status endpoint: %w", err)
+	if err := s.svc.addEndpoint("status", protocol.SubjectStatus, protocol.QueueGroup, s.microHandler("status")); err != nil {
+		return fail(err)
 	}
-	if err := svc.AddEndpoint("node_status", s.microHandler("status"),
-		micro.WithEndpointSubject(protocol.NodeStatusSubject(id)),
-		micro.WithEndpointQueueGroupDisabled()); err != nil {
-		_ = svc.Stop()
-		cancel()
-		return nil, fmt.Errorf("natsapi: add node status endpoint: %w", err)
+	if err := s.svc.addEndpoint("node_status", protocol.NodeStatusSubject(id), "", s.microHandler("status")); err != nil {
+		return fail(err)
 	}
-	if err := svc.AddEndpoint("control_refused", micro.HandlerFunc(func(r micro.Request) {
-		e := protocol.Errorf(protocol.CodeControlRefused, "control requests are not accepted on the client port")
-		_ = r.Error(string(e.Code), e.Message, errorBody(e))
-	}), micro.WithEndpointSubject(protocol.SubjectPrefix+".control.>")); err != nil {
-		_ = svc.Stop()
-		cancel()
-		return nil, fmt.Errorf("natsapi: add control guard: %w", err)
+	if err := s.svc.addEndpoint("control_refused", protocol.SubjectPrefix+".control.>", protocol.QueueGroup, func(ep *endpoint, m *nats.Msg) {
+		req := s.newRequest(ep, "control", m.Data, m.Reply, m.Header)
+		_ = req.fail(protocol.Errorf(protocol.CodeControlRefused, "control requests are not accepted on the client port"))
+	}); err != nil {
+		return fail(err)
+	}
+	if err := s.svc.startVerbs(); err != nil {
+		return fail(err)
 	}
 	fwd, err := cfg.Conn.Subscribe(protocol.ForwardSubject(id, "*"), s.forwardHandler)
 	if err != nil {
-		_ = svc.Stop()
-		cancel()
-		return nil, fmt.Errorf("natsapi: subscribe forward subject: %w", err)
+		return fail(fmt.Errorf("natsapi: subscribe forward subject: %w", err))
 	}
 	s.fwd = fwd
 	return s, nil
 }
 
-// Stop unregisters the endpoints and waits for in-flight requests.
+// Stop unregisters the endpoints and waits for in-flight requests; a
+// message that still arrives is answered shutting_down.
 func (s *Service) Stop() error {
-	err := s.svc.Stop()
+	err := s.svc.stop()
 	if uerr := s.fwd.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) {
 		err = errors.Join(err, uerr)
 	}
+	s.mu.Lock()
+	s.stopped = true
+	s.mu.Unlock()
 	s.stop()
 	s.wg.Wait()
 	return err
 }
 
-// microHandler hands a micro request to dispatch. The reply is written
-// later, from the request's own goroutine, straight to its reply subject:
-// micro's Request must not be touched after the handler returns (micro
-// reads its state then), so micro's stats count these requests but not
-// their errors or processing time; ticketd's own metrics do.
-func (s *Service) microHandler(op string) micro.Handler {
-	return micro.HandlerFunc(func(r micro.Request) {
-		s.dispatch(s.newRequest(op, r.Data(), r.Reply(), nats.Header(r.Headers())), false)
-	})
+// microHandler hands a client request to dispatch. The reply is written
+// later, from the request's own goroutine; the endpoint's figures are
+// recorded then (micro.go).
+func (s *Service) microHandler(op string) func(*endpoint, *nats.Msg) {
+	return func(ep *endpoint, m *nats.Msg) {
+		s.dispatch(s.newRequest(ep, op, m.Data, m.Reply, m.Header), false)
+	}
 }
 
 func (s *Service) forwardHandler(m *nats.Msg) {
 	op := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-	s.dispatch(s.newRequest(op, m.Data, m.Reply, m.Header), true)
+	s.dispatch(s.newRequest(nil, op, m.Data, m.Reply, m.Header), true)
 }
 
-func (s *Service) newRequest(op string, data []byte, reply string, hdr nats.Header) *request {
+// newRequest wraps one received message. Its reply functions publish to
+// the reply subject and record the answer on ep (nil: forwarded).
+func (s *Service) newRequest(ep *endpoint, op string, data []byte, reply string, hdr nats.Header) *request {
 	publish := func(body []byte, h nats.Header) error {
 		return s.cfg.Conn.PublishMsg(&nats.Msg{Subject: reply, Data: body, Header: h})
 	}
-	return &request{
+	req := &request{
 		op:            op,
 		data:          data,
 		reply:         reply,
 		header:        hdr,
 		received:      time.Now(),
 		receivedLease: s.cfg.Now(),
-		ok:            func(body []byte) error { return publish(body, nil) },
-		fail: func(e *protocol.Error) error {
-			h := nats.Header{}
-			h.Set(micro.ErrorHeader, oneLine(e.Message))
-			h.Set(micro.ErrorCodeHeader, string(e.Code))
-			return publish(errorBody(e), h)
-		},
-		relay: publish,
 	}
+	req.ok = func(body []byte) error {
+		err := publish(body, nil)
+		s.answered(ep, req, err, "")
+		return err
+	}
+	req.fail = func(e *protocol.Error) error {
+		h := nats.Header{}
+		h.Set(micro.ErrorHeader, oneLine(e.Message))
+		h.Set(micro.ErrorCodeHeader, string(e.Code))
+		err := publish(errorBody(e), h)
+		s.answered(ep, req, err, serviceErrorText(string(e.Code), oneLine(e.Message)))
+		return err
+	}
+	req.relay = func(body []byte, h nats.Header) error {
+		err := publish(body, h)
+		errText := ""
+		if code := h.Get(micro.ErrorCodeHeader); code != "" {
+			errText = serviceErrorText(code, h.Get(micro.ErrorHeader))
+		}
+		s.answered(ep, req, err, errText)
+		return err
+	}
+	return req
 }
 
 // dispatch runs a request on its own goroutine (acquires may wait) under
 // the in-flight bound.
 func (s *Service) dispatch(req *request, forwarded bool) {
 	if req.reply == "" {
-		return // a publish without a reply subject asks nothing
+		// A publish without a reply subject asks nothing. micro counts it
+		// as a request whose reply failed, and so does STATS here: the
+		// publish to "" fails and is recorded.
+		_ = req.ok(nil)
+		return
 	}
 	sem := s.sem
 	if req.op == "acquire" {
@@ -212,7 +237,15 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 		_ = req.fail(protocol.Errorf(protocol.CodeUnavailable, "node overloaded: %d %s requests in flight", cap(sem), req.op))
 		return
 	}
+	s.mu.Lock()
+	if s.stopped {
+		s.mu.Unlock()
+		<-sem
+		_ = req.fail(protocol.Errorf(protocol.CodeShuttingDown, "node %d is shutting down", s.cfg.Locks.ID()))
+		return
+	}
 	s.wg.Add(1)
+	s.mu.Unlock()
 	go func() {
 		defer s.wg.Done()
 		defer func() { <-sem }()

@@ -1,0 +1,137 @@
+package control
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"os"
+	"path/filepath"
+	"slices"
+
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/raftstore"
+)
+
+// BumpTokensDefault is how far a restore moves the token counter past the
+// backup's last token when the operator does not say. The restored
+// cluster must never issue a token at or below one the old cluster may
+// have issued after the backup, and nothing in a backup can say how long
+// the old cluster kept running. 2^40 (about 1.1e12) covers an old cluster
+// that went on granting 10,000 locks a second for three and a half years
+// after the backup (a node does a few thousand a second), and still
+// leaves tokens below 2^53, the largest integer a JavaScript client reads
+// exactly from JSON, for 8,000 such restores.
+const BumpTokensDefault uint64 = 1 << 40
+
+// Restore modes.
+const (
+	// RestoreControlPlane: a bootstrapped backup seeds the only voter of a
+	// new control-plane cluster under a fresh identity; more members join
+	// it with join credentials.
+	RestoreControlPlane = "control-plane"
+	// RestoreStatic: the node is one of the voters of a static member
+	// list (--initial-cluster); every member restores the same file.
+	RestoreStatic = "static"
+)
+
+// RestoreOptions says how to seed a node from a backup.
+type RestoreOptions struct {
+	// DataDir is the node's data directory (the identity file goes there)
+	// and StoreDir its raft store inside it; neither may hold a node yet.
+	DataDir  string
+	StoreDir string
+	// PeerAddress is the peer address (--peer-listen) the seeding member
+	// of a control-plane cluster will serve; the new control state
+	// records it.
+	PeerAddress string
+	// Voters, when set, makes the restore static: the node with raft id ID
+	// is one of these voters, and every voter restores the same backup.
+	// A backup that was never bootstrapped restores static too, as the
+	// single voter ID when Voters is empty.
+	ID     uint64
+	Voters []uint64
+	// BumpTokens and DropLocks: see core.ReseedOptions.
+	BumpTokens uint64
+	DropLocks  bool
+	Logger     *slog.Logger
+}
+
+// Restored reports what Restore wrote.
+type Restored struct {
+	Mode        string   `json:"mode"`
+	NodeID      uint64   `json:"node_id"`
+	Incarnation uint64   `json:"incarnation,omitempty"`
+	Voters      []uint64 `json:"voters"`
+	// Index is the raft index the node starts from (the backup's).
+	Index uint64 `json:"index"`
+	// BackupLastToken is the backup's last token, FirstToken the first
+	// token the new cluster issues.
+	BackupLastToken uint64 `json:"backup_last_token"`
+	FirstToken      uint64 `json:"first_token"`
+	Locks           int    `json:"locks"`
+	DroppedLocks    int    `json:"dropped_locks,omitempty"`
+}
+
+// ErrRestore wraps every refusal of Restore's options or target.
+var ErrRestore = errors.New("control: restore refused")
+
+// Restore seeds a node's data directory from a verified backup: its raft
+// store starts from a snapshot of the reseeded state (core.Reseed) at the
+// backup's index, and, for a control-plane cluster, its identity file
+// names the fresh identity. Nothing is written unless every check passes;
+// a data directory that already holds a store or an identity is refused.
+func Restore(b Backup, o RestoreOptions) (Restored, error) {
+	refuse := func(format string, args ...any) (Restored, error) {
+		return Restored{}, fmt.Errorf("%w: %s", ErrRestore, fmt.Sprintf(format, args...))
+	}
+	if o.DataDir == "" || o.StoreDir == "" {
+		return refuse("a data directory is required")
+	}
+	if o.ID == 0 {
+		o.ID = 1
+	}
+	static := len(o.Voters) > 0 || !b.State.Control.Bootstrapped
+	voters := slices.Clone(o.Voters)
+	switch {
+	case static && len(voters) == 0:
+		voters = []uint64{o.ID}
+	case static && !slices.Contains(voters, o.ID):
+		return refuse("id %d is not among the voters %v", o.ID, voters)
+	case !static && o.PeerAddress == "":
+		return refuse("the backup is of a control-plane cluster: name the new member's peer address (its --peer-listen), or restore a static cluster with its member list")
+	}
+	if _, ok, err := ReadIdentity(o.DataDir); err != nil || ok {
+		return refuse("%s already holds a node identity (%v)", o.DataDir, err)
+	}
+	state, id, err := core.Reseed(b.State, core.ReseedOptions{
+		BumpTokens: o.BumpTokens, DropLocks: o.DropLocks, Static: len(o.Voters) > 0, Address: o.PeerAddress,
+	})
+	if err != nil {
+		return refuse("%v", err)
+	}
+	res := Restored{Mode: RestoreStatic, NodeID: o.ID, Voters: voters, Index: max(1, b.Info.AppliedIndex),
+		BackupLastToken: b.State.LastToken, FirstToken: state.LastToken + 1, Locks: len(state.Locks),
+		DroppedLocks: len(b.State.Locks) - len(state.Locks)}
+	if !static {
+		res.Mode, res.NodeID, res.Incarnation, res.Voters = RestoreControlPlane, id.NodeID, id.Incarnation, []uint64{id.NodeID}
+	}
+	if err := os.MkdirAll(o.DataDir, 0o750); err != nil {
+		return Restored{}, fmt.Errorf("control: restore: %w", err)
+	}
+	// A new cluster: its log starts at the backup's index in term 1, and
+	// the first election moves it past that.
+	snap := raftpb.Snapshot{Data: core.EncodeSnapshotState(state), Metadata: raftpb.SnapshotMetadata{
+		Index: res.Index, Term: 1, ConfState: raftpb.ConfState{Voters: res.Voters},
+	}}
+	if err := raftstore.Seed(o.StoreDir, snap, raftstore.StoreOptions{Logger: o.Logger}); err != nil {
+		return Restored{}, fmt.Errorf("control: restore: %w", err)
+	}
+	if res.Mode == RestoreControlPlane {
+		if err := WriteIdentity(o.DataDir, Identity{NodeID: id.NodeID, Incarnation: id.Incarnation}); err != nil {
+			return Restored{}, fmt.Errorf("control: restore: the store is seeded in %s but %w; remove it and restore again", filepath.Clean(o.StoreDir), err)
+		}
+	}
+	return res, nil
+}
