@@ -1,7 +1,6 @@
 package core
 
 import (
-	"crypto/sha256"
 	"math"
 	"sort"
 )
@@ -27,10 +26,21 @@ type Machine struct {
 	locks     map[string]Lock
 	lastToken uint64
 	ctl       control
+
+	// lockSum and ctlSum keep Digest O(1): lockSum is the multiset hash of
+	// the lock table (digest.go), updated by put and del, the only two
+	// places the table changes; ctlSum is the hash of the control record,
+	// recomputed whenever a control command or a restore may change it.
+	lockSum lockSum
+	ctlSum  [32]byte
 }
 
 // NewMachine returns an empty machine.
-func NewMachine() *Machine { return &Machine{locks: make(map[string]Lock)} }
+func NewMachine() *Machine {
+	m := &Machine{locks: make(map[string]Lock)}
+	m.ctlSum = controlSum(m.ctl.state())
+	return m
+}
 
 // Apply applies one committed command and returns its result. It never
 // fails: a command that cannot take effect yields a result that says so.
@@ -44,7 +54,11 @@ func (m *Machine) Apply(c Command) Result {
 		return Result{Kind: ResultNoop}
 	}
 	if c.Kind == KindControl {
-		return m.applyControl(c.Control)
+		r := m.applyControl(c.Control)
+		if r.Kind != ResultControlRejected {
+			m.ctlSum = controlSum(m.ctl.state())
+		}
+		return r
 	}
 	if m.locks == nil {
 		m.locks = make(map[string]Lock)
@@ -61,7 +75,7 @@ func (m *Machine) Apply(c Command) Result {
 			return Result{Kind: ResultNoop}
 		}
 		m.lastToken++
-		m.locks[c.Key] = Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, Identity: c.Identity, LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS}
+		m.put(Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, Identity: c.Identity, LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS})
 		return Result{Kind: ResultGranted, Token: m.lastToken}
 	case KindRenew:
 		if !ok || held.Token != c.Token {
@@ -72,20 +86,20 @@ func (m *Machine) Apply(c Command) Result {
 		// lease of an earlier grant or renewal.
 		if c.LeaseMS > held.LeaseMS {
 			held.LeaseMS = c.LeaseMS
-			m.locks[c.Key] = held
+			m.put(held)
 		}
 		return Result{Kind: ResultRenewed, Token: held.Token}
 	case KindRelease:
 		if !ok || held.Token != c.Token {
 			return Result{Kind: ResultNotFound}
 		}
-		delete(m.locks, c.Key)
+		m.del(c.Key)
 		return Result{Kind: ResultReleased}
 	case KindExpire:
 		if !ok || held.Token != c.Token {
 			return Result{Kind: ResultExpired, Existed: false}
 		}
-		delete(m.locks, c.Key)
+		m.del(c.Key)
 		return Result{Kind: ResultExpired, Existed: true}
 	}
 	return Result{Kind: ResultNoop}
@@ -117,6 +131,15 @@ func (m *Machine) Len() int { return len(m.locks) }
 // receives LastToken()+1.
 func (m *Machine) LastToken() uint64 { return m.lastToken }
 
+// ForEachLock calls f for every held lock in no particular order, without
+// copying or sorting the table. Callers must not let the order reach
+// anything replicated or compared (results, snapshots, digests).
+func (m *Machine) ForEachLock(f func(l Lock)) {
+	for _, l := range m.locks {
+		f(l)
+	}
+}
+
 // Locks returns every held lock sorted by key.
 func (m *Machine) Locks() []Lock {
 	out := make([]Lock, 0, len(m.locks))
@@ -133,9 +156,19 @@ func (m *Machine) Snapshot() []byte {
 	return EncodeSnapshotState(SnapshotState{LastToken: m.lastToken, Locks: m.Locks(), Control: m.ctl.state()})
 }
 
-// Digest is the SHA-256 of Snapshot: equal on two replicas exactly when
-// their tables, counters and control states are equal.
-func (m *Machine) Digest() [32]byte { return sha256.Sum256(m.Snapshot()) }
+// Digest summarises the whole state: equal on two replicas exactly when
+// their tables, counters and control states are equal (up to SHA-256
+// collisions). It costs O(1): the lock table's part is kept up to date by
+// every change (digest.go), so status can report it on every call.
+func (m *Machine) Digest() [32]byte {
+	ctl := m.ctlSum
+	if ctl == ([32]byte{}) {
+		// A zero Machine (not from NewMachine) that no control command,
+		// restore or load has touched yet.
+		ctl = controlSum(m.ctl.state())
+	}
+	return stateDigest(m.lastToken, len(m.locks), &m.lockSum, &ctl)
+}
 
 // Restore replaces the whole state with a decoded snapshot. A version 1
 // snapshot restores an empty control state. On error the machine is
@@ -147,6 +180,7 @@ func (m *Machine) Restore(snapshot []byte) error {
 	}
 	m.Load(s.LastToken, s.Locks)
 	m.ctl = newControl(s.Control)
+	m.ctlSum = controlSum(m.ctl.state())
 	return nil
 }
 
@@ -157,8 +191,26 @@ func (m *Machine) Restore(snapshot []byte) error {
 func (m *Machine) Load(lastToken uint64, locks []Lock) {
 	m.lastToken = lastToken
 	m.locks = make(map[string]Lock, len(locks))
+	m.lockSum = lockSum{}
 	for _, l := range locks {
-		m.locks[l.Key] = l
+		m.put(l)
+	}
+}
+
+// put sets the lock on l.Key, keeping lockSum in step.
+func (m *Machine) put(l Lock) {
+	if old, ok := m.locks[l.Key]; ok {
+		m.lockSum.sub(old)
+	}
+	m.locks[l.Key] = l
+	m.lockSum.add(l)
+}
+
+// del removes the lock on key, if any, keeping lockSum in step.
+func (m *Machine) del(key string) {
+	if old, ok := m.locks[key]; ok {
+		m.lockSum.sub(old)
+		delete(m.locks, key)
 	}
 }
 
@@ -175,5 +227,6 @@ func (m *Machine) LoadControl(record []byte) error {
 		return err
 	}
 	m.ctl = newControl(cs)
+	m.ctlSum = controlSum(m.ctl.state())
 	return nil
 }

@@ -23,6 +23,9 @@ package core
 // to the lowest version any member reports.
 const MaxClusterVersion uint64 = 2
 
+// MaxEntryVersion is the newest log entry format this binary decodes.
+const MaxEntryVersion = EntryVersion2
+
 // CommandVersion is the cluster version a command needs before it may be
 // proposed and applied: 2 for Renew and a Grant carrying an Identity, 1
 // for the rest. SetClusterVersion itself needs only version 1: what it

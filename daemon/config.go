@@ -8,6 +8,9 @@ import (
 	"strconv"
 	"strings"
 	"time"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/lockservice"
 )
 
 // Config is one node's configuration. Field tags are the flat, kebab-case
@@ -56,6 +59,15 @@ type Config struct {
 	Plugins             string `koanf:"plugins"`
 	PluginMemoryPages   uint32 `koanf:"plugin-memory-pages"`
 	PluginCallTimeoutMS int    `koanf:"plugin-call-timeout-ms"`
+	// Limits on what clients can make the leader hold (lockservice
+	// quota.go): held locks in total (at most core.MaxLocks) and per
+	// authenticated identity (0: no per-identity limit), waiters per key
+	// and per node.
+	MaxLocks            int `koanf:"max-locks"`
+	MaxLocksPerIdentity int `koanf:"max-locks-per-identity"`
+	MaxWaitersPerKey    int `koanf:"max-waiters-per-key"`
+	MaxWaiters          int `koanf:"max-waiters"`
+
 	// AuditStream, if set, names a JetStream stream that captures the
 	// audit subjects (de-duplicated on Nats-Msg-Id). With the embedded
 	// NATS server it turns JetStream on, storing under data/jetstream.
@@ -66,17 +78,20 @@ type Config struct {
 // NATS on 127.0.0.1:4222, data in ./ticketd-data.
 func Defaults() Config {
 	return Config{
-		ID:              1,
-		Data:            "./ticketd-data",
-		NATSListen:      "127.0.0.1:4222",
-		NATSClusterName: "ticketd",
-		TickMS:          100,
-		ElectionTicks:   10,
-		HeartbeatTicks:  1,
-		SnapshotEntries: 10000,
-		CompactKeep:     5000,
-		LogLevel:        "info",
-		LogFormat:       "text",
+		ID:               1,
+		Data:             "./ticketd-data",
+		NATSListen:       "127.0.0.1:4222",
+		NATSClusterName:  "ticketd",
+		TickMS:           100,
+		ElectionTicks:    10,
+		HeartbeatTicks:   1,
+		SnapshotEntries:  10000,
+		CompactKeep:      5000,
+		LogLevel:         "info",
+		LogFormat:        "text",
+		MaxLocks:         core.DefaultMaxLocks,
+		MaxWaitersPerKey: lockservice.MaxWaitersPerKeyDefault,
+		MaxWaiters:       lockservice.MaxWaitersDefault,
 		// Zero plugin limits take the plugins package defaults.
 	}
 }
@@ -204,6 +219,17 @@ func (c Config) Validate() error {
 	}
 	if c.Join != "" && strings.TrimSpace(c.InitialCluster) != "" || c.BootstrapCredential != "" && strings.TrimSpace(c.InitialCluster) != "" {
 		return configErr("initial-cluster (static membership) and bootstrap/join (control plane) exclude each other")
+	}
+	if c.MaxLocks < 1 || c.MaxLocks > core.MaxLocks {
+		// Above core.MaxLocks a snapshot of a full table might not fit
+		// what the peer transport streams (core/limits.go).
+		return configErr("max-locks %d is outside [1, %d]", c.MaxLocks, core.MaxLocks)
+	}
+	if c.MaxLocksPerIdentity < 0 || c.MaxLocksPerIdentity > c.MaxLocks {
+		return configErr("max-locks-per-identity %d is outside [0, max-locks %d] (0: no per-identity limit)", c.MaxLocksPerIdentity, c.MaxLocks)
+	}
+	if c.MaxWaitersPerKey < 1 || c.MaxWaiters < 1 || c.MaxWaitersPerKey > c.MaxWaiters {
+		return configErr("max-waiters-per-key %d and max-waiters %d must be positive, per key at most per node", c.MaxWaitersPerKey, c.MaxWaiters)
 	}
 	if c.PluginCallTimeoutMS < 0 || c.PluginCallTimeoutMS > 10000 {
 		return configErr("plugin-call-timeout-ms %d is outside [0, 10000]", c.PluginCallTimeoutMS)

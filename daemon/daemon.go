@@ -25,6 +25,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ticketd/ticketd/control"
+	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/plugins/audit"
@@ -248,6 +249,12 @@ func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 		Metrics: lockservice.NewMetrics(d.reg),
 		Policy:  opts.Policy,
 		Now:     opts.Now,
+		Limits: lockservice.Limits{
+			MaxLocks:            d.cfg.MaxLocks,
+			MaxLocksPerIdentity: d.cfg.MaxLocksPerIdentity,
+			MaxWaitersPerKey:    d.cfg.MaxWaitersPerKey,
+			MaxWaiters:          d.cfg.MaxWaiters,
+		},
 	}
 	var err error
 	if d.plugins, err = loadPlugins(ctx, d.cfg, d.log.With("component", "plugins")); err != nil {
@@ -345,6 +352,12 @@ func (d *Daemon) newPeers(members []Member) error {
 
 // The raft node is what the peer transport delivers to.
 var _ peer.Raft = (*raftstore.Node)(nil)
+
+// The snapshot of the largest table a node can hold, plus the raft
+// message around it (a few hundred bytes of metadata and conf state; 1 MiB
+// allowed), must fit what the peer transport streams: a negative constant
+// here does not compile.
+const _ = uint64(peer.MaxSnapshotSize - core.MaxSnapshotSize - 1<<20)
 
 func loadPeerTLS(cfg Config) (*tls.Config, error) {
 	cert, err := tls.LoadX509KeyPair(cfg.PeerTLSCert, cfg.PeerTLSKey)

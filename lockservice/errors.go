@@ -26,6 +26,9 @@ var (
 	ErrIndeterminate = errors.New("lockservice: outcome unknown")
 	// ErrShuttingDown: the service or its node is stopping; nothing changed.
 	ErrShuttingDown = errors.New("lockservice: stopping")
+	// ErrResourceExhausted: a limit refused the request (a *LimitError says
+	// which: quota.go). Nothing was proposed.
+	ErrResourceExhausted = errors.New("lockservice: resource exhausted")
 )
 
 // NotLeaderError: this node is not the ready leader, so it certainly did

@@ -7,6 +7,28 @@ import (
 	"github.com/ticketd/ticketd/core"
 )
 
+// Expiry: one loop watches the earliest lease deadline, and a fixed pool
+// of ExpireWorkers goroutines proposes the Expires of the leases that ran
+// out. No goroutine is started per lease, so a mass expiry (every lease
+// of a burst of clients running out at once) costs a bounded number of
+// goroutines and proposals in flight, never one of each per lock.
+//
+// The proposals still go out in batches: raft appends every proposal that
+// arrives while the previous Ready is being written to the next Ready, so
+// the workers' Expires share one log write and one fsync (raftstore
+// records how many per batch in ticketd_apply_batch_entries).
+//
+// Backpressure: the loop hands at most expireBatch due leases at a time to
+// the workers' queue and waits for room; a due lease is pushed back by
+// ExpireRetry when taken (leaseHeap.due), so one whose Expire is lost or
+// still queued comes due again rather than being forgotten.
+
+// ExpireWorkersDefault is how many Expire proposals are in flight at most.
+const ExpireWorkersDefault = 64
+
+// expireBatch bounds how many due leases the loop takes at once.
+const expireBatch = 256
+
 // signalTimersChanged wakes the expiry loop to recompute its next deadline.
 func (s *Service) signalTimersChanged() {
 	select {
@@ -15,8 +37,17 @@ func (s *Service) signalTimersChanged() {
 	}
 }
 
-// expiryLoop proposes Expire for every lease that runs out on this
-// leader's clock.
+// startExpiry starts the expiry loop and its workers.
+func (s *Service) startExpiry() {
+	s.wg.Add(1 + s.cfg.ExpireWorkers)
+	go s.expiryLoop()
+	for i := 0; i < s.cfg.ExpireWorkers; i++ {
+		go s.expireWorker()
+	}
+}
+
+// expiryLoop hands every lease that runs out on this leader's clock to
+// the expire workers.
 func (s *Service) expiryLoop() {
 	defer s.wg.Done()
 	timer := time.NewTimer(time.Hour)
@@ -43,18 +74,33 @@ func (s *Service) expiryLoop() {
 		s.lead.mu.Lock()
 		var due []leaseItem
 		if s.lead.ready {
-			due = s.lead.leases.due(s.cfg.Now(), s.cfg.ExpireRetry)
+			due = s.lead.leases.due(s.cfg.Now(), s.cfg.ExpireRetry, expireBatch)
 		}
 		s.lead.mu.Unlock()
 		for _, it := range due {
-			s.wg.Add(1)
-			go s.expire(it.key, it.token)
+			select {
+			case s.expireq <- it:
+			case <-s.ctx.Done():
+				return
+			}
+		}
+	}
+}
+
+// expireWorker proposes the Expires the loop hands it, one at a time.
+func (s *Service) expireWorker() {
+	defer s.wg.Done()
+	for {
+		select {
+		case <-s.ctx.Done():
+			return
+		case it := <-s.expireq:
+			s.expire(it.key, it.token)
 		}
 	}
 }
 
 func (s *Service) expire(key string, token uint64) {
-	defer s.wg.Done()
 	ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BackgroundProposeTimeout)
 	defer cancel()
 	a, err := s.propose(ctx, core.Expire(key, token))

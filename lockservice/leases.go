@@ -9,18 +9,23 @@ import (
 type leaseItem struct {
 	key      string
 	token    uint64
+	identity string // who the lock was granted to (quota accounting)
 	lease    time.Duration
 	deadline time.Time // on the local monotonic clock
 	index    int       // heap position
 }
 
-// leaseHeap orders held locks by deadline, one item per key.
+// leaseHeap orders held locks by deadline, one item per key, and counts
+// them per identity for the quotas.
 type leaseHeap struct {
-	items []*leaseItem
-	byKey map[string]*leaseItem
+	items      []*leaseItem
+	byKey      map[string]*leaseItem
+	byIdentity map[string]int
 }
 
-func newLeaseHeap() *leaseHeap { return &leaseHeap{byKey: make(map[string]*leaseItem)} }
+func newLeaseHeap() *leaseHeap {
+	return &leaseHeap{byKey: make(map[string]*leaseItem), byIdentity: make(map[string]int)}
+}
 
 func (h *leaseHeap) Len() int           { return len(h.items) }
 func (h *leaseHeap) Less(i, j int) bool { return h.items[i].deadline.Before(h.items[j].deadline) }
@@ -43,9 +48,10 @@ func (h *leaseHeap) Pop() any {
 	return it
 }
 
-// arm sets key's timer to now+lease for token. An existing timer for the
-// same token is only ever moved later, never earlier.
-func (h *leaseHeap) arm(key string, token uint64, lease time.Duration, now time.Time) {
+// arm sets key's timer to now+lease for token, held by identity. An
+// existing timer for the same token is only ever moved later, never
+// earlier.
+func (h *leaseHeap) arm(key string, token uint64, identity string, lease time.Duration, now time.Time) {
 	deadline := now.Add(lease)
 	if it, ok := h.byKey[key]; ok {
 		if it.token == token {
@@ -56,10 +62,12 @@ func (h *leaseHeap) arm(key string, token uint64, lease time.Duration, now time.
 			return
 		}
 		heap.Remove(h, it.index)
+		h.count(it.identity, -1)
 	}
-	it := &leaseItem{key: key, token: token, lease: lease, deadline: deadline}
+	it := &leaseItem{key: key, token: token, identity: identity, lease: lease, deadline: deadline}
 	heap.Push(h, it)
 	h.byKey[key] = it
+	h.count(identity, +1)
 }
 
 // remove drops key's timer if it belongs to token.
@@ -67,6 +75,18 @@ func (h *leaseHeap) remove(key string, token uint64) {
 	if it, ok := h.byKey[key]; ok && it.token == token {
 		heap.Remove(h, it.index)
 		delete(h.byKey, key)
+		h.count(it.identity, -1)
+	}
+}
+
+// held is the number of locks identity holds.
+func (h *leaseHeap) held(identity string) int { return h.byIdentity[identity] }
+
+func (h *leaseHeap) count(identity string, d int) {
+	if n := h.byIdentity[identity] + d; n > 0 {
+		h.byIdentity[identity] = n
+	} else {
+		delete(h.byIdentity, identity)
 	}
 }
 
@@ -76,13 +96,13 @@ func (h *leaseHeap) get(key string) (*leaseItem, bool) {
 	return it, ok
 }
 
-// due returns the items whose deadline is at or before now. Each one is
-// pushed back by retry, so that if its Expire does not apply (the proposal
-// was lost) it comes due again; pushing a deadline later never shortens a
-// lease.
-func (h *leaseHeap) due(now time.Time, retry time.Duration) []leaseItem {
+// due returns up to limit items whose deadline is at or before now,
+// earliest first. Each one is pushed back by retry, so that if its Expire
+// does not apply (the proposal was lost) it comes due again; pushing a
+// deadline later never shortens a lease.
+func (h *leaseHeap) due(now time.Time, retry time.Duration, limit int) []leaseItem {
 	var out []leaseItem
-	for len(h.items) > 0 && !h.items[0].deadline.After(now) {
+	for len(h.items) > 0 && len(out) < limit && !h.items[0].deadline.After(now) {
 		it := h.items[0]
 		out = append(out, *it)
 		it.deadline = now.Add(retry)
@@ -102,4 +122,5 @@ func (h *leaseHeap) next() (time.Time, bool) {
 func (h *leaseHeap) reset() {
 	h.items = nil
 	h.byKey = make(map[string]*leaseItem)
+	h.byIdentity = make(map[string]int)
 }

@@ -14,7 +14,8 @@ type Metrics struct {
 	Releases      prometheus.Counter
 	Expiries      *prometheus.CounterVec // by existed=true|false
 	Denied        prometheus.Counter
-	Abandoned     prometheus.Counter // grants released by the lost-reply path
+	Exhausted     *prometheus.CounterVec // requests refused by a limit, by resource (quota.go)
+	Abandoned     prometheus.Counter     // grants released by the lost-reply path
 	Waiters       prometheus.Gauge
 	HeldLocks     prometheus.Gauge
 	LeaderChanges prometheus.Counter
@@ -33,6 +34,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Releases:      prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_releases_total", Help: "Releases applied."}),
 		Expiries:      prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_expiries_total", Help: "Expires applied."}, []string{"existed"}),
 		Denied:        prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_grants_denied_total", Help: "Acquires denied by policy before proposing."}),
+		Exhausted:     prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_resource_exhausted_total", Help: "Acquires refused by a limit before proposing, by resource."}, []string{"resource"}),
 		Abandoned:     prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_grants_abandoned_total", Help: "Grants released because their reply could not reach the requester."}),
 		Waiters:       prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_waiters", Help: "Acquires waiting in key queues on this leader."}),
 		HeldLocks:     prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_locks_held", Help: "Locks in the applied table."}),
@@ -41,7 +43,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ProposeTime:   prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ticketd_propose_seconds", Help: "Time from proposal to applied result.", Buckets: latency}, []string{"kind"}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.Proposals, m.ProposalFails, m.Grants, m.Releases, m.Expiries, m.Denied, m.Abandoned,
+		reg.MustRegister(m.Proposals, m.ProposalFails, m.Grants, m.Releases, m.Expiries, m.Denied, m.Exhausted, m.Abandoned,
 			m.Waiters, m.HeldLocks, m.LeaderChanges, m.IsLeader, m.ProposeTime)
 	}
 	return m

@@ -22,11 +22,11 @@ func (s *Service) OnApplied(a raftstore.Applied) {
 	key := a.Command.Key
 	switch a.Result.Kind {
 	case core.ResultGranted:
-		delete(s.lead.reserved, key)
-		s.lead.leases.arm(key, a.Result.Token, time.Duration(a.Command.LeaseMS)*time.Millisecond, s.cfg.Now())
+		s.dropReservation(key)
+		s.lead.leases.arm(key, a.Result.Token, a.Command.Identity, time.Duration(a.Command.LeaseMS)*time.Millisecond, s.cfg.Now())
 		s.signalTimersChanged()
 	case core.ResultGrantRejected:
-		delete(s.lead.reserved, key)
+		s.dropReservation(key)
 	case core.ResultReleased:
 		s.lead.leases.remove(key, a.Command.Token)
 		s.handOff(key)
@@ -60,14 +60,20 @@ func (s *Service) countApplied(r core.Result) {
 // serving.
 func (s *Service) OnLeaderReady(term uint64) {
 	now := s.cfg.Now()
+	// Unsorted: the order of arming does not matter, and sorting a large
+	// table here would hold up the raft loop that calls us.
 	var locks []core.Lock
-	s.node.View(func(m *core.Machine) { locks = m.Locks() })
+	s.node.View(func(m *core.Machine) {
+		locks = make([]core.Lock, 0, m.Len())
+		m.ForEachLock(func(l core.Lock) { locks = append(locks, l) })
+	})
 	s.lead.mu.Lock()
 	s.lead.leases.reset()
 	for _, l := range locks {
-		s.lead.leases.arm(l.Key, l.Token, time.Duration(l.LeaseMS)*time.Millisecond, now)
+		s.lead.leases.arm(l.Key, l.Token, l.Identity, time.Duration(l.LeaseMS)*time.Millisecond, now)
 	}
-	s.lead.reserved = make(map[string]uint64)
+	s.lead.reserved = make(map[string]reservation)
+	s.lead.reservedBy = make(map[string]int)
 	s.lead.epoch++
 	s.lead.ready = true
 	s.signalTimersChanged()
@@ -94,7 +100,8 @@ func (s *Service) OnLeadershipLost() {
 	}
 	s.lead.waiters = 0
 	s.cfg.Metrics.Waiters.Set(0)
-	s.lead.reserved = make(map[string]uint64)
+	s.lead.reserved = make(map[string]reservation)
+	s.lead.reservedBy = make(map[string]int)
 	s.lead.leases.reset()
 	if was {
 		s.cfg.Metrics.LeaderChanges.Inc()

@@ -33,6 +33,9 @@ type Node interface {
 	Propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error)
 	ReadIndex(ctx context.Context) error
 	View(f func(m *core.Machine))
+	// ClusterVersion is the applied cluster version, read without waiting
+	// for the raft loop.
+	ClusterVersion() uint64
 }
 
 var _ Node = (*raftstore.Node)(nil)
@@ -48,7 +51,17 @@ type Config struct {
 	Now func() time.Time
 	// WallClockMS stamps Grant.GrantedAtMS (information only); nil means
 	// time.Now().UnixMilli.
-	WallClockMS              func() uint64
+	WallClockMS func() uint64
+	// Limits bounds the locks and waiters clients can make the leader
+	// hold (quota.go).
+	Limits Limits
+	// StorageAlarm, if set, is asked before every Grant is admitted: a
+	// non-nil error (the storage is low on space) refuses the Grant with
+	// ErrResourceExhausted. Releases and expiries are never refused.
+	StorageAlarm func() error
+	// ExpireWorkers bounds the Expire proposals in flight
+	// (ExpireWorkersDefault).
+	ExpireWorkers            int
 	ExpireRetry              time.Duration
 	ReplyMargin              time.Duration
 	BackgroundProposeTimeout time.Duration
@@ -92,10 +105,12 @@ type Service struct {
 
 	ctx    context.Context // ends when the service closes
 	cancel context.CancelFunc
-	wg     sync.WaitGroup // the expiry loop and background proposals
+	wg     sync.WaitGroup // the expiry loop, its workers and background proposals
 	// timersChanged wakes the expiry loop when the earliest deadline may
 	// have moved.
 	timersChanged chan struct{}
+	// expireq carries due leases from the expiry loop to its workers.
+	expireq chan leaseItem
 
 	lead leaderState
 }
@@ -107,12 +122,15 @@ type leaderState struct {
 	ready  bool
 	leases *leaseHeap
 	// epoch counts leadership changes; reserved maps a key with a Grant in
-	// flight to the epoch that proposed it, so work left over from an
-	// earlier leadership never clears a later one's reservation.
-	epoch    uint64
-	reserved map[string]uint64
-	queues   map[string]*waitQueue
-	waiters  int
+	// flight to the epoch that proposed it (and the identity it counts
+	// against), so work left over from an earlier leadership never clears
+	// a later one's reservation. reservedBy counts reservations per
+	// identity (quota.go).
+	epoch      uint64
+	reserved   map[string]reservation
+	reservedBy map[string]int
+	queues     map[string]*waitQueue
+	waiters    int
 }
 
 var _ raftstore.Observer = (*Service)(nil)
@@ -140,6 +158,10 @@ func New(cfg Config) *Service {
 	if cfg.BackgroundProposeTimeout <= 0 {
 		cfg.BackgroundProposeTimeout = BackgroundProposeTimeoutDefault
 	}
+	if cfg.ExpireWorkers <= 0 {
+		cfg.ExpireWorkers = ExpireWorkersDefault
+	}
+	cfg.Limits.withDefaults()
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{
 		cfg:           cfg,
@@ -147,10 +169,12 @@ func New(cfg Config) *Service {
 		ctx:           ctx,
 		cancel:        cancel,
 		timersChanged: make(chan struct{}, 1),
+		expireq:       make(chan leaseItem, expireBatch),
 		lead: leaderState{
-			leases:   newLeaseHeap(),
-			reserved: make(map[string]uint64),
-			queues:   make(map[string]*waitQueue),
+			leases:     newLeaseHeap(),
+			reserved:   make(map[string]reservation),
+			reservedBy: make(map[string]int),
+			queues:     make(map[string]*waitQueue),
 		},
 	}
 }
@@ -158,8 +182,7 @@ func New(cfg Config) *Service {
 // Attach binds the service to its node and starts the expiry loop.
 func (s *Service) Attach(n Node) {
 	s.node = n
-	s.wg.Add(1)
-	go s.expiryLoop()
+	s.startExpiry()
 }
 
 // Close stops background work and fails queued waiters.
@@ -187,12 +210,20 @@ func (s *Service) notLeader() error {
 }
 
 // Acquire takes a lock for p, waiting in the key's queue when p.Wait > 0.
+// The caller's identity (IdentityFrom(ctx)) is what the quotas count.
 func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 	if p.Received.IsZero() {
 		p.Received = s.cfg.Now()
 	}
 	deadline := p.Received.Add(p.Timeout - s.cfg.ReplyMargin)
+	identity := IdentityFrom(ctx)
 	cmd := core.Grant(p.Key, p.Owner, uint64(p.Lease/time.Millisecond), 0)
+	if s.node.ClusterVersion() >= 2 {
+		// Recorded in the lock, so that any later leader counts it
+		// against the same identity. Before version 2 no replica could
+		// apply it (core.CommandVersion).
+		cmd.Identity = identity
+	}
 	if err := cmd.Validate(); err != nil {
 		return Grant{}, err
 	}
@@ -209,8 +240,12 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		return Grant{}, s.notLeader()
 	}
 	if !s.busy(p.Key) {
+		if err := s.admitGrant(identity); err != nil {
+			s.lead.mu.Unlock()
+			return Grant{}, err
+		}
 		epoch := s.lead.epoch
-		s.lead.reserved[p.Key] = epoch
+		s.reserve(p.Key, epoch, identity)
 		s.lead.mu.Unlock()
 		return s.grant(p, cmd, deadline, epoch)
 	}
@@ -218,7 +253,11 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		s.lead.mu.Unlock()
 		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
 	}
-	w := s.enqueue(p.Key)
+	if err := s.admitWaiter(p.Key); err != nil {
+		s.lead.mu.Unlock()
+		return Grant{}, err
+	}
+	w := s.enqueue(p.Key, identity)
 	s.lead.mu.Unlock()
 	if err := s.await(ctx, p, w, deadline); err != nil {
 		return Grant{}, err

@@ -17,7 +17,11 @@ type waiter struct {
 	// handedOff is set, with epoch, when the key was reserved for it.
 	handedOff bool
 	epoch     uint64 // the leadership epoch that reserved the key for it
-	elem      *list.Element
+	// refused is set instead, before turn is sent, when its turn came but
+	// a limit refused its Grant (quota.go admitGrant).
+	refused  error
+	identity string // who its Grant counts against
+	elem     *list.Element
 }
 
 // waitQueue is the FIFO of waiters for one key.
@@ -45,9 +49,10 @@ func (q *waitQueue) pop() *waiter {
 
 func (q *waitQueue) len() int { return q.l.Len() }
 
-// enqueue adds a waiter at the back of key's queue. s.lead.mu held.
-func (s *Service) enqueue(key string) *waiter {
-	w := &waiter{turn: make(chan struct{}, 1), lost: make(chan struct{})}
+// enqueue adds a waiter for identity at the back of key's queue (the
+// caller checked admitWaiter). s.lead.mu held.
+func (s *Service) enqueue(key, identity string) *waiter {
+	w := &waiter{turn: make(chan struct{}, 1), lost: make(chan struct{}), identity: identity}
 	q := s.lead.queues[key]
 	if q == nil {
 		q = &waitQueue{}
@@ -71,7 +76,7 @@ func (s *Service) await(ctx context.Context, p AcquireParams, w *waiter, deadlin
 	var cause error
 	select {
 	case <-w.turn:
-		return nil
+		return w.refused
 	case <-w.lost:
 		return s.notLeader()
 	case <-timer.C:
@@ -114,14 +119,15 @@ func (s *Service) busy(key string) bool {
 // unreserve drops key's reservation if epoch made it, and hands the key
 // on. s.lead.mu held.
 func (s *Service) unreserve(key string, epoch uint64) {
-	if e, ok := s.lead.reserved[key]; ok && e == epoch {
-		delete(s.lead.reserved, key)
+	if r, ok := s.lead.reserved[key]; ok && r.epoch == epoch {
+		s.dropReservation(key)
 		s.handOff(key)
 	}
 }
 
-// handOff reserves a free key for the head of its queue and wakes it.
-// s.lead.mu held.
+// handOff reserves a free key for the head of its queue and wakes it. A
+// head whose Grant a limit refuses (admitGrant) is woken with that error
+// and the next one gets its chance. s.lead.mu held.
 func (s *Service) handOff(key string) {
 	if s.busy(key) {
 		return
@@ -130,13 +136,19 @@ func (s *Service) handOff(key string) {
 	if q == nil {
 		return
 	}
-	if w := q.pop(); w != nil {
+	for w := q.pop(); w != nil; w = q.pop() {
 		s.lead.waiters--
 		s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
+		if err := s.admitGrant(w.identity); err != nil {
+			w.refused = err
+			w.turn <- struct{}{}
+			continue
+		}
 		w.handedOff = true
 		w.epoch = s.lead.epoch
-		s.lead.reserved[key] = s.lead.epoch
+		s.reserve(key, s.lead.epoch, w.identity)
 		w.turn <- struct{}{}
+		break
 	}
 	if q.len() == 0 {
 		delete(s.lead.queues, key)

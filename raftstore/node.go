@@ -111,6 +111,10 @@ type Node struct {
 	isLeader  atomic.Bool
 	ready     atomic.Bool // leader of the current term and caught up
 	confState atomic.Pointer[raftpb.ConfState]
+	// summary is published by the Ready loop after each durable apply, so
+	// status readers never take machineMu (which the loop holds across
+	// fsyncs) and never walk the table.
+	summary atomic.Pointer[Summary]
 
 	// Request ids (proposals, ReadIndex contexts) are reqBase plus a
 	// sequence; the random base keeps them apart across restarts.
@@ -163,6 +167,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	n.applied.Store(applied)
 	n.confState.Store(&cs)
+	n.publishSummary(applied)
 	snap, err := cfg.Store.Snapshot()
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: read snapshot: %w", err)
@@ -283,6 +288,32 @@ func (n *Node) ConfState() raftpb.ConfState { return *n.confState.Load() }
 // Status is raft's own status (progress of peers on a leader).
 func (n *Node) Status() raft.Status { return n.raft.Status() }
 
+// Summary describes the applied state as of AppliedIndex: what status
+// reports about it. It is computed once per applied Ready (O(1): the
+// digest is incremental), never by the reader.
+type Summary struct {
+	Applied        uint64
+	Locks          int
+	LastToken      uint64
+	ClusterVersion uint64
+	Digest         [32]byte
+}
+
+// Summary returns the latest published summary of the applied state. It
+// takes no lock and does no work proportional to the table.
+func (n *Node) Summary() Summary { return *n.summary.Load() }
+
+// ClusterVersion is the cluster version of the applied state.
+func (n *Node) ClusterVersion() uint64 { return n.summary.Load().ClusterVersion }
+
+// publishSummary publishes the summary of the machine at applied. The
+// caller holds machineMu (or owns the machine exclusively).
+func (n *Node) publishSummary(applied uint64) {
+	m := n.machine
+	n.summary.Store(&Summary{Applied: applied, Locks: m.Len(), LastToken: m.LastToken(),
+		ClusterVersion: m.ClusterVersion(), Digest: m.Digest()})
+}
+
 // View runs f with read access to the applied state machine. f must not
 // keep m.
 func (n *Node) View(f func(m *core.Machine)) {
@@ -334,7 +365,8 @@ func (n *Node) run() {
 // fail ends the loop after a Ready could not be handled: the node can no
 // longer lead or answer, so every waiting caller and observer hears that.
 func (n *Node) fail(err error) {
-	n.log.Error("ready loop stopped", "err", err)
+	// The one line an operator needs: what stopped the node and where.
+	n.log.Error("node stopped (fail-stop)", "err", err)
 	n.errc <- err
 	n.isLeader.Store(false)
 	n.ready.Store(false)
@@ -343,3 +375,22 @@ func (n *Node) fail(err error) {
 		o.OnLeadershipLost()
 	}
 }
+
+// UndecodableEntryError stops the node: a committed entry that this binary
+// cannot decode (a newer entry version during a rolling upgrade, or
+// damaged bytes). Skipping it would let replicas that can read it diverge
+// from this one, so the node stops at that index instead, like etcd does
+// on an entry it cannot apply.
+type UndecodableEntryError struct {
+	Index   uint64
+	Term    uint64
+	Version byte // the entry's first byte: its format version
+	Err     error
+}
+
+func (e *UndecodableEntryError) Error() string {
+	return fmt.Sprintf("raftstore: committed entry %d (term %d) has entry version %d, which this binary (entry versions up to %d, cluster version up to %d) cannot decode: %v; stopping so that replicas never diverge: run a binary that reads it",
+		e.Index, e.Term, e.Version, core.MaxEntryVersion, core.MaxClusterVersion, e.Err)
+}
+
+func (e *UndecodableEntryError) Unwrap() error { return e.Err }

@@ -166,10 +166,12 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 		}
 		ent, err := core.DecodeEntry(e.Data)
 		if err != nil {
-			// Every replica rejects the same bytes the same way, so
-			// skipping keeps them identical.
-			n.log.Error("undecodable log entry skipped", "index", e.Index, "err", err)
-			return nil
+			// Never skip a committed entry: a replica running a binary
+			// that reads it would apply it, and the tables (and tokens)
+			// would diverge. Stop instead (fail-stop); the entry stays in
+			// the log, so this node stops at the same index again until
+			// it runs a binary that reads it.
+			return &UndecodableEntryError{Index: e.Index, Term: e.Term, Version: e.Data[0], Err: err}
 		}
 		res := n.machine.Apply(ent.Command)
 		ra.touched.add(ent.Command)
@@ -225,6 +227,9 @@ func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
 	n.applied.Store(ra.applied)
 	cs := ra.confState
 	n.confState.Store(&cs)
+	if ra.state != nil {
+		n.publishSummary(ra.applied)
+	}
 	return nil
 }
 

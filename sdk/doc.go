@@ -20,7 +20,7 @@
 // (CodeOf(err)), the operation and the key. errors.Is matches the sentinel
 // of its code: ErrHeld, ErrNotFound, ErrTimeout, ErrDenied,
 // ErrInvalidArgument, ErrMalformed, ErrTooLarge, ErrControlRefused,
-// ErrInternal, ErrIndeterminate, and ErrUnavailable, which also matches
+// ErrResourceExhausted, ErrInternal, ErrIndeterminate, and ErrUnavailable, which also matches
 // the other retryable codes (ErrNotLeader, ErrShuttingDown). When the SDK
 // gave up retrying because the context ended, the error also matches
 // context.Canceled or context.DeadlineExceeded. A context that was done
@@ -50,6 +50,9 @@
 //	unreadable reply                           ErrIndeterminate ErrIndeterminate ErrMalformed
 //	reply code indeterminate                   ErrIndeterminate ErrIndeterminate (n/a)
 //	reply code timeout                         ErrTimeout (nothing granted)
+//	reply code resource_exhausted              ErrResourceExhausted: a cluster limit
+//	  (lock table, identity quota, waiter queue, leader's disk); nothing
+//	  changed; not retried, since an immediate retry meets the same limit
 //	any other reply code                       returned as is, never retried
 //
 // Retries stop when the context is done, or, for a context without a

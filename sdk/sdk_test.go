@@ -19,7 +19,7 @@ import (
 )
 
 var allSentinels = []*Error{
-	ErrHeld, ErrNotFound, ErrInvalidArgument, ErrIndeterminate, ErrTimeout, ErrDenied,
+	ErrHeld, ErrNotFound, ErrInvalidArgument, ErrIndeterminate, ErrTimeout, ErrDenied, ErrResourceExhausted,
 	ErrUnavailable, ErrNotLeader, ErrShuttingDown, ErrMalformed, ErrTooLarge, ErrInternal, ErrControlRefused,
 }
 
@@ -116,6 +116,7 @@ func TestErrorCodesMapToSentinels(t *testing.T) {
 		{protocol.CodeTooLarge, ErrTooLarge},
 		{protocol.CodeInternal, ErrInternal},
 		{protocol.CodeControlRefused, ErrControlRefused},
+		{protocol.CodeResourceExhausted, ErrResourceExhausted},
 	}
 	ops := map[string]func(ctx context.Context) error{
 		protocol.SubjectAcquire: func(ctx context.Context) error { _, err := c.Acquire(ctx, "k"); return err },

@@ -70,6 +70,10 @@ func fail(stderr io.Writer, err error) int {
 	if sdk.IsIndeterminate(err) {
 		return exitIndeterminate
 	}
+	if errors.Is(err, sdk.ErrResourceExhausted) {
+		fmt.Fprintln(stderr, "hint: a cluster limit was reached (locks, your quota, waiters, or the leader's disk); nothing changed; retry later")
+		return exitResourceExhausted
+	}
 	return exitFailure
 }
 

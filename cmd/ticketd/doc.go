@@ -14,7 +14,8 @@
 // Client commands take --nats URL (default nats://127.0.0.1:4222), print
 // one JSON object on stdout, and on failure print the stable error code and
 // message on stderr and exit non-zero (exit status 2 for usage errors, 3
-// for indeterminate outcomes, 1 otherwise).
+// for indeterminate outcomes, 4 when a cluster limit refused the request
+// (resource_exhausted: nothing changed, retry later), 1 otherwise).
 //
 // Configuration of serve comes from, in increasing precedence: built-in
 // defaults, a YAML file (--config), TICKETD_* environment variables

@@ -25,4 +25,6 @@ const (
 	exitFailure       = 1
 	exitUsage         = 2
 	exitIndeterminate = 3
+	// exitResourceExhausted: a limit refused the request (resource_exhausted).
+	exitResourceExhausted = 4
 )

@@ -16,9 +16,8 @@ import (
 // StatusNode is what the status endpoints read from the raft node.
 type StatusNode interface {
 	Status() raft.Status
-	AppliedIndex() uint64
 	ConfState() raftpb.ConfState
-	View(f func(m *core.Machine))
+	Summary() raftstore.Summary
 }
 
 var _ StatusNode = (*raftstore.Node)(nil)
@@ -29,21 +28,22 @@ func (s *Service) status() protocol.StatusReply {
 	node := s.cfg.Node
 	st := node.Status()
 	out := protocol.StatusReply{
-		ID:           s.cfg.Locks.ID(),
-		Leader:       st.Lead,
-		Term:         st.Term,
-		State:        st.RaftState.String(),
-		CommitIndex:  st.Commit,
-		AppliedIndex: node.AppliedIndex(),
+		ID:          s.cfg.Locks.ID(),
+		Leader:      st.Lead,
+		Term:        st.Term,
+		State:       st.RaftState.String(),
+		CommitIndex: st.Commit,
 	}
 	out.MaxClusterVersion = core.MaxClusterVersion
-	node.View(func(m *core.Machine) {
-		out.Locks = m.Len()
-		out.LastToken = m.LastToken()
-		out.ClusterVersion = m.ClusterVersion()
-		sum := m.Digest()
-		out.Digest = hex.EncodeToString(sum[:])
-	})
+	// The summary is published by the raft loop once per applied index:
+	// status takes no lock the apply path waits on and does no work
+	// proportional to the table, so callers cannot slow lock traffic.
+	sum := node.Summary()
+	out.AppliedIndex = sum.Applied
+	out.Locks = sum.Locks
+	out.LastToken = sum.LastToken
+	out.ClusterVersion = sum.ClusterVersion
+	out.Digest = hex.EncodeToString(sum.Digest[:])
 	if s.cfg.Plugins != nil {
 		for _, p := range s.cfg.Plugins.Plugins() {
 			out.Plugins = append(out.Plugins, protocol.PluginInfo{Name: p.Name(), SHA256: p.SHA256()})

@@ -99,7 +99,8 @@
 //
 //   - MaxFrameSize (4 MiB) bounds a frame payload; handshake frames are
 //     read with a limit of a few dozen bytes.
-//   - MaxSnapshotSize (1 GiB) bounds one streamed message; the receiver
+//   - MaxSnapshotSize (2 GiB, above the snapshot of the largest lock
+//     table a node can hold) bounds one streamed message; the receiver
 //     preallocates at most 1 MiB and grows as chunks arrive.
 //   - MaxPendingHandshakes (64) bounds unauthenticated inbound connections;
 //     HandshakeTimeout bounds each handshake.

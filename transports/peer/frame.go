@@ -27,8 +27,12 @@ const (
 	// writes. The receiver accepts any chunk up to MaxFrameSize.
 	ChunkSize = 1 << 20
 	// MaxSnapshotSize bounds one streamed message: its metadata plus its
-	// snapshot data.
-	MaxSnapshotSize = 1 << 30
+	// snapshot data. It is above the snapshot of the largest lock table a
+	// node can hold (core.MaxSnapshotSize, about 1.23 GB, asserted at
+	// compile time by package daemon), so no table the cluster reaches can
+	// make a follower impossible to catch up. Only an authenticated peer
+	// can stream, and the receiver allocates as bytes arrive.
+	MaxSnapshotSize = 2 << 30
 )
 
 // Sizes of the fixed-layout payloads.

@@ -73,6 +73,12 @@ const (
 	CodeShuttingDown    Code = "shutting_down"    // the node is stopping; nothing changed; retry elsewhere
 	CodeInternal        Code = "internal"         // a bug or storage failure on the node
 	CodeControlRefused  Code = "control_refused"  // a control request arrived on the client port
+	// CodeResourceExhausted: a limit of the cluster was reached (the lock
+	// table, the caller's identity quota, a key's or the node's waiter
+	// queues, or the leader's disk space); nothing was proposed. Not
+	// retryable as is: retry later, once locks were released or space
+	// freed. Releases are never refused with it.
+	CodeResourceExhausted Code = "resource_exhausted"
 )
 
 // Retryable reports whether a request that failed with c certainly had no
