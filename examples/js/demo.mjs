@@ -1,0 +1,68 @@
+// Takes, waits for, renews and releases a ticketd lock, printing one JSON
+// line per step:  node demo.mjs [nats://127.0.0.1:4222] [--renew] [--key K]
+import { connect } from "nats";
+import { acquire, get, TicketdError } from "./lock.mjs";
+
+const args = process.argv.slice(2);
+const flag = (name) => args.includes(name);
+const value = (name, dflt) => {
+  const i = args.indexOf(name);
+  return i >= 0 && i + 1 < args.length ? args[i + 1] : dflt;
+};
+const url = args.find((a) => a.startsWith("nats://")) ?? process.env.TICKETD_NATS ?? "nats://127.0.0.1:4222";
+const key = value("--key", "js/demo");
+const print = (step, fields = {}) => console.log(JSON.stringify({ step, ...fields }));
+const expect = (cond, what) => {
+  if (!cond) {
+    throw new Error(`unexpected: ${what}`);
+  }
+};
+
+const nc = await connect({ servers: url, name: "ticketd-js-example" });
+try {
+  // Take the lock, try-only.
+  const a = await acquire(nc, key, { owner: "js-a", leaseMs: 10000 });
+  print("acquired", { key: a.key, token: a.token, owner: a.owner, remaining_ms: Math.round(a.remainingMs()) });
+
+  // A second try-only acquire is refused: the key is held.
+  try {
+    await acquire(nc, key, { owner: "js-b", leaseMs: 10000 });
+    expect(false, "a second acquire of a held key succeeded");
+  } catch (err) {
+    expect(err instanceof TicketdError && err.code === "held", `second acquire failed with ${err}`);
+    print("held", { code: err.code });
+  }
+
+  // Who holds it (the owner is information, the token is the proof).
+  const h = await get(nc, key);
+  expect(h.held && h.token === a.token, `get says ${JSON.stringify(h)}`);
+  print("get", { held: h.held, token: h.token, owner: h.owner, remaining_ms: h.remaining_ms });
+
+  if (flag("--renew")) {
+    const before = a.deadline;
+    await a.renew(20000);
+    expect(a.deadline > before, "renew did not move the deadline");
+    print("renewed", { token: a.token, remaining_ms: Math.round(a.remainingMs()) });
+  }
+
+  // Wait for it: b queues behind a, a releases, b gets the next token.
+  const waiting = acquire(nc, key, { owner: "js-b", leaseMs: 10000, waitMs: 5000 });
+  await new Promise((r) => setTimeout(r, 200));
+  expect(await a.release(), "release of a held lock said not found");
+  print("released", { token: a.token });
+  const b = await waiting;
+  expect(b.token > a.token, `the waiter got token ${b.token}, not above ${a.token}`);
+  print("waited", { token: b.token, owner: b.owner });
+
+  // Release it; a duplicate release is harmless and finds nothing.
+  expect(await b.release(), "release of the waiter's lock said not found");
+  expect((await b.release()) === false, "a second release found a lock");
+  const after = await get(nc, key);
+  expect(!after.held, `get after release says ${JSON.stringify(after)}`);
+  print("done", { held: after.held });
+} catch (err) {
+  print("error", { message: String(err), code: err.code });
+  process.exitCode = 1;
+} finally {
+  await nc.close();
+}
