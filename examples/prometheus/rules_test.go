@@ -12,6 +12,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/daemon"
 	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/sdk"
@@ -59,7 +60,8 @@ func TestRulesNameRealMetrics(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := testcluster.New(t, 3)
+	// A quota of one lock, reached, so the refusal counter has a series.
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *daemon.Config) { cfg.MaxLocks = 1 }))
 	lead := c.Leader(10 * time.Second)
 	cl, err := sdk.New(testkit.Connect(t, c.ClientURL(lead)))
 	if err != nil {
@@ -67,6 +69,9 @@ func TestRulesNameRealMetrics(t *testing.T) {
 	}
 	if _, err := cl.Acquire(t.Context(), "metrics"); err != nil {
 		t.Fatal(err)
+	}
+	if _, err := cl.Acquire(t.Context(), "metrics/2"); sdk.CodeOf(err) != "resource_exhausted" {
+		t.Fatalf("acquire beyond the quota: %v", err)
 	}
 	var families []string
 	// The leader exports per-follower lag once it has heard from them.
