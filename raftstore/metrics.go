@@ -20,6 +20,15 @@ type Metrics struct {
 	// entries it carried.
 	FsyncLatency prometheus.Histogram
 	FsyncEntries prometheus.Histogram
+	// SnapshotLatency and SnapshotBytes observe every snapshot built in
+	// the background: the time to encode, write and record it, and its
+	// size.
+	SnapshotLatency prometheus.Histogram
+	SnapshotBytes   prometheus.Gauge
+	// TickGap observes the time between two ticks handled by the raft
+	// loop: it stays at the tick interval unless the loop stalls (and
+	// with it heartbeats and elections).
+	TickGap prometheus.Histogram
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not
@@ -32,9 +41,14 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ApplyEntries: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ticketd_apply_batch_entries", Help: "Committed entries applied per Ready.", Buckets: counts}),
 		FsyncLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ticketd_fsync_seconds", Help: "Duration of one synced Pebble batch commit.", Buckets: latency}),
 		FsyncEntries: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ticketd_fsync_entries", Help: "Raft entries carried by one synced batch.", Buckets: counts}),
+		SnapshotLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ticketd_snapshot_seconds", Help: "Time to build, write and record one snapshot (off the raft loop).",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16)}),
+		SnapshotBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_snapshot_bytes", Help: "Size of the latest snapshot this node built."}),
+		TickGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ticketd_raft_tick_gap_seconds", Help: "Time between two raft ticks handled by the node loop (the tick interval unless the loop stalls).",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 14)}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ApplyLatency, m.ApplyEntries, m.FsyncLatency, m.FsyncEntries)
+		reg.MustRegister(m.ApplyLatency, m.ApplyEntries, m.FsyncLatency, m.FsyncEntries, m.SnapshotLatency, m.SnapshotBytes, m.TickGap)
 	}
 	return m
 }
@@ -57,4 +71,23 @@ func (m *Metrics) observeFsync(d time.Duration, entries int) {
 	}
 	m.FsyncLatency.Observe(d.Seconds())
 	m.FsyncEntries.Observe(float64(entries))
+}
+
+// observeSnapshot records one background snapshot. Called by the one
+// background snapshot goroutine.
+func (m *Metrics) observeSnapshot(d time.Duration, bytes int) {
+	if m == nil {
+		return
+	}
+	m.SnapshotLatency.Observe(d.Seconds())
+	m.SnapshotBytes.Set(float64(bytes))
+}
+
+// observeTickGap records the time between two ticks. Called serially by
+// the raft loop.
+func (m *Metrics) observeTickGap(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.TickGap.Observe(d.Seconds())
 }

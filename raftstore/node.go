@@ -121,9 +121,23 @@ type Node struct {
 
 	waiting waiting // callers blocked until the Ready loop answers them
 
-	// snapIndex is the index of the latest snapshot. Only the Ready loop
-	// uses it.
-	snapIndex uint64
+	// snapIndex is the index of the latest snapshot, written by the
+	// background snapshot (snapshot.go) and by the loop when it installs a
+	// received one. snapping is set while a background snapshot runs;
+	// snapForce (loop only) asks for the next one as soon as it ends.
+	snapIndex atomic.Uint64
+	snapping  atomic.Bool
+	snapForce bool
+	// snapRequested is set by RequestSnapshot.
+	snapRequested atomic.Bool
+	// bg tracks the background snapshot goroutine; bgErrc carries its
+	// fatal error to the loop.
+	bg     sync.WaitGroup
+	bgErrc chan error
+
+	// maxTickGap is the longest time between two ticks the loop handled
+	// (nanoseconds): how late the loop ever was to tick and heartbeat.
+	maxTickGap atomic.Int64
 
 	stopc chan struct{}
 	donec chan struct{}
@@ -159,9 +173,10 @@ func NewNode(cfg Config) (*Node, error) {
 			proposals: make(map[uint64]chan proposalResult),
 			reads:     make(map[string]chan readResult),
 		},
-		stopc: make(chan struct{}),
-		donec: make(chan struct{}),
-		errc:  make(chan error, 1),
+		stopc:  make(chan struct{}),
+		donec:  make(chan struct{}),
+		errc:   make(chan error, 1),
+		bgErrc: make(chan error, 1),
 	}
 	n.applied.Store(applied)
 	n.confState.Store(&cs)
@@ -170,7 +185,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: read snapshot: %w", err)
 	}
-	n.snapIndex = snap.Metadata.Index
+	n.snapIndex.Store(snap.Metadata.Index)
 	if err := n.startRaft(applied); err != nil {
 		return nil, err
 	}
@@ -241,6 +256,7 @@ func (n *Node) Stop() {
 		n.startOnce.Do(func() { close(n.donec) }) // never started: no loop to wait for
 		close(n.stopc)
 		<-n.donec
+		n.bg.Wait() // a background snapshot sees stopc and ends
 		n.raft.Stop()
 		// In-flight proposals may still have been committed by the others.
 		n.waiting.failAll(fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped))
@@ -344,9 +360,12 @@ func (n *Node) run() {
 	defer close(n.donec)
 	ticker := time.NewTicker(n.cfg.TickInterval)
 	defer ticker.Stop()
+	lastTick := time.Now()
 	for {
 		select {
-		case <-ticker.C:
+		case now := <-ticker.C:
+			n.observeTick(now.Sub(lastTick))
+			lastTick = now
 			n.raft.Tick()
 		case rd := <-n.raft.Ready():
 			if err := n.handleReady(rd); err != nil {
@@ -354,11 +373,31 @@ func (n *Node) run() {
 				return
 			}
 			n.raft.Advance()
+		case err := <-n.bgErrc:
+			n.fail(err)
+			return
 		case <-n.stopc:
 			return
 		}
 	}
 }
+
+// observeTick records the time since the previous tick: a gap well above
+// TickInterval means the loop was busy (or starved) and heartbeats were
+// late by as much.
+func (n *Node) observeTick(gap time.Duration) {
+	if int64(gap) > n.maxTickGap.Load() {
+		n.maxTickGap.Store(int64(gap))
+	}
+	n.cfg.Metrics.observeTickGap(gap)
+}
+
+// MaxTickGap is the longest time between two ticks the loop handled since
+// it started (or since ResetMaxTickGap): how late heartbeats ever were.
+func (n *Node) MaxTickGap() time.Duration { return time.Duration(n.maxTickGap.Load()) }
+
+// ResetMaxTickGap starts MaxTickGap over.
+func (n *Node) ResetMaxTickGap() { n.maxTickGap.Store(0) }
 
 // fail ends the loop after a Ready could not be handled: the node can no
 // longer lead or answer, so every waiting caller and observer hears that.

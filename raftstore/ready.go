@@ -1,7 +1,6 @@
 package raftstore
 
 import (
-	"errors"
 	"fmt"
 	"time"
 
@@ -15,7 +14,8 @@ import (
 type readyApply struct {
 	applied     uint64 // applied index after this Ready
 	confState   raftpb.ConfState
-	restored    bool // a received snapshot replaced the state
+	restored    bool                // a received snapshot replaced the state
+	snapshot    *core.SnapshotState // its decoded content
 	confChanges []raftpb.ConfChangeV2
 	events      []Applied
 	requestIDs  []uint64 // requestIDs[i] is the proposal events[i] answers
@@ -101,14 +101,18 @@ func (n *Node) trackSoftState(rd raft.Ready) (lostLeadership bool) {
 func (n *Node) applyCommitted(rd raft.Ready) (*readyApply, error) {
 	ra := &readyApply{applied: n.applied.Load(), confState: n.ConfState()}
 	if !raft.IsEmptySnap(rd.Snapshot) {
-		if err := n.machine.Restore(rd.Snapshot.Data); err != nil {
+		// Decoded once, for the machine and for the store's lock rows. A
+		// snapshot of any table the cluster can hold passes the decoder's
+		// limits (core/limits.go).
+		ss, err := core.DecodeSnapshotState(rd.Snapshot.Data)
+		if err != nil {
 			return nil, fmt.Errorf("restore snapshot at %d: %w", rd.Snapshot.Metadata.Index, err)
 		}
+		n.machine.RestoreState(ss)
+		ra.snapshot = &ss
 		ra.applied = rd.Snapshot.Metadata.Index
 		ra.confState = rd.Snapshot.Metadata.ConfState
 		ra.restored = true
-		// The installed snapshot is now the store's latest one.
-		n.snapIndex = ra.applied
 	}
 	for _, e := range rd.CommittedEntries {
 		if e.Index <= ra.applied {
@@ -193,10 +197,14 @@ func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
 	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
 	// be on disk before messages go out; the state change of entries
 	// already durable in the log may ride without its own fsync.
-	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot,
+	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot, SnapshotState: ra.snapshot,
 		State: ra.state, MaySkipSync: !rd.MustSync}
 	if err := n.cfg.Store.Write(w); err != nil {
 		return fmt.Errorf("persist ready: %w", err)
+	}
+	if ra.restored {
+		// The installed snapshot is now the store's latest one.
+		n.snapIndex.Store(ra.applied)
 	}
 	n.applied.Store(ra.applied)
 	cs := ra.confState
@@ -252,30 +260,6 @@ func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 			o.OnLeaderReady(n.term.Load())
 		}
 	}
-}
-
-// maybeSnapshot records a snapshot every SnapshotEntries applied entries
-// (or now, when force is set) and compacts the log behind it, keeping
-// CompactKeep entries so that a slightly lagging follower catches up from
-// the log, not a snapshot.
-func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState, force bool) error {
-	if applied <= n.snapIndex || !force && applied-n.snapIndex < n.cfg.SnapshotEntries {
-		return nil
-	}
-	n.machineMu.RLock()
-	data := n.machine.Snapshot()
-	n.machineMu.RUnlock()
-	if err := n.cfg.Store.CreateSnapshot(applied, cs, data); err != nil {
-		return fmt.Errorf("create snapshot at %d: %w", applied, err)
-	}
-	n.snapIndex = applied
-	if applied > n.cfg.CompactKeep {
-		if err := n.cfg.Store.Compact(applied - n.cfg.CompactKeep); err != nil && !errors.Is(err, raft.ErrCompacted) {
-			return fmt.Errorf("compact to %d: %w", applied-n.cfg.CompactKeep, err)
-		}
-	}
-	n.log.Debug("snapshot taken", "index", applied, "bytes", len(data))
-	return nil
 }
 
 func decodeConfChange(e raftpb.Entry) (raftpb.ConfChangeV2, error) {

@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -38,6 +39,10 @@ type StoreOptions struct {
 	// entries it carried. A Write with nothing to persist, or a
 	// MaySkipSync write, is not observed.
 	Metrics *Metrics
+	// FS is the filesystem of the database and the snapshot files; nil
+	// means the operating system's (vfs.Default). Tests inject faults
+	// through Pebble's vfs/errorfs here.
+	FS vfs.FS
 }
 
 // Store is the Pebble-backed durable storage of one raft node: the raft log,
@@ -60,6 +65,7 @@ type Store struct {
 	wo      *pebble.WriteOptions
 	log     *slog.Logger
 	metrics *Metrics
+	snaps   snapFiles
 
 	// writeMu serialises the writers (Write, CreateSnapshot, Compact, Close).
 	// Only a writer holding writeMu changes st, view and closed, and it does
@@ -83,6 +89,7 @@ type storeState struct {
 	applied    uint64 // persisted applied index
 	lastToken  uint64 // persisted last token
 	snapIndex  uint64 // index of the latest snapshot (0 = none)
+	snapTerm   uint64 // its term
 }
 
 // Open opens (creating if needed) the store in dir. An empty store behaves
@@ -94,14 +101,23 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "raftstore")
+	fs := opts.FS
+	if fs == nil {
+		fs = vfs.Default
+	}
+	snaps := snapFiles{fs: fs, dir: fs.PathJoin(dir, snapDirName)}
+	if err := snaps.init(); err != nil {
+		return nil, err
+	}
 	db, err := pebble.Open(dir, &pebble.Options{
+		FS:                 fs,
 		FormatMajorVersion: pebble.FormatNewest,
 		Logger:             pebbleLogger{logger.With("subsystem", "pebble")},
 	})
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: open pebble in %s: %w", dir, err)
 	}
-	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics}
+	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics, snaps: snaps}
 	if opts.NoSync {
 		s.wo = pebble.NoSync
 	}
@@ -109,8 +125,12 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
 	}
-	st, err := loadState(db)
+	st, err := loadState(db, snaps)
 	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
+	}
+	if err := snaps.removeExcept(st.snapTerm, st.snapIndex); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
 	}
@@ -133,8 +153,8 @@ func (s *Store) initialise() error {
 		if err != nil {
 			return err
 		}
-		if ver != storeFormatVersion {
-			return fmt.Errorf("%w: format version %d, this build reads %d", ErrCorrupt, ver, storeFormatVersion)
+		if ver != storeFormatVersion1 && ver != storeFormatVersion {
+			return fmt.Errorf("%w: format version %d, this build reads %d and %d", ErrCorrupt, ver, storeFormatVersion1, storeFormatVersion)
 		}
 		return nil
 	}
@@ -181,7 +201,7 @@ func (s *Store) initialise() error {
 }
 
 // loadState reads and cross-checks the persisted indexes.
-func loadState(r reader) (storeState, error) {
+func loadState(r reader, snaps snapFiles) (storeState, error) {
 	var st storeState
 	hs, err := readHardState(r)
 	if err != nil {
@@ -198,12 +218,12 @@ func loadState(r reader) (storeState, error) {
 	if err != nil {
 		return st, err
 	}
-	st.snapIndex = meta.Index
+	st.snapIndex, st.snapTerm = meta.Index, meta.Term
 	if meta.Index > 0 {
 		if _, ok, err := get(r, keySnapData); err != nil {
 			return st, err
-		} else if !ok {
-			return st, fmt.Errorf("%w: snapshot %d has no %s row", ErrCorrupt, meta.Index, keySnapData)
+		} else if !ok && !snaps.exists(meta.Term, meta.Index) {
+			return st, fmt.Errorf("%w: snapshot %d has neither a file (%s) nor a %s row", ErrCorrupt, meta.Index, snaps.name(meta.Term, meta.Index), keySnapData)
 		}
 	}
 
