@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"time"
@@ -78,8 +79,9 @@ func (s *Store) viewState() (*stateView, error) {
 }
 
 // encodeSnapshot encodes the snapshot of v: count locks (the machine's
-// count at v.applied). stop ends it early.
-func encodeSnapshot(v *stateView, count int, stop <-chan struct{}) ([]byte, error) {
+// count at v.applied), in about sizeHint bytes (0: unknown). stop ends it
+// early.
+func encodeSnapshot(v *stateView, count, sizeHint int, stop <-chan struct{}) ([]byte, error) {
 	var control core.ControlState
 	switch rec, ok, err := get(v.snap, keyControl); {
 	case err != nil:
@@ -89,7 +91,10 @@ func encodeSnapshot(v *stateView, count int, stop <-chan struct{}) ([]byte, erro
 			return nil, fmt.Errorf("%w: control state: %w", ErrCorrupt, err)
 		}
 	}
-	enc := core.NewSnapshotEncoder(v.lastToken, count, control, 0)
+	if sizeHint <= 0 {
+		sizeHint = 48 * count
+	}
+	enc := core.NewSnapshotEncoder(v.lastToken, count, control, sizeHint)
 	it, err := v.snap.NewIter(&pebble.IterOptions{LowerBound: prefixLock, UpperBound: endLock})
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: scan locks: %w", err)
@@ -104,9 +109,12 @@ func encodeSnapshot(v *stateView, count int, stop <-chan struct{}) ([]byte, erro
 			default:
 			}
 		}
-		l, err := iterLock(it, v.lastToken)
+		rec, err := it.ValueAndErr()
 		if err == nil {
-			err = enc.Add(l)
+			err = enc.AddRecord(rec)
+		}
+		if err == nil && !bytes.Equal(it.Key()[len(prefixLock):], enc.LastKey()) {
+			err = fmt.Errorf("%w: lock row %q holds another key", ErrCorrupt, it.Key())
 		}
 		if err != nil {
 			_ = it.Close()
@@ -158,7 +166,10 @@ func (n *Node) buildSnapshot(v *stateView, count int, cs raftpb.ConfState) {
 	defer n.bg.Done()
 	defer n.snapping.Store(false)
 	start := time.Now()
-	data, err := encodeSnapshot(v, count, n.stopc)
+	// Sized from the last snapshot, so the buffer is not regrown (and
+	// copied) a dozen times for a large table.
+	last := int(n.lastSnapBytes.Load())
+	data, err := encodeSnapshot(v, count, last+last/8, n.stopc)
 	_ = v.snap.Close()
 	encoded := time.Since(start)
 	if err == nil {
@@ -175,6 +186,7 @@ func (n *Node) buildSnapshot(v *stateView, count int, cs raftpb.ConfState) {
 		return
 	}
 	n.snapIndex.Store(v.applied)
+	n.lastSnapBytes.Store(int64(len(data)))
 	if v.applied > n.cfg.CompactKeep {
 		at := v.applied - n.cfg.CompactKeep
 		if err := n.cfg.Store.Compact(at); err != nil && !errors.Is(err, raft.ErrCompacted) && !errors.Is(err, ErrStoreClosed) {
