@@ -19,7 +19,14 @@ type Error struct {
 	Message string `json:"message"`
 	Reason  string `json:"reason,omitempty"`
 	Leader  uint64 `json:"leader,omitempty"`
+	// Err is the transport error behind an indeterminate outcome (a
+	// deadline, a dropped connection); it never travels on the wire.
+	Err error `json:"-"`
 }
+
+// Unwrap returns the transport error, so errors.Is(err,
+// context.DeadlineExceeded) holds for a call whose time ran out.
+func (e *Error) Unwrap() error { return e.Err }
 
 func (e *Error) Error() string {
 	if e.Reason != "" {
@@ -93,7 +100,7 @@ func Call(ctx context.Context, urls []string, path, credential string, body any)
 					continue
 				}
 				// The request may have reached the leader and taken effect.
-				return Reply{}, &Error{Code: CodeIndeterminate, Message: fmt.Sprintf("%s: %v", u, err)}
+				return Reply{}, &Error{Code: CodeIndeterminate, Message: fmt.Sprintf("%s: %v", u, err), Err: err}
 			}
 			data, _ := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
 			resp.Body.Close()

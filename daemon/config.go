@@ -34,6 +34,8 @@ type Config struct {
 	InitialCluster string `koanf:"initial-cluster"`
 
 	MetricsListen string `koanf:"metrics-listen"`
+	// Pprof serves net/http/pprof under /debug/pprof/ on MetricsListen.
+	Pprof bool `koanf:"pprof"`
 
 	TickMS          int    `koanf:"tick-ms"`
 	ElectionTicks   int    `koanf:"election-ticks"`
@@ -157,6 +159,9 @@ func (c Config) Validate() error {
 	}
 	if c.Data == "" {
 		return configErr("data must name a directory")
+	}
+	if c.Pprof && c.MetricsListen == "" {
+		return configErr("pprof needs metrics-listen")
 	}
 	if c.NATSURL == "" && c.NATSListen == "" {
 		return configErr("either nats-url or nats-listen is required")

@@ -176,9 +176,10 @@ func load(tb testing.TB, name string, cfg Config) *Plugin {
 	return loadBytes(tb, guest(tb, name), cfg)
 }
 
-// testCallTimeout replaces the 50ms CallTimeoutDefault in tests that are
-// not about deadlines: on a loaded CI machine a healthy call can wait for
-// a CPU longer than that. Tests about deadlines set CallTimeout.
+// testCallTimeout replaces the 50ms CallTimeoutDefault (and the 1s
+// InitTimeoutDefault) in tests that are not about deadlines: on a loaded
+// CI machine a healthy call can wait for a CPU longer than that. Tests
+// about deadlines set CallTimeout or InitTimeout.
 const testCallTimeout = 10 * time.Second
 
 func loadBytes(tb testing.TB, wasm []byte, cfg Config) *Plugin {
@@ -188,6 +189,9 @@ func loadBytes(tb testing.TB, wasm []byte, cfg Config) *Plugin {
 	}
 	if cfg.CallTimeout == 0 {
 		cfg.CallTimeout = testCallTimeout
+	}
+	if cfg.InitTimeout == 0 {
+		cfg.InitTimeout = testCallTimeout // a Go guest's _initialize on a loaded machine
 	}
 	p, err := Load(context.Background(), wasm, cfg)
 	if err != nil {

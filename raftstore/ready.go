@@ -51,6 +51,20 @@ func (t *touchedRows) add(cmd core.Command) {
 // loop calls Advance after it returns nil.
 func (n *Node) handleReady(rd raft.Ready) error {
 	lostLeadership := n.trackSoftState(rd)
+	// A leader sends its appends before its own write, so its fsync
+	// overlaps the followers' (raft thesis §10.2.1; etcd's server does the
+	// same). It is safe because the leader's own copy only ever counts once
+	// this Ready is durable: raft may count it towards a commit in memory,
+	// but that commit reaches the state machine, a client or a follower only
+	// through a later Ready, which is handled after persist below returned.
+	// A leader's messages promise nothing about its own disk (no votes; its
+	// term and vote were made durable while it was a candidate). Every other
+	// node sends after persist: its messages may be votes or appends it
+	// acknowledges.
+	sendFirst := n.isLeader.Load()
+	if sendFirst {
+		n.send(rd.Messages)
+	}
 
 	// machineMu is held from apply until the batch is durable, so View
 	// never shows state that a crash could still lose.
@@ -68,7 +82,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.cfg.Metrics.observeApply(time.Since(start), len(rd.CommittedEntries))
 	}
 
-	n.send(rd.Messages)
+	if !sendFirst {
+		n.send(rd.Messages)
+	}
 	n.notify(rd, ra, lostLeadership)
 	// A node added by a conf change can only restore a snapshot whose
 	// ConfState names it (raft refuses others), so membership changes get
@@ -215,8 +231,8 @@ func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
 	return nil
 }
 
-// send hands rd's messages to the transport. It runs only after persist:
-// a message may promise (a vote, an appended entry) what must be on disk.
+// send hands rd's messages to the transport: after persist, except on a
+// leader (see handleReady).
 func (n *Node) send(msgs []raftpb.Message) {
 	if n.cfg.Transport != nil && len(msgs) > 0 {
 		n.cfg.Transport.Send(msgs)

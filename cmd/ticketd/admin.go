@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -38,6 +39,10 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprint(stderr, adminUsage)
 		return exitUsage
 	}
+	if isHelp(args[0]) {
+		fmt.Fprint(stdout, adminUsage)
+		return 0
+	}
 	name := args[0]
 	args = args[1:]
 	if name == "replace" {
@@ -59,6 +64,9 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	node := fs.Uint64("node", 0, "NodeID (retire)")
 	inc := fs.Uint64("incarnation", 0, "incarnation of --new or --node")
 	if err := fs.Parse(args); err != nil || fs.NArg() != 0 {
+		if errors.Is(err, pflag.ErrHelp) {
+			return 0
+		}
 		return exitUsage
 	}
 	var path string

@@ -39,6 +39,7 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.String("peer-tls-ca", "", "peer mutual TLS CA (PEM)")
 	fs.String("initial-cluster", "", "initial members id=host:port,... (empty: single node)")
 	fs.String("metrics-listen", "", "HTTP address for /metrics, /healthz, /readyz")
+	fs.Bool("pprof", false, "also serve Go profiles under /debug/pprof/ on --metrics-listen")
 	fs.Int("tick-ms", d.TickMS, "raft tick in milliseconds")
 	fs.Int("election-ticks", d.ElectionTicks, "ticks without a heartbeat before an election")
 	fs.Int("heartbeat-ticks", d.HeartbeatTicks, "ticks between leader heartbeats")
