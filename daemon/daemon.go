@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -46,6 +47,14 @@ type Options struct {
 	Policy plugins.Policy
 	// Now overrides the lease clock (tests).
 	Now func() time.Time
+	// FS, if set, is the filesystem of the raft store (tests inject disk
+	// faults with Pebble's vfs/errorfs).
+	FS vfs.FS
+	// OnStorageFailure, if set, is called after the one log line of a
+	// storage failure the store cannot go on from; `ticketd serve` exits
+	// the process there. Without it the node stops (fail-stop) when the
+	// failure happens in its raft loop's write.
+	OnStorageFailure func(error)
 }
 
 // Daemon is one running node.
@@ -90,7 +99,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	}()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	raftMetrics := raftstore.NewMetrics(d.reg)
-	if err := d.openStore(raftMetrics); err != nil {
+	if err := d.openStore(ctx, opts, raftMetrics); err != nil {
 		return nil, err
 	}
 	m, err := d.resolveMembership(ctx)
@@ -117,20 +126,43 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	return d, nil
 }
 
-func (d *Daemon) openStore(metrics *raftstore.Metrics) error {
+// openStore opens the raft store. It gives up when ctx ends (a signal
+// during start-up must not wait for a store that cannot open).
+func (d *Daemon) openStore(ctx context.Context, opts Options, metrics *raftstore.Metrics) error {
 	if err := os.MkdirAll(d.cfg.Data, 0o750); err != nil {
 		return fmt.Errorf("daemon: data dir: %w", err)
 	}
-	st, err := raftstore.Open(filepath.Join(d.cfg.Data, "raft"), raftstore.StoreOptions{
-		NoSync:  d.cfg.NoSync,
-		Logger:  d.log.With("component", "store"),
-		Metrics: metrics,
-	})
-	if err != nil {
-		return fmt.Errorf("daemon: open store: %w", err)
+	type opened struct {
+		st  *raftstore.Store
+		err error
 	}
-	d.store = st
-	return nil
+	done := make(chan opened, 1)
+	go func() {
+		st, err := raftstore.Open(filepath.Join(d.cfg.Data, "raft"), raftstore.StoreOptions{
+			NoSync:  d.cfg.NoSync,
+			Logger:  d.log.With("component", "store"),
+			Metrics: metrics,
+			FS:      opts.FS,
+			Disk:    raftstore.DiskOptions{AlarmBytes: d.cfg.DiskAlarmBytes, BallastBytes: d.cfg.DiskBallastBytes},
+			OnFatal: opts.OnStorageFailure,
+		})
+		done <- opened{st, err}
+	}()
+	select {
+	case o := <-done:
+		if o.err != nil {
+			return fmt.Errorf("daemon: open store: %w", o.err)
+		}
+		d.store = o.st
+		return nil
+	case <-ctx.Done():
+		go func() { // close it if it ever opens
+			if o := <-done; o.err == nil {
+				_ = o.st.Close()
+			}
+		}()
+		return fmt.Errorf("daemon: open store: %w", ctx.Err())
+	}
 }
 
 // membership is who this node is and whom it talks to at start.
@@ -239,10 +271,11 @@ func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raft
 // as its Grant policy (unless opts overrides it) and their audit publisher.
 func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 	lcfg := lockservice.Config{
-		Logger:  d.log.With("component", "lockservice"),
-		Metrics: lockservice.NewMetrics(d.reg),
-		Policy:  opts.Policy,
-		Now:     opts.Now,
+		Logger:       d.log.With("component", "lockservice"),
+		Metrics:      lockservice.NewMetrics(d.reg),
+		Policy:       opts.Policy,
+		Now:          opts.Now,
+		StorageAlarm: d.store.Disk().Err,
 		Limits: lockservice.Limits{
 			MaxLocks:            d.cfg.MaxLocks,
 			MaxLocksPerIdentity: d.cfg.MaxLocksPerIdentity,
@@ -303,7 +336,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	}
 	var err error
 	d.api, err = natsapi.Start(natsapi.Config{
-		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins,
+		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins, Disk: d.store.Disk(),
 		Logger: d.log.With("component", "natsapi"), Now: opts.Now,
 	})
 	if err != nil {

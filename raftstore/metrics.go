@@ -29,6 +29,10 @@ type Metrics struct {
 	// loop: it stays at the tick interval unless the loop stalls (and
 	// with it heartbeats and elections).
 	TickGap prometheus.Histogram
+	// DiskFree and DiskAlarm are the DiskGuard's view: free bytes of the
+	// store's filesystem, and 1 while the low-space alarm is on.
+	DiskFree  prometheus.Gauge
+	DiskAlarm prometheus.Gauge
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not
@@ -46,9 +50,11 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SnapshotBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_snapshot_bytes", Help: "Size of the latest snapshot this node built."}),
 		TickGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ticketd_raft_tick_gap_seconds", Help: "Time between two raft ticks handled by the node loop (the tick interval unless the loop stalls).",
 			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 14)}),
+		DiskFree:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_disk_free_bytes", Help: "Free bytes on the filesystem of the raft store."}),
+		DiskAlarm: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_disk_alarm", Help: "1 while the store is low on space (grants refused with resource_exhausted)."}),
 	}
 	if reg != nil {
-		reg.MustRegister(m.ApplyLatency, m.ApplyEntries, m.FsyncLatency, m.FsyncEntries, m.SnapshotLatency, m.SnapshotBytes, m.TickGap)
+		reg.MustRegister(m.ApplyLatency, m.ApplyEntries, m.FsyncLatency, m.FsyncEntries, m.SnapshotLatency, m.SnapshotBytes, m.TickGap, m.DiskFree, m.DiskAlarm)
 	}
 	return m
 }
@@ -90,4 +96,19 @@ func (m *Metrics) observeTickGap(d time.Duration) {
 		return
 	}
 	m.TickGap.Observe(d.Seconds())
+}
+
+// observeDisk records a DiskGuard check. Called by the guard's goroutine
+// and by the OnDiskFull callback, which Pebble serialises with it only
+// loosely; gauges are safe for that.
+func (m *Metrics) observeDisk(free uint64, alarm bool) {
+	if m == nil {
+		return
+	}
+	m.DiskFree.Set(float64(free))
+	if alarm {
+		m.DiskAlarm.Set(1)
+	} else {
+		m.DiskAlarm.Set(0)
+	}
 }

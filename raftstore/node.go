@@ -361,6 +361,17 @@ func (n *Node) ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) er
 // and Advance, or stop.
 func (n *Node) run() {
 	defer close(n.donec)
+	defer func() {
+		// A storage failure in this loop's own write (logged once by the
+		// store) stops the node like any other failed Ready.
+		if r := recover(); r != nil {
+			sf, ok := r.(*StorageFailure)
+			if !ok {
+				panic(r)
+			}
+			n.fail(sf)
+		}
+	}()
 	ticker := time.NewTicker(n.cfg.TickInterval)
 	defer ticker.Stop()
 	lastTick := time.Now()

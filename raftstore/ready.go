@@ -66,15 +66,8 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.send(rd.Messages)
 	}
 
-	// machineMu is held from apply until the batch is durable, so View
-	// never shows state that a crash could still lose.
-	n.machineMu.Lock()
 	start := time.Now()
-	ra, err := n.applyCommitted(rd)
-	if err == nil {
-		err = n.persist(rd, ra)
-	}
-	n.machineMu.Unlock()
+	ra, err := n.applyAndPersist(rd)
 	if err != nil {
 		return err
 	}
@@ -90,6 +83,20 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	// ConfState names it (raft refuses others), so membership changes get
 	// a fresh snapshot at once instead of waiting for the next interval.
 	return n.maybeSnapshot(ra.applied, ra.confState, len(ra.confChanges) > 0)
+}
+
+// applyAndPersist applies rd and persists it under machineMu, held from
+// apply until the batch is durable, so View never shows state that a
+// crash could still lose (and released even if the write panics with a
+// storage failure).
+func (n *Node) applyAndPersist(rd raft.Ready) (*readyApply, error) {
+	n.machineMu.Lock()
+	defer n.machineMu.Unlock()
+	ra, err := n.applyCommitted(rd)
+	if err == nil {
+		err = n.persist(rd, ra)
+	}
+	return ra, err
 }
 
 // trackSoftState records the leader, role and term rd reports, and says

@@ -25,7 +25,7 @@ import (
 
 func openTestStore(t testing.TB, dir string) *Store {
 	t.Helper()
-	s, err := Open(dir, StoreOptions{NoSync: true, Logger: testkit.QuietLogger()})
+	s, err := Open(dir, StoreOptions{NoSync: true, Logger: testkit.QuietLogger(), Disk: DiskOptions{BallastBytes: -1}})
 	if err != nil {
 		t.Fatalf("Open(%s): %v", dir, err)
 	}
@@ -750,7 +750,7 @@ func checkCorruptRow(t *testing.T, key, value []byte, read func(*Store) error) {
 		t.Fatal(err)
 	}
 
-	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{testkit.QuietLogger()}})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: newPebbleLogger(testkit.QuietLogger(), nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1275,7 +1275,7 @@ func TestStorageFormat1Migrates(t *testing.T) {
 	}
 	// Write the rows a format 1 binary would have written for a snapshot
 	// at index 4.
-	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{testkit.QuietLogger()}})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: newPebbleLogger(testkit.QuietLogger(), nil)})
 	if err != nil {
 		t.Fatal(err)
 	}

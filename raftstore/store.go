@@ -43,6 +43,13 @@ type StoreOptions struct {
 	// means the operating system's (vfs.Default). Tests inject faults
 	// through Pebble's vfs/errorfs here.
 	FS vfs.FS
+	// Disk configures the low-space alarm and ballast (disk.go).
+	Disk DiskOptions
+	// OnFatal, if set, is called with a storage failure Pebble cannot go
+	// on from, after its one log line; it should not return (the daemon
+	// exits the process). Without it the failure panics, which the node
+	// loop turns into a fail-stop when it happens in its own write.
+	OnFatal func(error)
 }
 
 // Store is the Pebble-backed durable storage of one raft node: the raft log,
@@ -66,6 +73,7 @@ type Store struct {
 	log     *slog.Logger
 	metrics *Metrics
 	snaps   snapFiles
+	disk    *DiskGuard
 
 	// writeMu serialises the writers (Write, CreateSnapshot, Compact, Close).
 	// Only a writer holding writeMu changes st, view and closed, and it does
@@ -101,23 +109,33 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "raftstore")
-	fs := opts.FS
-	if fs == nil {
-		fs = vfs.Default
+	rawFS := opts.FS
+	if rawFS == nil {
+		rawFS = vfs.Default
 	}
+	if err := rawFS.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("raftstore: create %s: %w", dir, err)
+	}
+	disk := newDiskGuard(rawFS, dir, opts.Disk, logger, opts.Metrics)
+	if err := disk.checkStart(); err != nil {
+		return nil, err
+	}
+	// Every write goes through the guard's ENOSPC handler (disk.go).
+	fs := vfs.OnDiskFull(rawFS, disk.onDiskFull)
 	snaps := snapFiles{fs: fs, dir: fs.PathJoin(dir, snapDirName)}
 	if err := snaps.init(); err != nil {
 		return nil, err
 	}
+	plog := newPebbleLogger(logger.With("subsystem", "pebble"), opts.OnFatal)
 	db, err := pebble.Open(dir, &pebble.Options{
 		FS:                 fs,
 		FormatMajorVersion: pebble.FormatNewest,
-		Logger:             pebbleLogger{logger.With("subsystem", "pebble")},
+		Logger:             plog,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: open pebble in %s: %w", dir, err)
 	}
-	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics, snaps: snaps}
+	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics, snaps: snaps, disk: disk}
 	if opts.NoSync {
 		s.wo = pebble.NoSync
 	}
@@ -136,6 +154,7 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 	}
 	s.st = st
 	s.view = db.NewSnapshot()
+	disk.start()
 	logger.Info("raft storage opened", "dir", dir, "first_index", st.offset+1, "last_index", st.last,
 		"commit", st.commit, "applied", st.applied, "snapshot_index", st.snapIndex, "no_sync", opts.NoSync)
 	return s, nil
@@ -276,6 +295,9 @@ func loadState(r reader, snaps snapFiles) (storeState, error) {
 	return st, nil
 }
 
+// Disk is the store's disk guard: its Err is the low-space alarm.
+func (s *Store) Disk() *DiskGuard { return s.disk }
+
 // Close closes the store. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.writeMu.Lock()
@@ -289,6 +311,7 @@ func (s *Store) Close() error {
 	view := s.view
 	s.view = nil
 	s.mu.Unlock()
+	s.disk.close()
 	if err := errors.Join(view.Close(), s.db.Close()); err != nil {
 		return fmt.Errorf("raftstore: close: %w", err)
 	}
