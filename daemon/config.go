@@ -11,6 +11,7 @@ import (
 
 	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/lockservice"
+	"github.com/ticketd/ticketd/plugins/audit"
 	"github.com/ticketd/ticketd/raftstore"
 )
 
@@ -81,6 +82,12 @@ type Config struct {
 	// audit subjects (de-duplicated on Nats-Msg-Id). With the embedded
 	// NATS server it turns JetStream on, storing under data/jetstream.
 	AuditStream string `koanf:"audit-stream"`
+	// AuditMaxBytes bounds the audit stream (the oldest events go first);
+	// AuditStoreDir puts the embedded JetStream store in a directory of its
+	// own, ideally on another disk than the raft store (default
+	// data/jetstream).
+	AuditMaxBytes int64  `koanf:"audit-max-bytes"`
+	AuditStoreDir string `koanf:"audit-store-dir"`
 }
 
 // Defaults returns the configuration of a first run: one node, embedded
@@ -103,6 +110,7 @@ func Defaults() Config {
 		MaxWaiters:       lockservice.MaxWaitersDefault,
 		DiskAlarmBytes:   raftstore.DiskAlarmBytesDefault,
 		DiskBallastBytes: raftstore.DiskBallastBytesDefault,
+		AuditMaxBytes:    audit.MaxBytesDefault,
 		// Zero plugin limits take the plugins package defaults.
 	}
 }
@@ -244,6 +252,9 @@ func (c Config) Validate() error {
 	}
 	if c.DiskAlarmBytes < 1<<20 || c.DiskBallastBytes < -1 || c.DiskBallastBytes > c.DiskAlarmBytes {
 		return configErr("disk-alarm-bytes %d must be at least 1 MiB, disk-ballast-bytes %d between -1 (none) and the alarm", c.DiskAlarmBytes, c.DiskBallastBytes)
+	}
+	if c.AuditMaxBytes < 1<<20 {
+		return configErr("audit-max-bytes %d is below 1 MiB", c.AuditMaxBytes)
 	}
 	if c.PluginCallTimeoutMS < 0 || c.PluginCallTimeoutMS > 10000 {
 		return configErr("plugin-call-timeout-ms %d is outside [0, 10000]", c.PluginCallTimeoutMS)

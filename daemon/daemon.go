@@ -325,7 +325,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	}
 	if d.cfg.AuditStream != "" {
 		sctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
-		err := audit.EnsureStream(sctx, d.nc, d.cfg.AuditStream)
+		err := audit.EnsureStream(sctx, d.nc, d.cfg.AuditStream, d.cfg.AuditMaxBytes)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("daemon: %w", err)
@@ -476,7 +476,14 @@ func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
 	}
 	if d.cfg.AuditStream != "" {
 		o.JetStream = true
-		o.StoreDir = filepath.Join(d.cfg.Data, "jetstream")
+		o.StoreDir = d.cfg.AuditStoreDir
+		if o.StoreDir == "" {
+			o.StoreDir = filepath.Join(d.cfg.Data, "jetstream")
+		}
+		// The whole JetStream store is bounded too, with room for the
+		// stream's own bookkeeping above its MaxBytes.
+		o.JetStreamMaxStore = d.cfg.AuditMaxBytes + d.cfg.AuditMaxBytes/8
+		o.JetStreamMaxMemory = 64 << 20
 	}
 	ns, err := natsserver.NewServer(o)
 	if err != nil {

@@ -59,6 +59,8 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.Uint32("plugin-memory-pages", 0, "memory limit per plugin instance in 64 KiB pages (0: plugins default)")
 	fs.Int("plugin-call-timeout-ms", 0, "deadline of one plugin call (0: plugins default)")
 	fs.String("audit-stream", "", "JetStream stream capturing audit events (embedded NATS: enables JetStream)")
+	fs.Int64("audit-max-bytes", d.AuditMaxBytes, "most bytes the audit stream keeps (the oldest events are dropped first)")
+	fs.String("audit-store-dir", "", "directory of the embedded JetStream store (default DATA/jetstream; another disk keeps audit apart from the raft store)")
 	fs.Int("max-locks", d.MaxLocks, "most locks held at once; a grant beyond is refused with resource_exhausted (at most 1048576)")
 	fs.Int("max-locks-per-identity", 0, "most locks one authenticated identity holds (anonymous requests share one quota); 0: no limit")
 	fs.Int("max-waiters-per-key", d.MaxWaitersPerKey, "most acquires waiting for one key")
