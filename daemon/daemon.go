@@ -570,8 +570,10 @@ func (d *Daemon) PeerAddr() string {
 	return d.peers.Addr().String()
 }
 
-// Node, Locks, Peers and Registry expose the parts for tests and tools.
+// Node, Store, Locks, Peers and Registry expose the parts for tests and
+// tools.
 func (d *Daemon) Node() *raftstore.Node          { return d.node }
+func (d *Daemon) Store() *raftstore.Store        { return d.store }
 func (d *Daemon) Locks() *lockservice.Service    { return d.locks }
 func (d *Daemon) Peers() *peer.Transport         { return d.peers }
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }

@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -252,3 +253,56 @@ func (g *DiskGuard) Err() error {
 
 // FreeBytes is the free space at the last check.
 func (g *DiskGuard) FreeBytes() uint64 { return g.free.Load() }
+
+// Leadership on a low disk.
+//
+// A leader whose disk is low refuses every Grant, while a follower with
+// room could serve them. So, while its alarm is on, the leader hands
+// leadership to the most up-to-date voter (raft's leadership transfer: the
+// target campaigns at once, nothing is lost), at most once every
+// yieldEvery election timeouts so that a cluster whose disks are all low
+// does not pass it around for ever. A follower on a low disk needs
+// nothing: it only appends, and if it runs out it stops while the
+// majority goes on.
+
+// yieldEvery bounds leadership transfers on a low disk, in election
+// timeouts.
+const yieldEvery = 10
+
+// yieldLoop checks the disk alarm of a leader every election timeout.
+func (n *Node) yieldLoop() {
+	defer n.bg.Done()
+	election := time.Duration(n.cfg.ElectionTicks) * n.cfg.TickInterval
+	t := time.NewTicker(election)
+	defer t.Stop()
+	var last time.Time
+	for {
+		select {
+		case <-n.stopc:
+			return
+		case <-t.C:
+		}
+		alarm := n.cfg.Store.Disk().Err()
+		if alarm == nil || !n.isLeader.Load() || time.Since(last) < yieldEvery*election {
+			continue
+		}
+		if target := n.transferTarget(); target != 0 {
+			last = time.Now()
+			n.log.Warn("leader on a low disk hands leadership over", "to", target, "alarm", alarm.Error())
+			n.raft.TransferLeadership(context.Background(), n.cfg.ID, target)
+		}
+	}
+}
+
+// transferTarget is the voter, other than this node, with the highest
+// match index (0 if none).
+func (n *Node) transferTarget() uint64 {
+	st := n.raft.Status()
+	var best, match uint64
+	for _, id := range n.ConfState().Voters {
+		if pr, ok := st.Progress[id]; ok && id != n.cfg.ID && pr.Match >= match {
+			best, match = id, pr.Match
+		}
+	}
+	return best
+}

@@ -243,6 +243,8 @@ func (n *Node) startRaft(applied uint64) error {
 func (n *Node) Start() {
 	n.startOnce.Do(func() {
 		go n.run()
+		n.bg.Add(1)
+		go n.yieldLoop()
 		// A sole voter need not wait out an election timeout to lead.
 		cs := n.ConfState()
 		if len(cs.Voters) == 1 && cs.Voters[0] == n.cfg.ID || len(cs.Voters) == 0 && len(n.cfg.Peers) == 1 && n.cfg.Peers[0] == n.cfg.ID {
