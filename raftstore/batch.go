@@ -128,7 +128,7 @@ func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 			s.log.Warn("removing old snapshot files", "err", err)
 		}
 		s.log.Info("installed snapshot", "index", w.Snapshot.Metadata.Index, "term", w.Snapshot.Metadata.Term,
-			"last_token", st.lastToken)
+			"last_token", st.lastToken, "commit_took", d)
 	}
 	if !synced && s.wo.Sync {
 		return d, -1, nil // an allowed unsynced write: no fsync to report

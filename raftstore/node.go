@@ -159,10 +159,12 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("raftstore: store is required")
 	}
+	loadStart := time.Now()
 	applied, machine, cs, err := cfg.Store.LoadMachine()
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: load state: %w", err)
 	}
+	cfg.Logger.Info("state loaded", "node", cfg.ID, "applied", applied, "locks", machine.Len(), "took", time.Since(loadStart))
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, fmt.Errorf("raftstore: request id seed: %w", err)

@@ -127,11 +127,14 @@ func (n *Node) applyCommitted(rd raft.Ready) (*readyApply, error) {
 		// Decoded once, for the machine and for the store's lock rows. A
 		// snapshot of any table the cluster can hold passes the decoder's
 		// limits (core/limits.go).
+		start := time.Now()
 		ss, err := core.DecodeSnapshotState(rd.Snapshot.Data)
 		if err != nil {
 			return nil, fmt.Errorf("restore snapshot at %d: %w", rd.Snapshot.Metadata.Index, err)
 		}
 		n.machine.RestoreState(ss)
+		n.log.Info("snapshot restored", "index", rd.Snapshot.Metadata.Index, "locks", len(ss.Locks),
+			"bytes", len(rd.Snapshot.Data), "took", time.Since(start))
 		ra.snapshot = &ss
 		ra.applied = rd.Snapshot.Metadata.Index
 		ra.confState = rd.Snapshot.Metadata.ConfState
