@@ -1,6 +1,7 @@
 package core
 
 import (
+	"bytes"
 	"fmt"
 	"strings"
 	"unicode/utf8"
@@ -160,6 +161,16 @@ func ValidateKey(key string) error {
 		}
 	}
 	return nil
+}
+
+// validKeyBytes is ValidateKey for a key still in its encoded bytes.
+func validKeyBytes(key []byte) bool {
+	return len(key) > 0 && len(key) <= MaxKeyLen && utf8.Valid(key) && bytes.IndexByte(key, 0) < 0
+}
+
+// validIdentityBytes is ValidateIdentity for encoded bytes.
+func validIdentityBytes(id []byte) bool {
+	return len(id) <= MaxIdentityLen && utf8.Valid(id) && bytes.IndexByte(id, 0) < 0
 }
 
 // ValidateOwner checks an owner correlation id: at most MaxOwnerLen bytes

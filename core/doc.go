@@ -7,7 +7,11 @@
 // replicated control state (control.go: requests; control_apply.go: their
 // application; control_state.go: the state), and the versioned binary
 // encodings of log entries and lock records (encoding.go), snapshots
-// (encoding_snapshot.go) and the control record (encoding_control.go).
+// (encoding_snapshot.go, including SnapshotEncoder, which builds a
+// snapshot one lock or one stored lock record at a time) and the control
+// record (encoding_control.go), the incremental state digest (digest.go)
+// and the limits, with the arithmetic that makes the largest table fit
+// every path a snapshot travels (limits.go).
 //
 // # Control
 //

@@ -330,6 +330,25 @@ func (d *decoder) str(limit int) string {
 	return s
 }
 
+// rawStr is str without the copy: the bytes alias the input.
+func (d *decoder) rawStr(limit int) []byte {
+	n := d.uvarint()
+	if d.err != nil {
+		return nil
+	}
+	if n > uint64(limit) {
+		d.err = malformedf("string of %d bytes exceeds limit %d", n, limit)
+		return nil
+	}
+	if n > uint64(len(d.b)) {
+		d.err = malformedf("unexpected end of input")
+		return nil
+	}
+	s := d.b[:n:n]
+	d.b = d.b[n:]
+	return s
+}
+
 func (d *decoder) hash() [32]byte {
 	var h [32]byte
 	if d.err != nil {

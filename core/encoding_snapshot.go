@@ -1,9 +1,11 @@
 package core
 
 import (
+	"bytes"
 	"encoding/binary"
 	"hash/crc32"
 	"strconv"
+	"unicode/utf8"
 )
 
 // Snapshot encoding: the lock table with its token counter, and (version
@@ -38,23 +40,195 @@ func EncodeSnapshot(lastToken uint64, locks []Lock) []byte {
 // sorted here. Equal states give equal bytes. A lock with an identity
 // exists only from cluster version 2 on (Apply refuses it before).
 func EncodeSnapshotState(s SnapshotState) []byte {
-	b := make([]byte, 0, 32+len(s.Locks)*48+controlSizeHint(s.Control))
-	b = append(b, snapshotMagic[:]...)
-	version, ctlVersion := SnapshotVersion2, controlVersion(s.Control)
-	if ctlVersion >= ControlStateVersion2 {
-		version = SnapshotVersion3
-	}
-	b = append(b, version)
-	b = binary.AppendUvarint(b, s.LastToken)
-	b = binary.AppendUvarint(b, uint64(len(s.Locks)))
+	e := NewSnapshotEncoder(s.LastToken, len(s.Locks), s.Control, 48*len(s.Locks))
 	for _, l := range s.Locks {
-		b = appendLock(b, l)
-		if version >= SnapshotVersion3 {
-			b = appendString(b, l.Identity)
+		e.b = e.appendLock(e.b, l)
+	}
+	e.added = uint64(len(s.Locks))
+	return e.finish()
+}
+
+// SnapshotEncoder writes a snapshot one lock at a time, in exactly the
+// bytes EncodeSnapshotState gives for the same state, so that a snapshot
+// can be built from a stream of locks (raftstore reads them from a
+// storage snapshot, off the raft loop) without first building the table.
+type SnapshotEncoder struct {
+	b          []byte
+	version    byte
+	ctl        ControlState
+	ctlVersion byte
+	count      uint64 // declared
+	added      uint64
+	lastKey    string
+	// lastKeyBytes is lastKey for AddRecord (the two are not mixed).
+	lastKeyBytes []byte
+	lastToken    uint64
+	err          error
+}
+
+// NewSnapshotEncoder starts a snapshot that will hold count locks; sizeHint
+// is the expected size of the locks' encoding (0 if unknown).
+func NewSnapshotEncoder(lastToken uint64, count int, control ControlState, sizeHint int) *SnapshotEncoder {
+	e := &SnapshotEncoder{ctl: control, ctlVersion: controlVersion(control), count: uint64(count), lastToken: lastToken}
+	e.version = SnapshotVersion2
+	if e.ctlVersion >= ControlStateVersion2 {
+		e.version = SnapshotVersion3
+	}
+	e.b = make([]byte, 0, 32+max(0, sizeHint)+controlSizeHint(control))
+	e.b = append(e.b, snapshotMagic[:]...)
+	e.b = append(e.b, e.version)
+	e.b = binary.AppendUvarint(e.b, lastToken)
+	e.b = binary.AppendUvarint(e.b, e.count)
+	return e
+}
+
+func (e *SnapshotEncoder) appendLock(b []byte, l Lock) []byte {
+	b = appendLock(b, l)
+	if e.version >= SnapshotVersion3 {
+		b = appendString(b, l.Identity)
+	}
+	return b
+}
+
+// Add appends the next lock. Locks must come in strictly ascending key
+// order, valid, with tokens not above the last token, and no more than
+// the declared count; the first violation is returned by Finish too.
+func (e *SnapshotEncoder) Add(l Lock) error {
+	if e.err != nil {
+		return e.err
+	}
+	switch err := validateLock(l); {
+	case err != nil:
+		e.err = err
+	case e.added >= e.count:
+		e.err = invalidf("snapshot declared %d locks, got more", e.count)
+	case e.added > 0 && l.Key <= e.lastKey:
+		e.err = invalidf("snapshot keys not strictly ascending at %q", l.Key)
+	case l.Token > e.lastToken:
+		e.err = invalidf("lock %q has token %d above last token %d", l.Key, l.Token, e.lastToken)
+	case l.Identity != "" && e.version < SnapshotVersion3:
+		e.err = invalidf("lock %q has an identity before cluster version 2", l.Key)
+	}
+	if e.err != nil {
+		return e.err
+	}
+	e.b = e.appendLock(e.b, l)
+	e.lastKey = l.Key
+	e.added++
+	return nil
+}
+
+// AddRecord appends the next lock given as its stored lock record
+// (EncodeLockRecord bytes), without decoding it into a Lock: the fields
+// are checked in place, with the same rules as Add, and copied. It
+// allocates nothing, so that encoding a large table in the background
+// does not load the garbage collector (and with it the raft loop).
+func (e *SnapshotEncoder) AddRecord(record []byte) error {
+	if e.err != nil {
+		return e.err
+	}
+	d := decoder{b: record}
+	v := d.byte()
+	if d.err == nil && v != LockRecVersion1 && v != LockRecVersion2 {
+		e.err = &Error{Code: CodeUnknownVersion, Detail: "lock record version " + strconv.Itoa(int(v))}
+		return e.err
+	}
+	key := d.rawStr(MaxKeyLen)
+	token := d.uvarint()
+	owner := d.rawStr(MaxOwnerLen)
+	lease := d.uvarint()
+	_ = d.uvarint() // granted_at_ms: any value
+	var identity []byte
+	if v == LockRecVersion2 {
+		identity = d.rawStr(MaxIdentityLen)
+		if d.err == nil && len(identity) == 0 {
+			d.err = malformedf("lock record version 2 with an empty identity")
 		}
 	}
-	b = appendControl(b, s.Control, ctlVersion)
+	switch err := d.finish(); {
+	case err != nil:
+		e.err = err
+	case !validKeyBytes(key):
+		e.err = invalidf("lock record with an invalid key %q", key)
+	case !utf8.Valid(owner), !validIdentityBytes(identity):
+		e.err = invalidf("lock %q: owner or identity is not valid", key)
+	case ValidateLeaseMS(lease) != nil:
+		e.err = ValidateLeaseMS(lease)
+	case token == 0 || token > e.lastToken:
+		e.err = invalidf("lock %q has token %d, last token %d", key, token, e.lastToken)
+	case e.added >= e.count:
+		e.err = invalidf("snapshot declared %d locks, got more", e.count)
+	case e.added > 0 && bytes.Compare(key, e.lastKeyBytes) <= 0:
+		e.err = invalidf("snapshot keys not strictly ascending at %q", key)
+	case v == LockRecVersion2 && e.version < SnapshotVersion3:
+		e.err = invalidf("lock %q has an identity before cluster version 2", key)
+	}
+	if e.err != nil {
+		return e.err
+	}
+	// The record after its version byte is the snapshot's lock encoding;
+	// a version 3 snapshot adds the identity, empty for a version 1 record.
+	e.b = append(e.b, record[1:]...)
+	if e.version >= SnapshotVersion3 && v == LockRecVersion1 {
+		e.b = append(e.b, 0)
+	}
+	e.lastKeyBytes = append(e.lastKeyBytes[:0], key...)
+	e.added++
+	return nil
+}
+
+// Finish appends the control section and the checksum and returns the
+// snapshot, or the first error (also when fewer locks were added than
+// declared).
+func (e *SnapshotEncoder) Finish() ([]byte, error) {
+	if e.err == nil && e.added != e.count {
+		e.err = invalidf("snapshot declared %d locks, got %d", e.count, e.added)
+	}
+	if e.err != nil {
+		return nil, e.err
+	}
+	return e.finish(), nil
+}
+
+func (e *SnapshotEncoder) finish() []byte {
+	b := appendControl(e.b, e.ctl, e.ctlVersion)
+	e.b = nil
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// SnapshotInfo is what CheckSnapshot reads from a snapshot without
+// decoding its locks.
+type SnapshotInfo struct {
+	Version   byte
+	LastToken uint64
+	Locks     uint64
+}
+
+// CheckSnapshot verifies a snapshot's magic, version and checksum and
+// reads its header, in one pass over the bytes at checksum speed, without
+// decoding the locks: for code that needs to know a blob is the snapshot
+// it wrote, not to validate it (DecodeSnapshotState does that).
+func CheckSnapshot(b []byte) (SnapshotInfo, error) {
+	if len(b) < len(snapshotMagic)+1+4 {
+		return SnapshotInfo{}, malformedf("snapshot is %d bytes, too short", len(b))
+	}
+	if [3]byte(b[:3]) != snapshotMagic {
+		return SnapshotInfo{}, malformedf("snapshot magic missing")
+	}
+	version := b[3]
+	if version < SnapshotVersion1 || version > SnapshotVersion3 {
+		return SnapshotInfo{}, &Error{Code: CodeUnknownVersion, Detail: "snapshot version " + strconv.Itoa(int(version))}
+	}
+	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
+	if crc32.Checksum(body, castagnoli) != sum {
+		return SnapshotInfo{}, malformedf("snapshot checksum mismatch")
+	}
+	d := decoder{b: body[4:]}
+	info := SnapshotInfo{Version: version, LastToken: d.uvarint(), Locks: d.uvarint()}
+	if d.err != nil {
+		return SnapshotInfo{}, d.err
+	}
+	return info, nil
 }
 
 // DecodeSnapshot decodes and validates a snapshot of version 1, 2 or 3 and
@@ -142,3 +316,7 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 	}
 	return s, nil
 }
+
+// LastKey is the key of the last lock AddRecord appended (it aliases the
+// encoder's buffer until the next call).
+func (e *SnapshotEncoder) LastKey() []byte { return e.lastKeyBytes }

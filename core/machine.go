@@ -178,10 +178,17 @@ func (m *Machine) Restore(snapshot []byte) error {
 	if err != nil {
 		return err
 	}
+	m.RestoreState(s)
+	return nil
+}
+
+// RestoreState replaces the whole state with a snapshot already decoded
+// by DecodeSnapshotState (so that a caller that needs the decoded state
+// too decodes it once).
+func (m *Machine) RestoreState(s SnapshotState) {
 	m.Load(s.LastToken, s.Locks)
 	m.ctl = newControl(s.Control)
 	m.ctlSum = controlSum(m.ctl.state())
-	return nil
 }
 
 // Load replaces the lock table and token counter with the given ones, as

@@ -11,6 +11,8 @@ import (
 
 	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/lockservice"
+	"github.com/ticketd/ticketd/plugins/audit"
+	"github.com/ticketd/ticketd/raftstore"
 )
 
 // Config is one node's configuration. Field tags are the flat, kebab-case
@@ -68,10 +70,24 @@ type Config struct {
 	MaxWaitersPerKey    int `koanf:"max-waiters-per-key"`
 	MaxWaiters          int `koanf:"max-waiters"`
 
+	// Disk space of the raft store (raftstore/disk.go): below
+	// DiskAlarmBytes free the node refuses grants (resource_exhausted)
+	// and reports the alarm; DiskBallastBytes are reserved in a file that
+	// is released if a write still meets a full disk (-1: no ballast). A
+	// node does not start with less than a quarter of DiskAlarmBytes free.
+	DiskAlarmBytes   int64 `koanf:"disk-alarm-bytes"`
+	DiskBallastBytes int64 `koanf:"disk-ballast-bytes"`
+
 	// AuditStream, if set, names a JetStream stream that captures the
 	// audit subjects (de-duplicated on Nats-Msg-Id). With the embedded
 	// NATS server it turns JetStream on, storing under data/jetstream.
 	AuditStream string `koanf:"audit-stream"`
+	// AuditMaxBytes bounds the audit stream (the oldest events go first);
+	// AuditStoreDir puts the embedded JetStream store in a directory of its
+	// own, ideally on another disk than the raft store (default
+	// data/jetstream).
+	AuditMaxBytes int64  `koanf:"audit-max-bytes"`
+	AuditStoreDir string `koanf:"audit-store-dir"`
 }
 
 // Defaults returns the configuration of a first run: one node, embedded
@@ -92,6 +108,9 @@ func Defaults() Config {
 		MaxLocks:         core.DefaultMaxLocks,
 		MaxWaitersPerKey: lockservice.MaxWaitersPerKeyDefault,
 		MaxWaiters:       lockservice.MaxWaitersDefault,
+		DiskAlarmBytes:   raftstore.DiskAlarmBytesDefault,
+		DiskBallastBytes: raftstore.DiskBallastBytesDefault,
+		AuditMaxBytes:    audit.MaxBytesDefault,
 		// Zero plugin limits take the plugins package defaults.
 	}
 }
@@ -230,6 +249,12 @@ func (c Config) Validate() error {
 	}
 	if c.MaxWaitersPerKey < 1 || c.MaxWaiters < 1 || c.MaxWaitersPerKey > c.MaxWaiters {
 		return configErr("max-waiters-per-key %d and max-waiters %d must be positive, per key at most per node", c.MaxWaitersPerKey, c.MaxWaiters)
+	}
+	if c.DiskAlarmBytes < 1<<20 || c.DiskBallastBytes < -1 || c.DiskBallastBytes > c.DiskAlarmBytes {
+		return configErr("disk-alarm-bytes %d must be at least 1 MiB, disk-ballast-bytes %d between -1 (none) and the alarm", c.DiskAlarmBytes, c.DiskBallastBytes)
+	}
+	if c.AuditMaxBytes < 1<<20 {
+		return configErr("audit-max-bytes %d is below 1 MiB", c.AuditMaxBytes)
 	}
 	if c.PluginCallTimeoutMS < 0 || c.PluginCallTimeoutMS > 10000 {
 		return configErr("plugin-call-timeout-ms %d is outside [0, 10000]", c.PluginCallTimeoutMS)

@@ -18,6 +18,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
@@ -50,6 +51,14 @@ type Options struct {
 	Policy plugins.Policy
 	// Now overrides the lease clock (tests).
 	Now func() time.Time
+	// FS, if set, is the filesystem of the raft store (tests inject disk
+	// faults with Pebble's vfs/errorfs).
+	FS vfs.FS
+	// OnStorageFailure, if set, is called after the one log line of a
+	// storage failure the store cannot go on from; `ticketd serve` exits
+	// the process there. Without it the node stops (fail-stop) when the
+	// failure happens in its raft loop's write.
+	OnStorageFailure func(error)
 }
 
 // Daemon is one running node.
@@ -94,7 +103,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	}()
 	d.reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	raftMetrics := raftstore.NewMetrics(d.reg)
-	if err := d.openStore(raftMetrics); err != nil {
+	if err := d.openStore(ctx, opts, raftMetrics); err != nil {
 		return nil, err
 	}
 	m, err := d.resolveMembership(ctx)
@@ -121,20 +130,43 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	return d, nil
 }
 
-func (d *Daemon) openStore(metrics *raftstore.Metrics) error {
+// openStore opens the raft store. It gives up when ctx ends (a signal
+// during start-up must not wait for a store that cannot open).
+func (d *Daemon) openStore(ctx context.Context, opts Options, metrics *raftstore.Metrics) error {
 	if err := os.MkdirAll(d.cfg.Data, 0o750); err != nil {
 		return fmt.Errorf("daemon: data dir: %w", err)
 	}
-	st, err := raftstore.Open(filepath.Join(d.cfg.Data, StoreDir), raftstore.StoreOptions{
-		NoSync:  d.cfg.NoSync,
-		Logger:  d.log,
-		Metrics: metrics,
-	})
-	if err != nil {
-		return fmt.Errorf("daemon: open store: %w", err)
+	type opened struct {
+		st  *raftstore.Store
+		err error
 	}
-	d.store = st
-	return nil
+	done := make(chan opened, 1)
+	go func() {
+		st, err := raftstore.Open(filepath.Join(d.cfg.Data, StoreDir), raftstore.StoreOptions{
+			NoSync:  d.cfg.NoSync,
+			Logger:  d.log,
+			Metrics: metrics,
+			FS:      opts.FS,
+			Disk:    raftstore.DiskOptions{AlarmBytes: d.cfg.DiskAlarmBytes, BallastBytes: d.cfg.DiskBallastBytes},
+			OnFatal: opts.OnStorageFailure,
+		})
+		done <- opened{st, err}
+	}()
+	select {
+	case o := <-done:
+		if o.err != nil {
+			return fmt.Errorf("daemon: open store: %w", o.err)
+		}
+		d.store = o.st
+		return nil
+	case <-ctx.Done():
+		go func() { // close it if it ever opens
+			if o := <-done; o.err == nil {
+				_ = o.st.Close()
+			}
+		}()
+		return fmt.Errorf("daemon: open store: %w", ctx.Err())
+	}
 }
 
 // membership is who this node is and whom it talks to at start.
@@ -245,10 +277,11 @@ func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raft
 // as its Grant policy (unless opts overrides it) and their audit publisher.
 func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 	lcfg := lockservice.Config{
-		Logger:  d.log.With("component", "lockservice"),
-		Metrics: lockservice.NewMetrics(d.reg),
-		Policy:  opts.Policy,
-		Now:     opts.Now,
+		Logger:       d.log.With("component", "lockservice"),
+		Metrics:      lockservice.NewMetrics(d.reg),
+		Policy:       opts.Policy,
+		Now:          opts.Now,
+		StorageAlarm: d.store.Disk().Err,
 		Limits: lockservice.Limits{
 			MaxLocks:            d.cfg.MaxLocks,
 			MaxLocksPerIdentity: d.cfg.MaxLocksPerIdentity,
@@ -298,7 +331,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	}
 	if d.cfg.AuditStream != "" {
 		sctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
-		err := audit.EnsureStream(sctx, d.nc, d.cfg.AuditStream)
+		err := audit.EnsureStream(sctx, d.nc, d.cfg.AuditStream, d.cfg.AuditMaxBytes)
 		cancel()
 		if err != nil {
 			return fmt.Errorf("daemon: %w", err)
@@ -309,7 +342,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	}
 	var err error
 	d.api, err = natsapi.Start(natsapi.Config{
-		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins,
+		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins, Disk: d.store.Disk(),
 		Logger: d.log.With("component", "natsapi"), Now: opts.Now,
 	})
 	if err != nil {
@@ -449,7 +482,14 @@ func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
 	}
 	if d.cfg.AuditStream != "" {
 		o.JetStream = true
-		o.StoreDir = filepath.Join(d.cfg.Data, "jetstream")
+		o.StoreDir = d.cfg.AuditStoreDir
+		if o.StoreDir == "" {
+			o.StoreDir = filepath.Join(d.cfg.Data, "jetstream")
+		}
+		// The whole JetStream store is bounded too, with room for the
+		// stream's own bookkeeping above its MaxBytes.
+		o.JetStreamMaxStore = d.cfg.AuditMaxBytes + d.cfg.AuditMaxBytes/8
+		o.JetStreamMaxMemory = 64 << 20
 	}
 	ns, err := natsserver.NewServer(o)
 	if err != nil {
@@ -536,8 +576,10 @@ func (d *Daemon) PeerAddr() string {
 	return d.peers.Addr().String()
 }
 
-// Node, Locks, Peers and Registry expose the parts for tests and tools.
+// Node, Store, Locks, Peers and Registry expose the parts for tests and
+// tools.
 func (d *Daemon) Node() *raftstore.Node          { return d.node }
+func (d *Daemon) Store() *raftstore.Store        { return d.store }
 func (d *Daemon) Locks() *lockservice.Service    { return d.locks }
 func (d *Daemon) Peers() *peer.Transport         { return d.peers }
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }

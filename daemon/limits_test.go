@@ -67,3 +67,31 @@ func TestQuotaReachedChangesNothing(t *testing.T) {
 		t.Fatalf("acquire after a release: %v", err)
 	}
 }
+
+// TestLowDiskLeaderHandsOver: a leader whose disk goes below the alarm
+// refuses grants, and hands leadership to a follower with room, so the
+// cluster keeps granting; the alarm shows in its status.
+func TestLowDiskLeaderHandsOver(t *testing.T) {
+	disks := []*testkit.FaultFS{testkit.NewFaultFS(), testkit.NewFaultFS(), testkit.NewFaultFS()}
+	c := testcluster.New(t, 3, testcluster.WithOptions(func(i int, o *daemon.Options) {
+		o.Logger, o.FS = testkit.QuietLogger(), disks[i]
+	}))
+	leader := c.Leader(10 * time.Second)
+	_, cl := connect(t, c.Node(leader))
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := cl.Acquire(ctx, "before", sdk.WithLease(time.Minute)); err != nil {
+		t.Fatal(err)
+	}
+	disks[leader].SetFree(10 << 20) // below the 256 MiB alarm
+	testkit.Eventually(t, 10*time.Second, "the low-disk leader hands leadership over", func() bool {
+		l := c.Leader(time.Second)
+		return l >= 0 && l != leader
+	})
+	if err := c.Node(leader).Store().Disk().Err(); err == nil {
+		t.Fatal("no alarm on the low disk")
+	}
+	if _, err := cl.Acquire(ctx, "after", sdk.WithLease(time.Minute)); err != nil {
+		t.Fatalf("acquire after the hand-over: %v", err)
+	}
+}

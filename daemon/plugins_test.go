@@ -58,6 +58,7 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 	// A loaded 2-core CI box can stall a healthy call past the 50ms default.
 	cfg.PluginCallTimeoutMS = 2000
 	cfg.AuditStream = "TICKETD_AUDIT"
+	cfg.AuditStoreDir = t.TempDir() // a directory of its own
 	d, err := daemon.Start(context.Background(), cfg, daemon.Options{Logger: testkit.QuietLogger()})
 	if err != nil {
 		t.Fatal(err)
@@ -136,6 +137,16 @@ func TestPluginsPolicyAndAudit(t *testing.T) {
 		first, err = stream.GetMsg(ctx, info.State.FirstSeq)
 		return err == nil
 	})
+	// The JetStream store lives in its own directory, not under data.
+	if ents, err := os.ReadDir(cfg.AuditStoreDir); err != nil || len(ents) == 0 {
+		t.Fatalf("audit store dir %s: %v %v", cfg.AuditStoreDir, ents, err)
+	}
+	if _, err := os.Stat(filepath.Join(cfg.Data, "jetstream")); !os.IsNotExist(err) {
+		t.Fatalf("a JetStream store under the data directory: %v", err)
+	}
+	if info, err := stream.Info(ctx); err != nil || info.Config.MaxBytes != cfg.AuditMaxBytes {
+		t.Fatalf("audit stream MaxBytes %d (%v), want %d", info.Config.MaxBytes, err, cfg.AuditMaxBytes)
+	}
 	dup := nats.NewMsg(first.Subject)
 	dup.Data, dup.Header = first.Data, first.Header
 	if _, err := js.PublishMsg(ctx, dup); err != nil {

@@ -105,7 +105,8 @@ func kindsFor(mode string, nodes int) []string {
 	}
 	switch mode {
 	case modeInProcess:
-		k = append(k, FaultPartitionFlaky, FaultClockForward, FaultClockForward, FaultClockBackward, FaultClockPartition)
+		k = append(k, FaultPartitionFlaky, FaultClockForward, FaultClockForward, FaultClockBackward, FaultClockPartition,
+			FaultDiskSync, FaultDiskFull, FaultDiskFullRestart)
 	case modeProcess:
 		k = append(k, FaultCrashAll, FaultPauseLeader, FaultPauseFollower, FaultPauseLeader)
 	}
@@ -163,6 +164,9 @@ func (n *nemesis) run(until time.Time, maxFaults int) {
 // healAll restarts crashed nodes, resumes paused ones and heals links.
 func (n *nemesis) healAll() {
 	n.c.setLinks(nil, linkDrop)
+	if df, ok := n.c.(diskFaulter); ok {
+		df.healDisks()
+	}
 	for i := 0; i < n.c.size(); i++ {
 		_ = n.c.resume(i)
 		if !n.c.running(i) {
@@ -358,6 +362,8 @@ func (n *nemesis) inject(kind string, until time.Time) error {
 		n.hold(until)
 		n.c.setLinks(nil, linkDrop)
 		n.record(kind, ids(i), start, fmt.Sprintf("lease clock %+v, then isolated", d))
+	case FaultDiskSync, FaultDiskFull, FaultDiskFullRestart:
+		return n.injectDisk(kind, until)
 	case FaultWipeNode:
 		w, ok := n.c.(wiper)
 		if !ok {

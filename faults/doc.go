@@ -51,7 +51,18 @@
 // raft traffic, bridge with 5 nodes, flaky links dropping 30% of
 // messages); and jumps of a node's lease clock (daemon.Options.Now): forward
 // jumps of 1/4 to 3/2 of the longest lease, backward jumps of 1/8 to 1/2,
-// and a forward jump of the leader immediately followed by its isolation.
+// and a forward jump of the leader immediately followed by its isolation;
+// and storage faults (disk.go), through a testkit.FaultFS under each
+// node's store (Pebble's vfs/errorfs): disk-fsync (the node's log fsyncs
+// fail; it must stop, fail-stop, and is restarted on a healthy disk),
+// disk-full (writes fail with ENOSPC and free space is 0 for the hold: the
+// ballast is spent, the alarm refuses grants there and a leader hands
+// leadership over) and disk-full-restart (a node stopped, its disk full,
+// started again: the start must be refused at once with ErrNoSpace, then
+// it starts on a freed disk). Each checks its own outcome (checkers
+// disk-fsync and disk-full-restart) besides every checker below.
+// TestInProcessStorageFaults (part of the default run, ~12s) injects only
+// these.
 //
 // In control mode (TICKETD_FAULTS_CONTROL=1, always in long mode) the
 // in-process cluster is formed through the control plane instead of a

@@ -180,6 +180,37 @@ func TestInProcessWipe(t *testing.T) {
 	finish(t, cfg, h, rep)
 }
 
+// TestInProcessStorageFaults: only storage faults under the workload: a
+// node's log fsync fails (it must stop, fail-stop), a node's disk fills
+// (the ballast keeps it going, a leader hands over), a node restarted on
+// a full disk (the start must be refused at once), each healed, then
+// every checker: no lost acknowledged grant or release, one digest.
+func TestInProcessStorageFaults(t *testing.T) {
+	if testing.Short() {
+		t.Skip("storage fault run skipped in -short mode")
+	}
+	cfg := testConfig(t, modeInProcess)
+	cfg.Name = "inprocess-storage"
+	cfg.Rounds, cfg.RoundDuration, cfg.Clients = 1, 10*time.Second, 6
+	cfg.Kinds, cfg.MaxFaultsPerRound = []string{FaultDiskSync, FaultDiskFull, FaultDiskFullRestart}, 6
+	log, closeLog, err := nodeLogger(cfg.OutDir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer closeLog()
+	c, err := startInProcess(t, cfg.Nodes, log, 25, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := NewHistory()
+	rep := run(cfg, c, h)
+	c.close()
+	if n := rep.Faults[FaultDiskSync] + rep.Faults[FaultDiskFull] + rep.Faults[FaultDiskFullRestart]; n < 2 {
+		t.Errorf("%d storage faults injected, want at least 2", n)
+	}
+	finish(t, cfg, h, rep)
+}
+
 // TestProcessFaults: 3 (or 5) real `ticketd serve` processes under kill -9
 // of the leader, of followers, of a majority and of every node,
 // SIGSTOP/SIGCONT pauses, and partitions, one-way loss and blackholes on

@@ -43,7 +43,8 @@ type inprocCluster struct {
 	// kit starts and stops the nodes and holds their configs.
 	kit     *testcluster.Cluster
 	control bool
-	clocks  []*jumpClock // node i's lease clock, for the life of the cluster
+	clocks  []*jumpClock       // node i's lease clock, for the life of the cluster
+	disks   []*testkit.FaultFS // node i's filesystem, for the life of the cluster (disk.go)
 
 	idMu sync.RWMutex
 	ids  []uint64 // raft id of each slot's current node
@@ -81,9 +82,11 @@ func startInProcessMode(t testing.TB, n int, logger *slog.Logger, tickMS, electi
 		ids:     make([]uint64, n),
 		closing: make([]bool, n),
 		clocks:  make([]*jumpClock, n),
+		disks:   make([]*testkit.FaultFS, n),
 	}
 	for i := 0; i < n; i++ {
 		c.clocks[i] = &jumpClock{}
+		c.disks[i] = testkit.NewFaultFS()
 		c.ids[i] = uint64(i + 1)
 	}
 	c.kit = testcluster.New(t, n, testcluster.Unstarted(), testcluster.WithTicks(tickMS, electionTicks),
@@ -102,7 +105,7 @@ func startInProcessMode(t testing.TB, n int, logger *slog.Logger, tickMS, electi
 				}
 			}
 		}),
-		testcluster.WithOptions(func(i int, o *daemon.Options) { o.Logger, o.Now = logger, c.clocks[i].Now }))
+		testcluster.WithOptions(func(i int, o *daemon.Options) { o.Logger, o.Now, o.FS = logger, c.clocks[i].Now, c.disks[i] }))
 	if controlMode {
 		if err := c.formByControl(); err != nil {
 			c.close()

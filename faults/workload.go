@@ -116,6 +116,9 @@ func classify(kind OpKind, err error) (Outcome, string) {
 	case errors.Is(err, sdk.ErrInvalidArgument), errors.Is(err, sdk.ErrMalformed), errors.Is(err, sdk.ErrTooLarge),
 		errors.Is(err, sdk.ErrDenied), errors.Is(err, sdk.ErrControlRefused):
 		return OutFail, string(code)
+	case errors.Is(err, sdk.ErrResourceExhausted) && kind == OpAcquire:
+		// A limit (a leader's low disk) refused it before proposing.
+		return OutFail, string(code)
 	}
 	// indeterminate, internal, an unknown code, or a code the operation
 	// does not document (a release answered "timeout"): unknown.

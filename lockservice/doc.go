@@ -21,6 +21,14 @@
 //     as ErrIndeterminate; it never guesses a token or re-acquires.
 //   - Grant policy: an optional plugins.Policy is asked before a Grant is
 //     proposed; a denied request never enters the log.
+//   - Quotas and bounds (quota.go): every Grant reservation is admitted
+//     against the total lock limit, the caller's identity quota and the
+//     storage alarm, and every waiter against the per-key and per-node
+//     waiter limits; a refusal is a *LimitError (ErrResourceExhausted)
+//     before anything is proposed. Releases and expiries are never
+//     refused.
+//   - Expiry (expiry.go): one loop and a fixed pool of workers propose
+//     the Expires of leases that ran out; no goroutine per lease.
 //
 // # What it does not own
 //

@@ -25,6 +25,10 @@ type ReadyWrite struct {
 	// (Metadata.Index, Metadata.Term)); Entries of the same ReadyWrite are
 	// then appended after it.
 	Snapshot raftpb.Snapshot
+	// SnapshotState, if not nil, is Snapshot.Data already decoded (the node
+	// decodes a received snapshot once, for its machine and for this
+	// write); nil makes Write decode it.
+	SnapshotState *core.SnapshotState
 	// State is the change of the state rows with the new applied index;
 	// nil => nothing applied.
 	State *StateChange
@@ -81,8 +85,14 @@ func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 	b := s.db.NewBatch()
 	defer b.Close()
 	if hasSnap {
-		if err := stageSnapshot(b, &st, w.Snapshot); err != nil {
+		if err := stageSnapshot(b, &st, w.Snapshot, w.SnapshotState); err != nil {
 			return 0, -1, fmt.Errorf("raftstore: write: install snapshot %d: %w", w.Snapshot.Metadata.Index, err)
+		}
+		// The data goes to its file first; the batch naming it commits
+		// below (snapfile.go).
+		meta := w.Snapshot.Metadata
+		if err := s.snaps.write(meta.Term, meta.Index, w.Snapshot.Data); err != nil {
+			return 0, -1, fmt.Errorf("raftstore: write: install snapshot %d: %w", meta.Index, err)
 		}
 	}
 	if err := stageEntries(b, &st, w.Entries); err != nil {
@@ -114,8 +124,11 @@ func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 	}
 	s.publish(st)
 	if hasSnap {
+		if err := s.snaps.removeExcept(st.snapTerm, st.snapIndex); err != nil {
+			s.log.Warn("removing old snapshot files", "err", err)
+		}
 		s.log.Debug("installed snapshot", "index", w.Snapshot.Metadata.Index, "term", w.Snapshot.Metadata.Term,
-			"last_token", st.lastToken)
+			"last_token", st.lastToken, "commit_took", d)
 	}
 	if !synced && s.wo.Sync {
 		return d, -1, nil // an allowed unsynced write: no fsync to report
@@ -123,16 +136,23 @@ func (s *Store) write(w ReadyWrite) (time.Duration, int, error) {
 	return d, len(w.Entries), nil
 }
 
-// stageSnapshot adds the installation of snap to b.
-func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot) error {
+// stageSnapshot adds the installation of snap to b (but for its data
+// file, which Write writes before committing b). decoded, if not nil, is
+// snap.Data already decoded by the caller.
+func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot, decoded *core.SnapshotState) error {
 	meta := snap.Metadata
 	if meta.Index <= st.snapIndex || meta.Index <= st.applied {
 		return fmt.Errorf("%w: snapshot index %d, latest snapshot %d, applied %d: %w",
 			ErrInvariant, meta.Index, st.snapIndex, st.applied, raft.ErrSnapOutOfDate)
 	}
-	ss, err := core.DecodeSnapshotState(snap.Data)
-	if err != nil {
-		return fmt.Errorf("%w: data: %w", ErrInvariant, err)
+	var ss core.SnapshotState
+	if decoded != nil {
+		ss = *decoded
+	} else {
+		var err error
+		if ss, err = core.DecodeSnapshotState(snap.Data); err != nil {
+			return fmt.Errorf("%w: data: %w", ErrInvariant, err)
+		}
 	}
 	lastToken, locks := ss.LastToken, ss.Locks
 	if err := b.Set(keyControl, core.EncodeControlState(ss.Control), nil); err != nil {
@@ -155,10 +175,7 @@ func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot) error 
 	if err := setMarshaled(b, logKey(meta.Index), &raftpb.Entry{Index: meta.Index, Term: meta.Term}); err != nil {
 		return err
 	}
-	if err := setMarshaled(b, keySnapMeta, &meta); err != nil {
-		return err
-	}
-	if err := b.Set(keySnapData, snap.Data, nil); err != nil {
+	if err := stageSnapMeta(b, &meta); err != nil {
 		return err
 	}
 	if err := setMarshaled(b, keyConfState, &meta.ConfState); err != nil {
@@ -171,7 +188,7 @@ func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot) error 
 		return err
 	}
 	st.offset, st.offsetTerm, st.last = meta.Index, meta.Term, meta.Index
-	st.applied, st.lastToken, st.snapIndex = meta.Index, lastToken, meta.Index
+	st.applied, st.lastToken, st.snapIndex, st.snapTerm = meta.Index, lastToken, meta.Index, meta.Term
 	return nil
 }
 

@@ -10,18 +10,30 @@
 //     (log, HardState, snapshots, compaction), state.go the applied state
 //     (lock rows, control row, applied index, LoadMachine), batch.go builds
 //     and commits the one batch per Ready, keys.go holds the key layout and
-//     row codecs. seed.go creates a store that starts from a snapshot (a
-//     node restored from a backup), through the same Write a received
-//     snapshot takes.
+//     row codecs, snapfile.go the snapshot data files (format 2: outside
+//     Pebble, written and renamed like etcd's .snap files). seed.go creates
+//     a store that starts from a snapshot (a node restored from a backup),
+//     through the same Write a received snapshot takes.
+//   - Disk (disk.go): the DiskGuard's low-space alarm (metric, status, one
+//     log line; the lock service refuses Grants while it is on), the
+//     ballast released through Pebble's OnDiskFull when a write still
+//     meets a full disk, the refusal to start on a full disk, and a
+//     leader's hand-over of leadership while its disk is low. A storage
+//     failure Pebble cannot go on from is one log line and a fail-stop
+//     (logger.go).
 //   - Node: the node loop and its lifecycle (node.go), the Ready steps
-//     (ready.go), proposals matched to their applied results, ReadIndex
-//     reads and applied-index waits (propose.go), and the Observers that
-//     hear applied commands, restores, membership and leadership changes
-//     (observer.go).
-//   - Metrics (metrics.go): apply-batch and fsync histograms, counters of
-//     leader changes and snapshots taken, failed and restored, and
-//     NodeCollector, the raft state read at scrape time (term, indexes,
-//     leader, membership, and on the leader each follower's lag).
+//     (ready.go), snapshots built off the loop (snapshot.go), proposals
+//     matched to their applied results, ReadIndex reads and applied-index
+//     waits (propose.go), the Observers that hear applied commands,
+//     restores, membership and leadership changes (observer.go), and the
+//     Summary of the applied state (applied index, locks, last token,
+//     cluster version, digest) published once per applied Ready, which
+//     status reads without taking any lock the loop holds.
+//   - Metrics (metrics.go): apply-batch, fsync, snapshot and tick-gap
+//     histograms, free disk and the disk alarm, counters of leader changes
+//     and snapshots taken, failed and restored, and NodeCollector, the raft
+//     state read at scrape time (term, indexes, leader, membership, and on
+//     the leader each follower's lag).
 //
 // # The Ready contract
 //
@@ -34,12 +46,17 @@
 //  3. persist: write the new entries, the HardState, any received snapshot
 //     and the state change with its applied index in one Pebble batch,
 //     committed with Sync (without, when it carries only the state change
-//     of entries already durable in the log).
+//     of entries already durable in the log). A committed entry this
+//     binary cannot decode stops the node (UndecodableEntryError): it is
+//     never skipped, so replicas never diverge during an upgrade.
 //  4. send: only then hand the messages to the Transport.
 //  5. notify: tell the Observers, in list order, then waiting proposers,
 //     ReadIndex callers and applied-index waiters, then a lost or ready
 //     leadership.
-//  6. maybeSnapshot: record a snapshot and compact the log when due.
+//  6. maybeSnapshot: when due, take an O(1) copy of the applied rows (a
+//     Pebble snapshot) and hand it to the background goroutine that
+//     encodes, writes and records the snapshot and compacts the log
+//     (snapshot.go says why that is as safe as doing it on the loop).
 //
 // The loop then calls Advance. Because step 3 is one atomic batch, a crash
 // either keeps an applied entry together with its effect or loses both and

@@ -22,7 +22,8 @@ import (
 //	r/hardstate                raftpb.HardState (Marshal)
 //	r/confstate                raftpb.ConfState as of the applied index
 //	r/snapmeta                 raftpb.SnapshotMetadata of the latest snapshot (zero = none)
-//	r/snapdata                 core snapshot bytes of that snapshot (present iff snapmeta.Index > 0)
+//	r/snapdata                 format 1 only: core snapshot bytes of that snapshot; from
+//	                           format 2 on they live in snap/<term>-<index>.snap (snapfile.go)
 //	s/applied                  uint64 big endian: applied index
 //	s/lasttoken                uint64 big endian: core.Machine.LastToken() at the applied index
 //	l/<index:8 big endian>     raftpb.Entry (Marshal); byte order is index order.
@@ -33,7 +34,15 @@ import (
 //
 // Every row except r/snapdata exists from the moment Open initialises an
 // empty directory; a missing one is reported as corruption.
-const storeFormatVersion = 1
+//
+// Format 2 moved the snapshot data out of Pebble into a file. A format 1
+// store is read as it is and becomes format 2 with its next snapshot,
+// which deletes r/snapdata in the same batch; a binary that reads only
+// format 1 then refuses the store instead of misreading it.
+const (
+	storeFormatVersion1 = 1
+	storeFormatVersion  = 2
+)
 
 var (
 	keyVersion   = []byte("m/version")

@@ -5,6 +5,8 @@ import (
 	"log/slog"
 	"os"
 	"strings"
+	"sync"
+	"time"
 
 	"go.etcd.io/raft/v3"
 )
@@ -50,17 +52,79 @@ func (r raftLogger) warn(msg string) {
 }
 
 // pebbleLogger routes Pebble's logs to slog: its Info chatter (WAL
-// recovery, format upgrades) at Debug, its errors at Error. Pebble expects
-// Fatalf not to return; it panics (after logging) instead of exiting the
-// process.
-type pebbleLogger struct{ l *slog.Logger }
+// recovery, format upgrades) at Debug, its errors at Error.
+//
+// Errors are rate limited: Pebble retries a failing background flush or
+// compaction and logs every attempt (on a full disk, hundreds of lines a
+// second); past pebbleErrorBurst lines in a second the rest are counted
+// and summed up in the next line that gets through.
+//
+// Fatalf is a storage failure Pebble cannot go on from (a failed WAL or
+// MANIFEST write or sync). It logs one clear line, calls onFatal (the
+// daemon exits the process there), and otherwise panics with a
+// *StorageFailure, which the node loop recovers into a fail-stop when it
+// happens in its own write. Pebble expects Fatalf not to return.
+type pebbleLogger struct {
+	l       *slog.Logger
+	limit   *logLimiter
+	onFatal func(error)
+}
+
+func newPebbleLogger(l *slog.Logger, onFatal func(error)) pebbleLogger {
+	return pebbleLogger{l: l, limit: &logLimiter{}, onFatal: onFatal}
+}
 
 func (p pebbleLogger) Infof(format string, args ...any) { p.l.Debug(fmt.Sprintf(format, args...)) }
 
-func (p pebbleLogger) Errorf(format string, args ...any) { p.l.Error(fmt.Sprintf(format, args...)) }
+func (p pebbleLogger) Errorf(format string, args ...any) {
+	if ok, suppressed := p.limit.allow(time.Now()); ok {
+		if suppressed > 0 {
+			p.l.Error(fmt.Sprintf(format, args...), "suppressed_before", suppressed)
+			return
+		}
+		p.l.Error(fmt.Sprintf(format, args...))
+	}
+}
 
 func (p pebbleLogger) Fatalf(format string, args ...any) {
-	msg := fmt.Sprintf(format, args...)
-	p.l.Error(msg, "fatal", true)
-	panic("raftstore: pebble: " + msg)
+	err := &StorageFailure{Msg: fmt.Sprintf(format, args...)}
+	p.l.Error("storage failure: stopping the node (fail-stop)", "err", err.Msg)
+	if p.onFatal != nil {
+		p.onFatal(err)
+	}
+	panic(err)
+}
+
+// StorageFailure is a storage error the store cannot go on from.
+type StorageFailure struct{ Msg string }
+
+func (e *StorageFailure) Error() string { return "raftstore: storage failure: " + e.Msg }
+
+// pebbleErrorBurst is how many Pebble error lines get through per second.
+const pebbleErrorBurst = 5
+
+// logLimiter lets pebbleErrorBurst lines through per second.
+type logLimiter struct {
+	mu         sync.Mutex
+	second     time.Time
+	n          int
+	suppressed int
+}
+
+func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
+	if l == nil {
+		return true, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.second) >= time.Second {
+		l.second, l.n = now, 0
+	}
+	if l.n >= pebbleErrorBurst {
+		l.suppressed++
+		return false, 0
+	}
+	l.n++
+	suppressed, l.suppressed = l.suppressed, 0
+	return true, suppressed
 }

@@ -32,6 +32,19 @@ type Metrics struct {
 	SnapshotsTaken    prometheus.Counter
 	SnapshotFailures  prometheus.Counter
 	SnapshotsRestored prometheus.Counter
+	// SnapshotLatency and SnapshotBytes observe every snapshot built in
+	// the background: the time to encode, write and record it, and its
+	// size.
+	SnapshotLatency prometheus.Histogram
+	SnapshotBytes   prometheus.Gauge
+	// TickGap observes the time between two ticks handled by the raft
+	// loop: it stays at the tick interval unless the loop stalls (and
+	// with it heartbeats and elections).
+	TickGap prometheus.Histogram
+	// DiskFree and DiskAlarm are the DiskGuard's view: free bytes of the
+	// store's filesystem, and 1 while the low-space alarm is on.
+	DiskFree  prometheus.Gauge
+	DiskAlarm prometheus.Gauge
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not
@@ -48,10 +61,18 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		SnapshotsTaken:    prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_snapshots_taken_total", Help: "Snapshots this node recorded."}),
 		SnapshotFailures:  prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_snapshot_failures_total", Help: "Snapshots this node failed to record or compact behind."}),
 		SnapshotsRestored: prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_snapshots_restored_total", Help: "Snapshots from a leader that replaced this node's state."}),
+		SnapshotLatency: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ticketd_snapshot_seconds", Help: "Time to build, write and record one snapshot (off the raft loop).",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 16)}),
+		SnapshotBytes: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_snapshot_bytes", Help: "Size of the latest snapshot this node built."}),
+		TickGap: prometheus.NewHistogram(prometheus.HistogramOpts{Name: "ticketd_raft_tick_gap_seconds", Help: "Time between two raft ticks handled by the node loop (the tick interval unless the loop stalls).",
+			Buckets: prometheus.ExponentialBuckets(1e-3, 2, 14)}),
+		DiskFree:  prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_disk_free_bytes", Help: "Free bytes on the filesystem of the raft store."}),
+		DiskAlarm: prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_disk_alarm", Help: "1 while the store is low on space (grants refused with resource_exhausted)."}),
 	}
 	if reg != nil {
 		reg.MustRegister(m.ApplyLatency, m.ApplyEntries, m.FsyncLatency, m.FsyncEntries,
-			m.LeaderChanges, m.SnapshotsTaken, m.SnapshotFailures, m.SnapshotsRestored)
+			m.LeaderChanges, m.SnapshotsTaken, m.SnapshotFailures, m.SnapshotsRestored,
+			m.SnapshotLatency, m.SnapshotBytes, m.TickGap, m.DiskFree, m.DiskAlarm)
 	}
 	return m
 }
@@ -74,6 +95,40 @@ func (m *Metrics) observeFsync(d time.Duration, entries int) {
 	}
 	m.FsyncLatency.Observe(d.Seconds())
 	m.FsyncEntries.Observe(float64(entries))
+}
+
+// observeSnapshot records one background snapshot. Called by the one
+// background snapshot goroutine.
+func (m *Metrics) observeSnapshot(d time.Duration, bytes int) {
+	if m == nil {
+		return
+	}
+	m.SnapshotLatency.Observe(d.Seconds())
+	m.SnapshotBytes.Set(float64(bytes))
+}
+
+// observeTickGap records the time between two ticks. Called serially by
+// the raft loop.
+func (m *Metrics) observeTickGap(d time.Duration) {
+	if m == nil {
+		return
+	}
+	m.TickGap.Observe(d.Seconds())
+}
+
+// observeDisk records a DiskGuard check. Called by the guard's goroutine
+// and by the OnDiskFull callback, which Pebble serialises with it only
+// loosely; gauges are safe for that.
+func (m *Metrics) observeDisk(free uint64, alarm bool) {
+	if m == nil {
+		return
+	}
+	m.DiskFree.Set(float64(free))
+	if alarm {
+		m.DiskAlarm.Set(1)
+	} else {
+		m.DiskAlarm.Set(0)
+	}
 }
 
 // Lifecycle events, counted by the Ready loop.

@@ -123,9 +123,26 @@ type Node struct {
 
 	waiting waiting // callers blocked until the Ready loop answers them
 
-	// snapIndex is the index of the latest snapshot. Only the Ready loop
-	// uses it.
-	snapIndex uint64
+	// snapIndex is the index of the latest snapshot, written by the
+	// background snapshot (snapshot.go) and by the loop when it installs a
+	// received one. snapping is set while a background snapshot runs;
+	// snapForce (loop only) asks for the next one as soon as it ends.
+	snapIndex atomic.Uint64
+	snapping  atomic.Bool
+	snapForce bool
+	// snapRequested is set by RequestSnapshot.
+	snapRequested atomic.Bool
+	// lastSnapBytes is the size of the last snapshot built, the size hint
+	// of the next one.
+	lastSnapBytes atomic.Int64
+	// bg tracks the background snapshot goroutine; bgErrc carries its
+	// fatal error to the loop.
+	bg     sync.WaitGroup
+	bgErrc chan error
+
+	// maxTickGap is the longest time between two ticks the loop handled
+	// (nanoseconds): how late the loop ever was to tick and heartbeat.
+	maxTickGap atomic.Int64
 
 	stopc chan struct{}
 	donec chan struct{}
@@ -144,10 +161,12 @@ func NewNode(cfg Config) (*Node, error) {
 	if cfg.Store == nil {
 		return nil, fmt.Errorf("raftstore: store is required")
 	}
+	loadStart := time.Now()
 	applied, machine, cs, err := cfg.Store.LoadMachine()
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: load state: %w", err)
 	}
+	cfg.Logger.Info("state loaded", "node", cfg.ID, "applied", applied, "locks", machine.Len(), "took", time.Since(loadStart))
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, fmt.Errorf("raftstore: request id seed: %w", err)
@@ -161,9 +180,10 @@ func NewNode(cfg Config) (*Node, error) {
 			proposals: make(map[uint64]chan proposalResult),
 			reads:     make(map[string]chan readResult),
 		},
-		stopc: make(chan struct{}),
-		donec: make(chan struct{}),
-		errc:  make(chan error, 1),
+		stopc:  make(chan struct{}),
+		donec:  make(chan struct{}),
+		errc:   make(chan error, 1),
+		bgErrc: make(chan error, 1),
 	}
 	n.applied.Store(applied)
 	n.confState.Store(&cs)
@@ -172,7 +192,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: read snapshot: %w", err)
 	}
-	n.snapIndex = snap.Metadata.Index
+	n.snapIndex.Store(snap.Metadata.Index)
 	if err := n.startRaft(applied); err != nil {
 		return nil, err
 	}
@@ -227,6 +247,8 @@ func (n *Node) startRaft(applied uint64) error {
 func (n *Node) Start() {
 	n.startOnce.Do(func() {
 		go n.run()
+		n.bg.Add(1)
+		go n.yieldLoop()
 		// A sole voter need not wait out an election timeout to lead.
 		cs := n.ConfState()
 		if len(cs.Voters) == 1 && cs.Voters[0] == n.cfg.ID || len(cs.Voters) == 0 && len(n.cfg.Peers) == 1 && n.cfg.Peers[0] == n.cfg.ID {
@@ -243,6 +265,7 @@ func (n *Node) Stop() {
 		n.startOnce.Do(func() { close(n.donec) }) // never started: no loop to wait for
 		close(n.stopc)
 		<-n.donec
+		n.bg.Wait() // a background snapshot sees stopc and ends
 		n.raft.Stop()
 		// In-flight proposals may still have been committed by the others.
 		n.waiting.failAll(fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped))
@@ -344,11 +367,25 @@ func (n *Node) ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) er
 // and Advance, or stop.
 func (n *Node) run() {
 	defer close(n.donec)
+	defer func() {
+		// A storage failure in this loop's own write (logged once by the
+		// store) stops the node like any other failed Ready.
+		if r := recover(); r != nil {
+			sf, ok := r.(*StorageFailure)
+			if !ok {
+				panic(r)
+			}
+			n.fail(sf)
+		}
+	}()
 	ticker := time.NewTicker(n.cfg.TickInterval)
 	defer ticker.Stop()
+	lastTick := time.Now()
 	for {
 		select {
-		case <-ticker.C:
+		case now := <-ticker.C:
+			n.observeTick(now.Sub(lastTick))
+			lastTick = now
 			n.raft.Tick()
 		case rd := <-n.raft.Ready():
 			if err := n.handleReady(rd); err != nil {
@@ -356,11 +393,31 @@ func (n *Node) run() {
 				return
 			}
 			n.raft.Advance()
+		case err := <-n.bgErrc:
+			n.fail(err)
+			return
 		case <-n.stopc:
 			return
 		}
 	}
 }
+
+// observeTick records the time since the previous tick: a gap well above
+// TickInterval means the loop was busy (or starved) and heartbeats were
+// late by as much.
+func (n *Node) observeTick(gap time.Duration) {
+	if int64(gap) > n.maxTickGap.Load() {
+		n.maxTickGap.Store(int64(gap))
+	}
+	n.cfg.Metrics.observeTickGap(gap)
+}
+
+// MaxTickGap is the longest time between two ticks the loop handled since
+// it started (or since ResetMaxTickGap): how late heartbeats ever were.
+func (n *Node) MaxTickGap() time.Duration { return time.Duration(n.maxTickGap.Load()) }
+
+// ResetMaxTickGap starts MaxTickGap over.
+func (n *Node) ResetMaxTickGap() { n.maxTickGap.Store(0) }
 
 // fail ends the loop after a Ready could not be handled: the node can no
 // longer lead or answer, so every waiting caller and observer hears that.

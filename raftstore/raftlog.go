@@ -5,6 +5,7 @@ import (
 	"fmt"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"github.com/ticketd/ticketd/core"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -140,40 +141,71 @@ func (s *Store) FirstIndex() (uint64, error) {
 
 // Snapshot implements raft.Storage: the latest snapshot recorded by
 // CreateSnapshot or installed by Write, or the empty snapshot if none. Its
-// Data is validated as a core snapshot before it is returned.
+// Data is checked (magic, version, checksum) before it is returned; the
+// locks are not decoded again: raft calls this from its own goroutine when
+// a follower needs a snapshot, and the data was validated when it was
+// written. The file is read without holding the store's lock, so a large
+// snapshot does not hold up the raft loop's writes.
 func (s *Store) Snapshot() (raftpb.Snapshot, error) {
 	s.mu.RLock()
-	defer s.mu.RUnlock()
 	if s.closed {
+		s.mu.RUnlock()
 		return raftpb.Snapshot{}, ErrStoreClosed
 	}
 	meta, err := readSnapMeta(s.view)
+	if err != nil || meta.Index == 0 {
+		s.mu.RUnlock()
+		return raftpb.Snapshot{}, err
+	}
+	legacy, ok, err := get(s.view, keySnapData)
+	var file vfs.File
+	if err == nil && !ok {
+		// Opened under the lock: a newer snapshot removes this file only
+		// after it is published, and the open file stays readable.
+		file, err = s.snaps.open(meta.Term, meta.Index)
+	}
+	s.mu.RUnlock()
 	if err != nil {
 		return raftpb.Snapshot{}, err
 	}
-	if meta.Index == 0 {
-		return raftpb.Snapshot{}, nil
+	data := legacy
+	if file != nil {
+		if data, err = readAll(file); err != nil {
+			return raftpb.Snapshot{}, err
+		}
 	}
-	data, ok, err := get(s.view, keySnapData)
-	if err != nil {
-		return raftpb.Snapshot{}, err
-	}
-	if !ok {
-		return raftpb.Snapshot{}, fmt.Errorf("%w: snapshot %d has no %s row", ErrCorrupt, meta.Index, keySnapData)
-	}
-	if _, _, err := core.DecodeSnapshot(data); err != nil {
+	if _, err := core.CheckSnapshot(data); err != nil {
 		return raftpb.Snapshot{}, fmt.Errorf("%w: snapshot %d data: %w", ErrCorrupt, meta.Index, err)
 	}
 	return raftpb.Snapshot{Data: data, Metadata: meta}, nil
 }
 
 // CreateSnapshot durably records a raft snapshot at index with the given
-// conf state and data: core.Machine.Snapshot() bytes taken at exactly that
-// applied index. index must be <= AppliedIndex(); an index at or below the
+// conf state and data: core snapshot bytes of the applied state at exactly
+// that index. index must be <= AppliedIndex(); an index at or below the
 // latest snapshot gives raft.ErrSnapOutOfDate, like
-// MemoryStorage.CreateSnapshot. The data must decode as a core snapshot.
-// The log is not compacted; call Compact for that.
+// MemoryStorage.CreateSnapshot. The data must be a core snapshot (checked
+// by its checksum and header; its last token must match the applied one
+// when index is the applied index). The log is not compacted; call
+// Compact for that.
+//
+// It may run concurrently with Write (the node builds snapshots off its
+// raft loop): the data goes to its own file without holding the writers'
+// lock, and only the small metadata batch is committed under it, after
+// checking again that no newer snapshot (a received one) was installed
+// meanwhile.
 func (s *Store) CreateSnapshot(index uint64, cs raftpb.ConfState, data []byte) error {
+	info, err := core.CheckSnapshot(data)
+	if err != nil {
+		return fmt.Errorf("raftstore: create snapshot %d: %w: data: %w", index, ErrInvariant, err)
+	}
+	term, err := s.checkNewSnapshot(index, info)
+	if err != nil {
+		return err
+	}
+	if err := s.snaps.write(term, index, data); err != nil {
+		return fmt.Errorf("raftstore: create snapshot %d: %w", index, err)
+	}
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	if s.closed {
@@ -181,43 +213,67 @@ func (s *Store) CreateSnapshot(index uint64, cs raftpb.ConfState, data []byte) e
 	}
 	st := s.st
 	if index <= st.snapIndex {
+		// A received snapshot was installed while ours was written.
+		_ = s.snaps.removeExcept(st.snapTerm, st.snapIndex)
 		return raft.ErrSnapOutOfDate
-	}
-	if index > st.applied {
-		return fmt.Errorf("raftstore: create snapshot: %w: index %d above applied index %d", ErrInvariant, index, st.applied)
-	}
-	term := st.offsetTerm
-	if index != st.offset {
-		e, err := readEntry(s.view, index)
-		if err != nil {
-			return fmt.Errorf("raftstore: create snapshot %d: %w", index, err)
-		}
-		term = e.Term
-	}
-	lastToken, _, err := core.DecodeSnapshot(data)
-	if err != nil {
-		return fmt.Errorf("raftstore: create snapshot %d: %w: data: %w", index, ErrInvariant, err)
-	}
-	if index == st.applied && lastToken != st.lastToken {
-		return fmt.Errorf("raftstore: create snapshot %d: %w: data last token %d, applied last token %d",
-			index, ErrInvariant, lastToken, st.lastToken)
 	}
 	b := s.db.NewBatch()
 	defer b.Close()
 	meta := raftpb.SnapshotMetadata{ConfState: cs, Index: index, Term: term}
-	if err := setMarshaled(b, keySnapMeta, &meta); err != nil {
-		return fmt.Errorf("raftstore: create snapshot %d: %w", index, err)
-	}
-	if err := b.Set(keySnapData, data, nil); err != nil {
+	if err := stageSnapMeta(b, &meta); err != nil {
 		return fmt.Errorf("raftstore: create snapshot %d: %w", index, err)
 	}
 	if _, err := s.commit(b); err != nil {
 		return fmt.Errorf("raftstore: create snapshot %d: %w", index, err)
 	}
-	st.snapIndex = index
+	st.snapIndex, st.snapTerm = index, term
 	s.publish(st)
+	if err := s.snaps.removeExcept(term, index); err != nil {
+		s.log.Warn("removing old snapshot files", "err", err)
+	}
 	s.log.Debug("created snapshot", "index", index, "term", term, "bytes", len(data))
 	return nil
+}
+
+// checkNewSnapshot checks that a snapshot at index may be created now and
+// returns the term of its entry.
+func (s *Store) checkNewSnapshot(index uint64, info core.SnapshotInfo) (uint64, error) {
+	s.writeMu.Lock()
+	defer s.writeMu.Unlock()
+	if s.closed {
+		return 0, ErrStoreClosed
+	}
+	st := s.st
+	if index <= st.snapIndex {
+		return 0, raft.ErrSnapOutOfDate
+	}
+	if index > st.applied {
+		return 0, fmt.Errorf("raftstore: create snapshot: %w: index %d above applied index %d", ErrInvariant, index, st.applied)
+	}
+	if index == st.applied && info.LastToken != st.lastToken {
+		return 0, fmt.Errorf("raftstore: create snapshot %d: %w: data last token %d, applied last token %d",
+			index, ErrInvariant, info.LastToken, st.lastToken)
+	}
+	if index == st.offset {
+		return st.offsetTerm, nil
+	}
+	e, err := readEntry(s.view, index)
+	if err != nil {
+		return 0, fmt.Errorf("raftstore: create snapshot %d: %w", index, err)
+	}
+	return e.Term, nil
+}
+
+// stageSnapMeta adds the metadata of a new snapshot (whose file is already
+// durable) to b, and moves a format 1 store to format 2.
+func stageSnapMeta(b *pebble.Batch, meta *raftpb.SnapshotMetadata) error {
+	if err := setMarshaled(b, keySnapMeta, meta); err != nil {
+		return err
+	}
+	if err := b.Delete(keySnapData, nil); err != nil {
+		return err
+	}
+	return b.Set(keyVersion, encodeUint64(storeFormatVersion), nil)
 }
 
 // Compact discards the log entries before compactIndex, with exactly the

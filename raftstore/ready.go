@@ -1,7 +1,6 @@
 package raftstore
 
 import (
-	"errors"
 	"fmt"
 	"log/slog"
 	"time"
@@ -16,7 +15,8 @@ import (
 type readyApply struct {
 	applied     uint64 // applied index after this Ready
 	confState   raftpb.ConfState
-	restored    bool // a received snapshot replaced the state
+	restored    bool                // a received snapshot replaced the state
+	snapshot    *core.SnapshotState // its decoded content
 	confChanges []raftpb.ConfChangeV2
 	events      []Applied
 	requestIDs  []uint64 // requestIDs[i] is the proposal events[i] answers
@@ -67,15 +67,8 @@ func (n *Node) handleReady(rd raft.Ready) error {
 		n.send(rd.Messages)
 	}
 
-	// machineMu is held from apply until the batch is durable, so View
-	// never shows state that a crash could still lose.
-	n.machineMu.Lock()
 	start := time.Now()
-	ra, err := n.applyCommitted(rd)
-	if err == nil {
-		err = n.persist(rd, ra)
-	}
-	n.machineMu.Unlock()
+	ra, err := n.applyAndPersist(rd)
 	if err != nil {
 		return err
 	}
@@ -91,6 +84,20 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	// ConfState names it (raft refuses others), so membership changes get
 	// a fresh snapshot at once instead of waiting for the next interval.
 	return n.maybeSnapshot(ra.applied, ra.confState, len(ra.confChanges) > 0)
+}
+
+// applyAndPersist applies rd and persists it under machineMu, held from
+// apply until the batch is durable, so View never shows state that a
+// crash could still lose (and released even if the write panics with a
+// storage failure).
+func (n *Node) applyAndPersist(rd raft.Ready) (*readyApply, error) {
+	n.machineMu.Lock()
+	defer n.machineMu.Unlock()
+	ra, err := n.applyCommitted(rd)
+	if err == nil {
+		err = n.persist(rd, ra)
+	}
+	return ra, err
 }
 
 // trackSoftState records the leader, role and term rd reports, and says
@@ -127,14 +134,21 @@ func (n *Node) trackSoftState(rd raft.Ready) (lostLeadership bool) {
 func (n *Node) applyCommitted(rd raft.Ready) (*readyApply, error) {
 	ra := &readyApply{applied: n.applied.Load(), confState: n.ConfState()}
 	if !raft.IsEmptySnap(rd.Snapshot) {
-		if err := n.machine.Restore(rd.Snapshot.Data); err != nil {
+		// Decoded once, for the machine and for the store's lock rows. A
+		// snapshot of any table the cluster can hold passes the decoder's
+		// limits (core/limits.go).
+		start := time.Now()
+		ss, err := core.DecodeSnapshotState(rd.Snapshot.Data)
+		if err != nil {
 			return nil, fmt.Errorf("restore snapshot at %d: %w", rd.Snapshot.Metadata.Index, err)
 		}
+		n.machine.RestoreState(ss)
+		n.log.Info("snapshot restored", "index", rd.Snapshot.Metadata.Index, "locks", len(ss.Locks),
+			"bytes", len(rd.Snapshot.Data), "took", time.Since(start))
+		ra.snapshot = &ss
 		ra.applied = rd.Snapshot.Metadata.Index
 		ra.confState = rd.Snapshot.Metadata.ConfState
 		ra.restored = true
-		// The installed snapshot is now the store's latest one.
-		n.snapIndex = ra.applied
 	}
 	for _, e := range rd.CommittedEntries {
 		if e.Index <= ra.applied {
@@ -219,10 +233,14 @@ func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
 	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
 	// be on disk before messages go out; the state change of entries
 	// already durable in the log may ride without its own fsync.
-	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot,
+	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot, SnapshotState: ra.snapshot,
 		State: ra.state, MaySkipSync: !rd.MustSync}
 	if err := n.cfg.Store.Write(w); err != nil {
 		return fmt.Errorf("persist ready: %w", err)
+	}
+	if ra.restored {
+		// The installed snapshot is now the store's latest one.
+		n.snapIndex.Store(ra.applied)
 	}
 	n.applied.Store(ra.applied)
 	cs := ra.confState
@@ -281,33 +299,6 @@ func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 			o.OnLeaderReady(n.term.Load())
 		}
 	}
-}
-
-// maybeSnapshot records a snapshot every SnapshotEntries applied entries
-// (or now, when force is set) and compacts the log behind it, keeping
-// CompactKeep entries so that a slightly lagging follower catches up from
-// the log, not a snapshot.
-func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState, force bool) error {
-	if applied <= n.snapIndex || !force && applied-n.snapIndex < n.cfg.SnapshotEntries {
-		return nil
-	}
-	n.machineMu.RLock()
-	data := n.machine.Snapshot()
-	n.machineMu.RUnlock()
-	if err := n.cfg.Store.CreateSnapshot(applied, cs, data); err != nil {
-		n.cfg.Metrics.snapshotFailed()
-		return fmt.Errorf("create snapshot at %d: %w", applied, err)
-	}
-	n.snapIndex = applied
-	n.cfg.Metrics.snapshotTaken()
-	if applied > n.cfg.CompactKeep {
-		if err := n.cfg.Store.Compact(applied - n.cfg.CompactKeep); err != nil && !errors.Is(err, raft.ErrCompacted) {
-			n.cfg.Metrics.snapshotFailed()
-			return fmt.Errorf("compact to %d: %w", applied-n.cfg.CompactKeep, err)
-		}
-	}
-	n.log.Info("snapshot taken", "index", applied, "bytes", len(data))
-	return nil
 }
 
 // logConfChange logs each change of an applied membership change, one

@@ -7,6 +7,8 @@ import (
 	"io"
 	"log"
 	"math"
+	"os"
+	"path/filepath"
 	"slices"
 	"sync"
 	"sync/atomic"
@@ -23,7 +25,7 @@ import (
 
 func openTestStore(t testing.TB, dir string) *Store {
 	t.Helper()
-	s, err := Open(dir, StoreOptions{NoSync: true, Logger: testkit.QuietLogger()})
+	s, err := Open(dir, StoreOptions{NoSync: true, Logger: testkit.QuietLogger(), Disk: DiskOptions{BallastBytes: -1}})
 	if err != nil {
 		t.Fatalf("Open(%s): %v", dir, err)
 	}
@@ -415,7 +417,7 @@ func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *StateChange 
 	var touched []string
 	for _, c := range cmds {
 		m.Apply(c)
-		if !slices.Contains(touched, c.Key) {
+		if c.Kind != core.KindControl && !slices.Contains(touched, c.Key) {
 			touched = append(touched, c.Key)
 		}
 	}
@@ -711,8 +713,7 @@ func TestStorageCorruptRow(t *testing.T) {
 		{"conf state garbage", keyConfState, garbage, initialState},
 		{"conf state garbage via LoadMachine", keyConfState, garbage, loadMachine},
 		{"snapshot metadata garbage", keySnapMeta, garbage, nil},
-		{"snapshot data garbage", keySnapData, []byte("TKS\x01junk"), snapshot},
-		{"snapshot data missing", keySnapData, nil, nil},
+		{"legacy snapshot data garbage", keySnapData, []byte("TKS\x01junk"), snapshot},
 		{"applied index short", keyApplied, []byte{0, 0, 3}, nil},
 		{"applied above commit", keyApplied, encodeUint64(5), nil},
 		{"last token missing", keyLastToken, nil, nil},
@@ -720,7 +721,7 @@ func TestStorageCorruptRow(t *testing.T) {
 		{"lock row under other key", lockKey("zz"), core.EncodeLockRecord(core.Lock{Key: "a", Token: 1, LeaseMS: 1000}), loadMachine},
 		{"lock row token above last token", lockKey("a"), core.EncodeLockRecord(core.Lock{Key: "a", Token: 99, LeaseMS: 1000}), loadMachine},
 		{"lock row duplicate token", lockKey("zz"), core.EncodeLockRecord(core.Lock{Key: "zz", Token: 1, LeaseMS: 1000}), loadMachine},
-		{"version unknown", keyVersion, encodeUint64(2), nil},
+		{"version unknown", keyVersion, encodeUint64(3), nil},
 		{"version missing", keyVersion, nil, nil},
 	}
 	for _, tt := range tests {
@@ -749,7 +750,7 @@ func checkCorruptRow(t *testing.T, key, value []byte, read func(*Store) error) {
 		t.Fatal(err)
 	}
 
-	db, err := pebble.Open(dir, &pebble.Options{Logger: pebbleLogger{testkit.QuietLogger()}})
+	db, err := pebble.Open(dir, &pebble.Options{Logger: newPebbleLogger(testkit.QuietLogger(), nil)})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -1197,3 +1198,116 @@ func BenchmarkWriteBatch64(b *testing.B) { benchWrite(b, 64, false) }
 // BenchmarkWriteNoSync: BenchmarkWriteSync without the fsync, the CPU cost
 // of a Write; the difference is the fsync.
 func BenchmarkWriteNoSync(b *testing.B) { benchWrite(b, 1, true) }
+
+// The snapshot data lives in its own file (format 2): a missing file is
+// corruption at Open, a damaged one at Snapshot.
+func TestStorageCorruptSnapshotFile(t *testing.T) {
+	for _, tc := range []struct {
+		name   string
+		damage func(t *testing.T, path string)
+		atOpen bool
+	}{
+		{"missing", func(t *testing.T, path string) {
+			if err := os.Remove(path); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"garbage", func(t *testing.T, path string) {
+			if err := os.WriteFile(path, []byte("TKS\x03junk"), 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+		{"one bit flipped", func(t *testing.T, path string) {
+			b, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatal(err)
+			}
+			b[len(b)/2] ^= 1
+			if err := os.WriteFile(path, b, 0o600); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			dir := t.TempDir()
+			s := openTestStore(t, dir)
+			m := core.NewMachine()
+			mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 4), HardState: raftpb.HardState{Term: 1, Commit: 4},
+				State: applyRun(m, 4, core.Grant("a", "", 1000, 0))})
+			if err := s.CreateSnapshot(4, testConfState, m.Snapshot()); err != nil {
+				t.Fatal(err)
+			}
+			path := s.snaps.name(1, 4)
+			if err := s.Close(); err != nil {
+				t.Fatal(err)
+			}
+			tc.damage(t, path)
+			s2, err := Open(dir, StoreOptions{NoSync: true, Logger: testkit.QuietLogger()})
+			if tc.atOpen {
+				if !errors.Is(err, ErrCorrupt) {
+					t.Fatalf("Open: err %v, want ErrCorrupt", err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer s2.Close()
+			if _, err := s2.Snapshot(); !errors.Is(err, ErrCorrupt) {
+				t.Fatalf("Snapshot: err %v, want ErrCorrupt", err)
+			}
+		})
+	}
+}
+
+// A store of format 1 (snapshot data in the r/snapdata row) is read as it
+// is, and its next snapshot moves it to format 2: data in a file, the row
+// deleted, the version row raised, older snapshot files removed.
+func TestStorageFormat1Migrates(t *testing.T) {
+	dir := t.TempDir()
+	s := openTestStore(t, dir)
+	m := core.NewMachine()
+	mustWrite(t, s, ReadyWrite{Entries: mkEnts(1, 1, 6), HardState: raftpb.HardState{Term: 1, Commit: 6},
+		State: applyRun(m, 4, core.Grant("a", "", 1000, 0))})
+	old := m.Snapshot()
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	// Write the rows a format 1 binary would have written for a snapshot
+	// at index 4.
+	db, err := pebble.Open(dir, &pebble.Options{Logger: newPebbleLogger(testkit.QuietLogger(), nil)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b := db.NewBatch()
+	meta := raftpb.SnapshotMetadata{ConfState: testConfState, Index: 4, Term: 1}
+	if err := errors.Join(setMarshaled(b, keySnapMeta, &meta), b.Set(keySnapData, old, nil),
+		b.Set(keyVersion, encodeUint64(storeFormatVersion1), nil), b.Commit(pebble.Sync), b.Close(), db.Close()); err != nil {
+		t.Fatal(err)
+	}
+
+	s = openTestStore(t, dir)
+	snap, err := s.Snapshot()
+	if err != nil || !bytes.Equal(snap.Data, old) || snap.Metadata.Index != 4 {
+		t.Fatalf("format 1 snapshot: index %d, err %v", snap.Metadata.Index, err)
+	}
+	mustWrite(t, s, ReadyWrite{State: applyRun(m, 6, core.Grant("b", "", 1000, 0), core.Grant("c", "", 1000, 0))})
+	if err := s.CreateSnapshot(6, testConfState, m.Snapshot()); err != nil {
+		t.Fatal(err)
+	}
+	if _, ok, _ := get(s.db, keySnapData); ok {
+		t.Fatal("r/snapdata survived the move to a snapshot file")
+	}
+	if v, _, _ := get(s.db, keyVersion); !bytes.Equal(v, encodeUint64(storeFormatVersion)) {
+		t.Fatalf("format version row %x, want %d", v, storeFormatVersion)
+	}
+	s = reopen(t, s, dir)
+	snap, err = s.Snapshot()
+	if err != nil || !bytes.Equal(snap.Data, m.Snapshot()) || snap.Metadata.Index != 6 {
+		t.Fatalf("after the move: index %d, err %v", snap.Metadata.Index, err)
+	}
+	names, err := os.ReadDir(filepath.Join(dir, snapDirName))
+	if err != nil || len(names) != 1 {
+		t.Fatalf("snapshot directory holds %v (%v), want the one file", names, err)
+	}
+}

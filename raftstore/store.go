@@ -7,6 +7,7 @@ import (
 	"sync"
 
 	"github.com/cockroachdb/pebble/v2"
+	"github.com/cockroachdb/pebble/v2/vfs"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -38,6 +39,17 @@ type StoreOptions struct {
 	// entries it carried. A Write with nothing to persist, or a
 	// MaySkipSync write, is not observed.
 	Metrics *Metrics
+	// FS is the filesystem of the database and the snapshot files; nil
+	// means the operating system's (vfs.Default). Tests inject faults
+	// through Pebble's vfs/errorfs here.
+	FS vfs.FS
+	// Disk configures the low-space alarm and ballast (disk.go).
+	Disk DiskOptions
+	// OnFatal, if set, is called with a storage failure Pebble cannot go
+	// on from, after its one log line; it should not return (the daemon
+	// exits the process). Without it the failure panics, which the node
+	// loop turns into a fail-stop when it happens in its own write.
+	OnFatal func(error)
 }
 
 // Store is the Pebble-backed durable storage of one raft node: the raft log,
@@ -60,6 +72,8 @@ type Store struct {
 	wo      *pebble.WriteOptions
 	log     *slog.Logger
 	metrics *Metrics
+	snaps   snapFiles
+	disk    *DiskGuard
 
 	// writeMu serialises the writers (Write, CreateSnapshot, Compact, Close).
 	// Only a writer holding writeMu changes st, view and closed, and it does
@@ -83,6 +97,7 @@ type storeState struct {
 	applied    uint64 // persisted applied index
 	lastToken  uint64 // persisted last token
 	snapIndex  uint64 // index of the latest snapshot (0 = none)
+	snapTerm   uint64 // its term
 }
 
 // Open opens (creating if needed) the store in dir. An empty store behaves
@@ -94,14 +109,33 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 		logger = slog.Default()
 	}
 	logger = logger.With("component", "raftstore")
+	rawFS := opts.FS
+	if rawFS == nil {
+		rawFS = vfs.Default
+	}
+	if err := rawFS.MkdirAll(dir, 0o750); err != nil {
+		return nil, fmt.Errorf("raftstore: create %s: %w", dir, err)
+	}
+	disk := newDiskGuard(rawFS, dir, opts.Disk, logger, opts.Metrics)
+	if err := disk.checkStart(); err != nil {
+		return nil, err
+	}
+	// Every write goes through the guard's ENOSPC handler (disk.go).
+	fs := vfs.OnDiskFull(rawFS, disk.onDiskFull)
+	snaps := snapFiles{fs: fs, dir: fs.PathJoin(dir, snapDirName)}
+	if err := snaps.init(); err != nil {
+		return nil, err
+	}
+	plog := newPebbleLogger(logger.With("subsystem", "pebble"), opts.OnFatal)
 	db, err := pebble.Open(dir, &pebble.Options{
+		FS:                 fs,
 		FormatMajorVersion: pebble.FormatNewest,
-		Logger:             pebbleLogger{logger.With("subsystem", "pebble")},
+		Logger:             plog,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: open pebble in %s: %w", dir, err)
 	}
-	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics}
+	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics, snaps: snaps, disk: disk}
 	if opts.NoSync {
 		s.wo = pebble.NoSync
 	}
@@ -109,13 +143,18 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 		_ = db.Close()
 		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
 	}
-	st, err := loadState(db)
+	st, err := loadState(db, snaps)
 	if err != nil {
+		_ = db.Close()
+		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
+	}
+	if err := snaps.removeExcept(st.snapTerm, st.snapIndex); err != nil {
 		_ = db.Close()
 		return nil, fmt.Errorf("raftstore: open %s: %w", dir, err)
 	}
 	s.st = st
 	s.view = db.NewSnapshot()
+	disk.start()
 	logger.Info("raft storage opened", "dir", dir, "first_index", st.offset+1, "last_index", st.last,
 		"commit", st.commit, "applied", st.applied, "snapshot_index", st.snapIndex, "no_sync", opts.NoSync)
 	return s, nil
@@ -133,8 +172,8 @@ func (s *Store) initialise() error {
 		if err != nil {
 			return err
 		}
-		if ver != storeFormatVersion {
-			return fmt.Errorf("%w: format version %d, this build reads %d", ErrCorrupt, ver, storeFormatVersion)
+		if ver != storeFormatVersion1 && ver != storeFormatVersion {
+			return fmt.Errorf("%w: format version %d, this build reads %d and %d", ErrCorrupt, ver, storeFormatVersion1, storeFormatVersion)
 		}
 		return nil
 	}
@@ -181,7 +220,7 @@ func (s *Store) initialise() error {
 }
 
 // loadState reads and cross-checks the persisted indexes.
-func loadState(r reader) (storeState, error) {
+func loadState(r reader, snaps snapFiles) (storeState, error) {
 	var st storeState
 	hs, err := readHardState(r)
 	if err != nil {
@@ -198,12 +237,12 @@ func loadState(r reader) (storeState, error) {
 	if err != nil {
 		return st, err
 	}
-	st.snapIndex = meta.Index
+	st.snapIndex, st.snapTerm = meta.Index, meta.Term
 	if meta.Index > 0 {
 		if _, ok, err := get(r, keySnapData); err != nil {
 			return st, err
-		} else if !ok {
-			return st, fmt.Errorf("%w: snapshot %d has no %s row", ErrCorrupt, meta.Index, keySnapData)
+		} else if !ok && !snaps.exists(meta.Term, meta.Index) {
+			return st, fmt.Errorf("%w: snapshot %d has neither a file (%s) nor a %s row", ErrCorrupt, meta.Index, snaps.name(meta.Term, meta.Index), keySnapData)
 		}
 	}
 
@@ -256,6 +295,9 @@ func loadState(r reader) (storeState, error) {
 	return st, nil
 }
 
+// Disk is the store's disk guard: its Err is the low-space alarm.
+func (s *Store) Disk() *DiskGuard { return s.disk }
+
 // Close closes the store. It is safe to call more than once.
 func (s *Store) Close() error {
 	s.writeMu.Lock()
@@ -269,6 +311,7 @@ func (s *Store) Close() error {
 	view := s.view
 	s.view = nil
 	s.mu.Unlock()
+	s.disk.close()
 	if err := errors.Join(view.Close(), s.db.Close()); err != nil {
 		return fmt.Errorf("raftstore: close: %w", err)
 	}

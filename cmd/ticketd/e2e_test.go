@@ -46,6 +46,14 @@ func binary(t *testing.T) string {
 type proc struct {
 	cmd *exec.Cmd
 	log *bytes.Buffer
+	out *lockedWriter // cmd's stdout and stderr, writing to log
+}
+
+// logString is the output so far; safe while the process runs.
+func (p *proc) logString() string {
+	p.out.mu.Lock()
+	defer p.out.mu.Unlock()
+	return p.log.String()
 }
 
 func startServe(t *testing.T, bin string, args ...string) *proc {
@@ -57,13 +65,21 @@ func startServeEnv(t *testing.T, bin string, env []string, args ...string) *proc
 	t.Helper()
 	var log bytes.Buffer
 	cmd := exec.Command(bin, append([]string{"serve"}, args...)...)
-	cmd.Env = append(os.Environ(), env...)
-	cmd.Stdout = &lockedWriter{w: &log}
-	cmd.Stderr = cmd.Stdout
+	// Not this process's TICKETD_* variables (TICKETD_BIG and friends
+	// configure tests): serve reads TICKETD_* as config, and rejects
+	// unknown keys.
+	for _, kv := range os.Environ() {
+		if !strings.HasPrefix(kv, "TICKETD_") {
+			cmd.Env = append(cmd.Env, kv)
+		}
+	}
+	cmd.Env = append(cmd.Env, env...)
+	out := &lockedWriter{w: &log}
+	cmd.Stdout, cmd.Stderr = out, out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
-	p := &proc{cmd: cmd, log: &log}
+	p := &proc{cmd: cmd, log: &log, out: out}
 	t.Cleanup(func() {
 		if p.cmd.ProcessState == nil {
 			_ = p.cmd.Process.Kill()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"reflect"
 	"sort"
 	"strings"
@@ -58,10 +59,14 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.Uint32("plugin-memory-pages", 0, "memory limit per plugin instance in 64 KiB pages (0: plugins default)")
 	fs.Int("plugin-call-timeout-ms", 0, "deadline of one plugin call (0: plugins default)")
 	fs.String("audit-stream", "", "JetStream stream capturing audit events (embedded NATS: enables JetStream)")
+	fs.Int64("audit-max-bytes", d.AuditMaxBytes, "most bytes the audit stream keeps (the oldest events are dropped first)")
+	fs.String("audit-store-dir", "", "directory of the embedded JetStream store (default DATA/jetstream; another disk keeps audit apart from the raft store)")
 	fs.Int("max-locks", d.MaxLocks, "most locks held at once; a grant beyond is refused with resource_exhausted (at most 1048576)")
 	fs.Int("max-locks-per-identity", 0, "most locks one authenticated identity holds (anonymous requests share one quota); 0: no limit")
 	fs.Int("max-waiters-per-key", d.MaxWaitersPerKey, "most acquires waiting for one key")
 	fs.Int("max-waiters", d.MaxWaiters, "most acquires waiting on this node")
+	fs.Int64("disk-alarm-bytes", d.DiskAlarmBytes, "below this much free space on the data disk, refuse grants (releases still work) and raise the nospace alarm; a node needs a quarter of it free to start")
+	fs.Int64("disk-ballast-bytes", d.DiskBallastBytes, "space reserved in data/raft/BALLAST, released if a write still meets a full disk (-1: none)")
 	return fs
 }
 
@@ -145,7 +150,11 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return exitUsage
 	}
 	log := newLogger(cfg, stderr)
-	d, err := daemon.Start(ctx, cfg, daemon.Options{Logger: log})
+	d, err := daemon.Start(ctx, cfg, daemon.Options{Logger: log,
+		// A storage failure was logged in one line by the store: exit now,
+		// before anything else runs on a store that cannot go on.
+		OnStorageFailure: func(error) { os.Exit(exitFailure) },
+	})
 	if err != nil {
 		log.Error("start failed", "err", err)
 		return exitFailure

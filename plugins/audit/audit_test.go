@@ -152,10 +152,10 @@ func TestEnsureStream(t *testing.T) {
 	nc := runNATS(t, true)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	if err := EnsureStream(ctx, nc, "AUDIT"); err != nil {
+	if err := EnsureStream(ctx, nc, "AUDIT", 1<<20); err != nil {
 		t.Fatal(err)
 	}
-	if err := EnsureStream(ctx, nc, "AUDIT"); err != nil {
+	if err := EnsureStream(ctx, nc, "AUDIT", 1<<20); err != nil {
 		t.Fatalf("second EnsureStream: %v", err)
 	}
 	js, err := jetstream.New(nc)
@@ -183,5 +183,21 @@ func TestEnsureStream(t *testing.T) {
 	}
 	if info, err = stream.Info(ctx); err != nil || info.State.Msgs != 1 {
 		t.Fatalf("stream holds %d messages (%v), want 1", info.State.Msgs, err)
+	}
+	// Bounded: past MaxBytes the oldest events go, the stream stays under it.
+	if c := info.Config; c.MaxBytes != 1<<20 || c.Discard != jetstream.DiscardOld {
+		t.Fatalf("stream bounds %d %v, want 1 MiB and discard old", c.MaxBytes, c.Discard)
+	}
+	big := make([]byte, 64<<10)
+	for i := 0; i < 40; i++ { // 2.5 MiB into a 1 MiB stream
+		m := nats.NewMsg(SubjectPrefix + ".lock.granted")
+		m.Data = big
+		m.Header.Set(nats.MsgIdHdr, msgID(plugins.Event{Index: uint64(100 + i), Plugin: "audit"}, 0))
+		if _, err := js.PublishMsg(ctx, m); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if info, err = stream.Info(ctx); err != nil || info.State.Bytes > 1<<20 || info.State.FirstSeq == 1 {
+		t.Fatalf("stream state %+v (%v): over its bound, or the oldest event kept", info.State, err)
 	}
 }

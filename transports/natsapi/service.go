@@ -38,7 +38,10 @@ type Config struct {
 	// Node, MemberAddr and Plugins are what the status endpoints report.
 	Node StatusNode
 	// MemberAddr names a member's peer address ("" when unknown).
-	MemberAddr  func(id uint64) string
+	MemberAddr func(id uint64) string
+	// Disk, if set, is the store's disk guard: status reports its free
+	// space and alarm.
+	Disk        DiskStatus
 	Plugins     *plugins.Set
 	Logger      *slog.Logger
 	MaxInflight int

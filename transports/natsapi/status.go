@@ -22,6 +22,17 @@ type StatusNode interface {
 
 var _ StatusNode = (*raftstore.Node)(nil)
 
+// DiskStatus is what status reports about the store's disk.
+type DiskStatus interface {
+	Err() error
+	FreeBytes() uint64
+}
+
+var _ DiskStatus = (*raftstore.DiskGuard)(nil)
+
+// AlarmNoSpace is the status alarm of a node whose disk is low.
+const AlarmNoSpace = "nospace"
+
 // status is this node's view of the cluster, assembled from the raft node,
 // the peer addresses and the loaded plugins.
 func (s *Service) status() protocol.StatusReply {
@@ -44,6 +55,12 @@ func (s *Service) status() protocol.StatusReply {
 	out.LastToken = sum.LastToken
 	out.ClusterVersion = sum.ClusterVersion
 	out.Digest = hex.EncodeToString(sum.Digest[:])
+	if d := s.cfg.Disk; d != nil {
+		out.DiskFreeBytes = d.FreeBytes()
+		if d.Err() != nil {
+			out.Alarms = append(out.Alarms, AlarmNoSpace)
+		}
+	}
 	if s.cfg.Plugins != nil {
 		for _, p := range s.cfg.Plugins.Plugins() {
 			out.Plugins = append(out.Plugins, protocol.PluginInfo{Name: p.Name(), SHA256: p.SHA256()})

@@ -184,11 +184,16 @@ type StatusReply struct {
 	Digest       string `json:"digest"`
 	// ClusterVersion is the format version the cluster agreed on;
 	// MaxClusterVersion the newest this node's binary reads (absent: 1).
-	ClusterVersion    uint64            `json:"cluster_version,omitempty"`
-	MaxClusterVersion uint64            `json:"max_cluster_version,omitempty"`
-	Members           []Member          `json:"members"`
-	Plugins           []PluginInfo      `json:"plugins,omitempty"`
-	Extra             map[string]string `json:"extra,omitempty"`
+	ClusterVersion    uint64 `json:"cluster_version,omitempty"`
+	MaxClusterVersion uint64 `json:"max_cluster_version,omitempty"`
+	// Alarms are this node's active alarms: "nospace" while its disk is
+	// below the alarm level (as leader it refuses grants). DiskFreeBytes
+	// is the free space of its data disk.
+	Alarms        []string          `json:"alarms,omitempty"`
+	DiskFreeBytes uint64            `json:"disk_free_bytes,omitempty"`
+	Members       []Member          `json:"members"`
+	Plugins       []PluginInfo      `json:"plugins,omitempty"`
+	Extra         map[string]string `json:"extra,omitempty"`
 }
 
 // Member is one raft member as this node sees it.
