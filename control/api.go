@@ -6,11 +6,13 @@ import (
 	"crypto/rand"
 	"crypto/sha256"
 	"crypto/subtle"
+	"crypto/tls"
 	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strings"
@@ -28,8 +30,8 @@ type handlerFunc func(*http.Request, Request) (Reply, *Error)
 // routes is the control API.
 func (p *Plane) routes() *http.ServeMux {
 	mux := http.NewServeMux()
-	admin := func(h handlerFunc) http.HandlerFunc { return p.handler(true, h) }
-	open := func(h handlerFunc) http.HandlerFunc { return p.handler(false, h) }
+	admin := func(h handlerFunc) http.HandlerFunc { return p.handler(true, true, h) }
+	open := func(h handlerFunc) http.HandlerFunc { return p.handler(false, true, h) }
 	mux.HandleFunc("POST /v1/bootstrap", admin(p.bootstrap))
 	mux.HandleFunc("POST /v1/join-credentials", admin(p.mintJoin))
 	mux.HandleFunc("POST /v1/join", open(p.join)) // authenticated by the join credential
@@ -38,21 +40,60 @@ func (p *Plane) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v1/replacements/abort", admin(p.abortReplacement))
 	mux.HandleFunc("POST /v1/retire", admin(p.retire))
 	mux.HandleFunc("POST /v1/members", admin(p.members))
-	mux.HandleFunc("POST /v1/identity", open(p.identity)) // answers only valid/invalid
-	mux.HandleFunc("POST /v1/snapshot", p.snapshot)       // admin; answers a backup file
+	// Answers only valid/invalid and checks no credential, so it is never
+	// throttled: a starting node always learns whether it was retired.
+	mux.HandleFunc("POST /v1/identity", p.handler(false, false, p.identity))
+	mux.HandleFunc("POST /v1/snapshot", p.snapshot) // admin; answers a backup file
 	return mux
 }
 
-// listen serves the control API on its own listener.
+// ErrInsecureListen: a control listener off loopback without TLS.
+var ErrInsecureListen = errors.New("control: a control API off loopback needs TLS")
+
+// listen serves the control API on its own listener: over TLS when
+// configured, with at most MaxConns connections and timeouts on each.
 func (p *Plane) listen() error {
-	ln, err := net.Listen("tcp", p.cfg.Listen)
+	if p.cfg.TLS == nil && !IsLoopback(p.cfg.Listen) {
+		return fmt.Errorf("%w: %s", ErrInsecureListen, p.cfg.Listen)
+	}
+	raw, err := net.Listen("tcp", p.cfg.Listen)
 	if err != nil {
 		return fmt.Errorf("control: listen: %w", err)
 	}
+	maxConns := p.cfg.MaxConns
+	if maxConns <= 0 {
+		maxConns = MaxConnsDefault
+	}
+	var ln net.Listener = &limitListener{Listener: raw, max: int64(maxConns)}
+	if p.cfg.TLS != nil {
+		ln = tls.NewListener(ln, p.cfg.TLS)
+	}
 	p.ln = ln
-	p.srv = &http.Server{Handler: p.routes(), ReadHeaderTimeout: 5 * time.Second}
+	p.srv = &http.Server{
+		Handler:           p.routes(),
+		ReadHeaderTimeout: readHeaderTimeout,
+		ReadTimeout:       readTimeout,
+		WriteTimeout:      writeTimeout,
+		IdleTimeout:       idleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
 	go func() { _ = p.srv.Serve(ln) }()
 	return nil
+}
+
+// IsLoopback reports whether a listen address binds loopback only
+// ("localhost" or a loopback IP; an empty host is every interface).
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
 }
 
 // writeJSON answers v with status.
@@ -66,6 +107,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 func writeError(w http.ResponseWriter, e *Error) {
 	status := http.StatusConflict
 	switch e.Code {
+	case CodeTooManyAttempts:
+		w.Header().Set("Retry-After", "1")
+		status = http.StatusTooManyRequests
 	case CodeUnauthorized:
 		status = http.StatusUnauthorized
 	case CodeNotLeader:
@@ -90,6 +134,25 @@ func (p *Plane) admitted(r *http.Request) *Error {
 	return nil
 }
 
+// throttled refuses a request from a source that failed to authenticate
+// too often (failureLimiter), nil otherwise.
+func (p *Plane) throttled(r *http.Request) *Error {
+	source := sourceOf(r)
+	if ok, wait := p.failures.allowed(source); !ok {
+		return &Error{Code: CodeTooManyAttempts, Message: fmt.Sprintf("too many failed attempts from %s; retry in %v", source, wait.Round(time.Millisecond))}
+	}
+	return nil
+}
+
+// fail answers e, counting it against the request's source when it
+// answers a wrong credential.
+func (p *Plane) fail(w http.ResponseWriter, r *http.Request, e *Error) {
+	if e.failedAttempt() {
+		p.failures.failed(sourceOf(r))
+	}
+	writeError(w, e)
+}
+
 // decodeRequest reads a bounded body holding one Request (or nothing).
 func decodeRequest(r *http.Request) (Request, *Error) {
 	var req Request
@@ -107,13 +170,21 @@ func decodeRequest(r *http.Request) (Request, *Error) {
 	return req, nil
 }
 
-// handler authenticates (admin endpoints), decodes the body, refuses
-// anything but the ready leader and maps an *Error to its HTTP status.
-func (p *Plane) handler(needAdmin bool, h handlerFunc) http.HandlerFunc {
+// handler refuses a throttled source (endpoints that check a credential),
+// authenticates (admin endpoints), decodes the body, refuses anything but
+// the ready leader and maps an *Error to its HTTP status.
+func (p *Plane) handler(needAdmin, throttle bool, h handlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
+		// A source that failed too often is refused before its credential
+		// is even looked at, right or wrong: otherwise the answer would
+		// still tell a guesser when it got it right.
+		if e := p.throttled(r); e != nil && throttle {
+			writeError(w, e)
+			return
+		}
 		if needAdmin {
 			if e := p.admitted(r); e != nil {
-				writeError(w, e)
+				p.fail(w, r, e)
 				return
 			}
 		}
@@ -128,7 +199,7 @@ func (p *Plane) handler(needAdmin bool, h handlerFunc) http.HandlerFunc {
 		}
 		reply, cerr := h(r, req)
 		if cerr != nil {
-			writeError(w, cerr)
+			p.fail(w, r, cerr)
 			return
 		}
 		writeJSON(w, http.StatusOK, reply)
@@ -164,7 +235,7 @@ func (p *Plane) transition(r *http.Request, cmd core.Command) (Reply, *Error) {
 	if cerr != nil {
 		return Reply{}, cerr
 	}
-	return Reply{Result: res.Kind.String(), NodeID: res.NodeID, Incarnation: res.Incarnation, Members: p.Members()}, nil
+	return Reply{Result: res.Kind.String(), NodeID: res.NodeID, Incarnation: res.Incarnation, Members: p.Members(), ClusterID: p.cfg.ClusterID}, nil
 }
 
 func (p *Plane) bootstrap(r *http.Request, req Request) (Reply, *Error) {
@@ -221,11 +292,25 @@ func (p *Plane) mintJoin(r *http.Request, _ Request) (Reply, *Error) {
 	return Reply{Result: res.Kind.String(), Credential: cred}, nil
 }
 
+// join admits a new member. Its credential is checked against the
+// applied control state before anything is proposed, so a request with an
+// unknown or used credential appends nothing to the log (Apply checks it
+// again, in log order, for the request that races its own reuse).
 func (p *Plane) join(r *http.Request, req Request) (Reply, *Error) {
 	if req.Credential == "" {
 		return Reply{}, &Error{Code: CodeUnauthorized, Message: "a join credential is required"}
 	}
-	return p.transition(r, core.Admit(hashCredential(req.Credential), req.Address))
+	hash := hashCredential(req.Credential)
+	var st core.CredentialState
+	p.cfg.Node.View(func(m *core.Machine) { st = m.JoinCredentialState(hash) })
+	switch st {
+	case core.CredentialMinted:
+	case core.CredentialConsumed:
+		return Reply{}, &Error{Code: CodeRejected, Reason: string(core.ReasonCredentialReused), Message: "the join credential was used already"}
+	default:
+		return Reply{}, &Error{Code: CodeRejected, Reason: string(core.ReasonCredentialUnknown), Message: "no such join credential"}
+	}
+	return p.transition(r, core.Admit(hash, req.Address))
 }
 
 func (p *Plane) prepareReplacement(r *http.Request, req Request) (Reply, *Error) {

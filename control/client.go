@@ -3,6 +3,7 @@ package control
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -11,6 +12,8 @@ import (
 	"net/http"
 	"strings"
 	"time"
+
+	"github.com/ticketd/ticketd/core"
 )
 
 // Error is the error body of the control API.
@@ -47,7 +50,17 @@ const (
 	// never retried automatically (a retry of a consumed credential would
 	// be refused and hide the first outcome). Check `ticketd admin members`.
 	CodeIndeterminate = "indeterminate"
+	// CodeTooManyAttempts: this source address failed to authenticate too
+	// often; it is refused (HTTP 429) until it has waited.
+	CodeTooManyAttempts = "too_many_attempts"
 )
+
+// failedAttempt reports whether e answers a wrong credential: what the
+// per-source failure limit counts.
+func (e *Error) failedAttempt() bool {
+	return e.Code == CodeUnauthorized ||
+		e.Code == CodeRejected && (e.Reason == string(core.ReasonCredentialUnknown) || e.Reason == string(core.ReasonCredentialReused))
+}
 
 // Member is one member in control replies.
 type Member struct {
@@ -64,6 +77,10 @@ type Reply struct {
 	Incarnation uint64   `json:"incarnation,omitempty"`
 	Credential  string   `json:"credential,omitempty"`
 	Members     []Member `json:"members,omitempty"`
+	// ClusterID is the cluster's ID (admission and replacement replies):
+	// a joining node records it and binds its peer handshakes to it. 0
+	// from a node of a cluster created before cluster IDs.
+	ClusterID uint64 `json:"cluster_id,omitempty"`
 }
 
 // Request is the union of control request bodies; each endpoint reads the
@@ -76,11 +93,23 @@ type Request struct {
 	Incarnation uint64 `json:"incarnation,omitempty"`
 }
 
+// CallOption changes how Call reaches the control API.
+type CallOption func(*http.Client)
+
+// WithTLS makes Call verify https control URLs with cfg (RootCAs: the CA
+// of the nodes' control certificates; Certificates: this client's, for a
+// control API that requires mutual TLS).
+func WithTLS(cfg *tls.Config) CallOption {
+	return func(c *http.Client) {
+		c.Transport = &http.Transport{TLSClientConfig: cfg, ForceAttemptHTTP2: false}
+	}
+}
+
 // Call posts body to path on the first of urls that is the leader,
 // retrying not_leader and unavailable answers until ctx ends. Other
 // refusals come back as *Error.
-func Call(ctx context.Context, urls []string, path, credential string, body any) (Reply, error) {
-	data, err := roundTrip(ctx, urls, path, credential, body, 1<<20)
+func Call(ctx context.Context, urls []string, path, credential string, body any, opts ...CallOption) (Reply, error) {
+	data, err := roundTrip(ctx, urls, path, credential, body, 1<<20, opts)
 	if err != nil {
 		return Reply{}, err
 	}
@@ -97,7 +126,11 @@ func Call(ctx context.Context, urls []string, path, credential string, body any)
 // are retried until ctx ends; other refusals come back as *Error, and a
 // request that may have reached a node without an answer as
 // indeterminate.
-func roundTrip(ctx context.Context, urls []string, path, credential string, body any, limit int64) ([]byte, error) {
+func roundTrip(ctx context.Context, urls []string, path, credential string, body any, limit int64, opts []CallOption) ([]byte, error) {
+	client := &http.Client{}
+	for _, o := range opts {
+		o(client)
+	}
 	b, _ := json.Marshal(body)
 	var last error = errors.New("no control URL given")
 	deadline := time.Now().Add(TimeoutDefault * 3)
@@ -110,7 +143,7 @@ func roundTrip(ctx context.Context, urls []string, path, credential string, body
 			if credential != "" {
 				req.Header.Set("Authorization", "Bearer "+credential)
 			}
-			resp, err := http.DefaultClient.Do(req)
+			resp, err := client.Do(req)
 			if err != nil {
 				var op *net.OpError
 				if errors.As(err, &op) && op.Op == "dial" {

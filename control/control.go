@@ -2,6 +2,7 @@ package control
 
 import (
 	"context"
+	"crypto/tls"
 	"log/slog"
 	"net"
 	"net/http"
@@ -91,9 +92,22 @@ type Config struct {
 	// Addresses are the peer addresses known at start, by raft id; the
 	// Plane keeps them current with the control state (Address).
 	Addresses map[uint64]string
+	// ClusterID is this node's cluster ID, handed to the nodes it admits
+	// (0: a cluster created before cluster IDs).
+	ClusterID uint64
 	// Listen is the control API's listen address; "" serves no API (the
 	// reconcile loop runs anyway).
 	Listen string
+	// TLS, if set, serves the API over TLS with it (set ClientCAs and
+	// ClientAuth for mutual TLS). Without it, Start refuses a Listen
+	// address that is not loopback: the API carries credentials.
+	TLS *tls.Config
+	// MaxConns bounds open API connections (MaxConnsDefault if 0).
+	// FailureBurst and FailureRefill bound failed attempts per source
+	// address (FailureBurstDefault, FailureRefillDefault if 0).
+	MaxConns      int
+	FailureBurst  int
+	FailureRefill time.Duration
 	// Credential is the cluster-control credential every admin request
 	// must carry; with none set every admin request is refused.
 	Credential string
@@ -120,6 +134,7 @@ type Plane struct {
 	addrs map[uint64]string // peer addresses, as the transport knows them
 
 	versionProbe VersionProbe // set before Start
+	failures     *failureLimiter
 
 	srv  *http.Server
 	ln   net.Listener
@@ -138,7 +153,8 @@ func New(cfg Config) *Plane {
 	for id, a := range cfg.Addresses {
 		addrs[id] = a
 	}
-	return &Plane{cfg: cfg, log: log, addrs: addrs, stop: make(chan struct{})}
+	return &Plane{cfg: cfg, log: log, addrs: addrs, stop: make(chan struct{}),
+		failures: newFailureLimiter(cfg.FailureBurst, cfg.FailureRefill, nil)}
 }
 
 // Start listens for the control API (if Config.Listen is set) and starts

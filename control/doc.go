@@ -15,7 +15,13 @@
 //     (HTTP 421) with the leader it knows. A request becomes a core
 //     Control command proposed to the raft log, so every voter applies
 //     the same transition in the same order; credentials travel to the
-//     log only as SHA-256 hashes.
+//     log only as SHA-256 hashes. A join credential is checked against the
+//     applied state before anything is proposed, so an anonymous request
+//     appends nothing to the log.
+//
+//   - The API's exposure (limits.go, tls.go): TLS (required off loopback;
+//     mutual TLS with a client CA), failed attempts limited per source
+//     address (too_many_attempts), HTTP timeouts and a connection cap.
 //
 //   - The wire format (client.go): Request, Reply, Member, and Error with
 //     its Code* values, each mapped to one HTTP status. Call finds the

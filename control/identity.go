@@ -3,6 +3,7 @@ package control
 import (
 	"bytes"
 	"context"
+	"crypto/tls"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -99,6 +100,16 @@ type StartConfig struct {
 	// identity may not join with it.
 	Log    RaftLog
 	Logger *slog.Logger
+	// TLS, if set, is how this node verifies (and, for mutual TLS,
+	// presents itself to) the control API at https JoinURLs.
+	TLS *tls.Config
+}
+
+func (cfg StartConfig) callOptions() []CallOption {
+	if cfg.TLS == nil {
+		return nil
+	}
+	return []CallOption{WithTLS(cfg.TLS)}
 }
 
 // Resolved is the identity ResolveIdentity settled on.
@@ -132,7 +143,7 @@ func ResolveIdentity(ctx context.Context, cfg StartConfig) (Resolved, error) {
 		}
 		cctx, cancel := context.WithTimeout(ctx, identityCheckTimeout)
 		defer cancel()
-		_, err := Call(cctx, urls, "/v1/identity", "", Request{NodeID: id.NodeID, Incarnation: id.Incarnation})
+		_, err := Call(cctx, urls, "/v1/identity", "", Request{NodeID: id.NodeID, Incarnation: id.Incarnation}, cfg.callOptions()...)
 		var ce *Error
 		if errors.As(err, &ce) && ce.Code == CodeRejected {
 			return Resolved{}, fmt.Errorf("control: the cluster refuses identity %d/%d: %w", id.NodeID, id.Incarnation, err)
@@ -154,9 +165,9 @@ func ResolveIdentity(ctx context.Context, cfg StartConfig) (Resolved, error) {
 	}
 	var rep Reply
 	if cfg.Replace != 0 {
-		rep, err = Call(ctx, cfg.JoinURLs, "/v1/replacements", cfg.Credential, Request{OldNodeID: cfg.Replace, Address: cfg.PeerListen})
+		rep, err = Call(ctx, cfg.JoinURLs, "/v1/replacements", cfg.Credential, Request{OldNodeID: cfg.Replace, Address: cfg.PeerListen}, cfg.callOptions()...)
 	} else {
-		rep, err = Call(ctx, cfg.JoinURLs, "/v1/join", "", Request{Credential: cfg.JoinCredential, Address: cfg.PeerListen})
+		rep, err = Call(ctx, cfg.JoinURLs, "/v1/join", "", Request{Credential: cfg.JoinCredential, Address: cfg.PeerListen}, cfg.callOptions()...)
 	}
 	if err != nil {
 		return Resolved{}, fmt.Errorf("control: join: %w", err)

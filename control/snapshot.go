@@ -17,8 +17,12 @@ import (
 // committed before the request arrived, taken under the machine's read
 // lock at one applied index.
 func (p *Plane) snapshot(w http.ResponseWriter, r *http.Request) {
-	if e := p.admitted(r); e != nil {
+	if e := p.throttled(r); e != nil {
 		writeError(w, e)
+		return
+	}
+	if e := p.admitted(r); e != nil {
+		p.fail(w, r, e)
 		return
 	}
 	if _, e := decodeRequest(r); e != nil {
@@ -70,8 +74,8 @@ func (p *Plane) snapshot(w http.ResponseWriter, r *http.Request) {
 // SaveBackup asks the leader among urls for a backup and returns it
 // verified (DecodeBackup), with its bytes as they go to the file. It is a
 // read: retrying it is always safe.
-func SaveBackup(ctx context.Context, urls []string, credential string) (Backup, []byte, error) {
-	file, err := roundTrip(ctx, urls, "/v1/snapshot", credential, struct{}{}, int64(MaxBackupSize))
+func SaveBackup(ctx context.Context, urls []string, credential string, opts ...CallOption) (Backup, []byte, error) {
+	file, err := roundTrip(ctx, urls, "/v1/snapshot", credential, struct{}{}, int64(MaxBackupSize), opts)
 	if err != nil {
 		return Backup{}, nil, err
 	}

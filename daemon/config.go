@@ -9,7 +9,9 @@ import (
 	"strings"
 	"time"
 
+	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/natsclient"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins/audit"
 	"github.com/ticketd/ticketd/raftstore"
@@ -27,13 +29,44 @@ type Config struct {
 	NATSClusterListen string `koanf:"nats-cluster-listen"`
 	NATSRoutes        string `koanf:"nats-routes"`
 	NATSClusterName   string `koanf:"nats-cluster-name"`
+	// NATSConfig is a nats-server configuration file for the embedded
+	// server (listen, TLS, accounts, users, permissions, cluster routes).
+	// It replaces nats-listen and the nats-cluster-* settings.
+	NATSConfig string `koanf:"nats-config"`
+	// The node's own NATS connection authenticates like any client
+	// (natsclient.Auth). NATSPassword has no flag: it comes from
+	// TICKETD_NATS_PASSWORD or NATSPasswordFile.
+	NATSCreds        string `koanf:"nats-creds"`
+	NATSNKey         string `koanf:"nats-nkey"`
+	NATSUser         string `koanf:"nats-user"`
+	NATSPassword     string `koanf:"nats-password"`
+	NATSPasswordFile string `koanf:"nats-password-file"`
+	NATSTLSCA        string `koanf:"nats-tls-ca"`
+	NATSTLSCert      string `koanf:"nats-tls-cert"`
+	NATSTLSKey       string `koanf:"nats-tls-key"`
+	NATSInboxPrefix  string `koanf:"nats-inbox-prefix"`
+	// ACL is the access list file (lockservice.ACL); "" allows every
+	// request, as in development.
+	ACL string `koanf:"acl"`
 
 	PeerListen     string `koanf:"peer-listen"`
 	PeerSecret     string `koanf:"peer-secret"`
+	PeerSecretFile string `koanf:"peer-secret-file"`
 	PeerTLSCert    string `koanf:"peer-tls-cert"`
 	PeerTLSKey     string `koanf:"peer-tls-key"`
 	PeerTLSCA      string `koanf:"peer-tls-ca"`
 	InitialCluster string `koanf:"initial-cluster"`
+	// InitialClusterState is "new" when this start creates the static
+	// cluster, "existing" (the default) otherwise: a member of a
+	// multi-node static cluster refuses to start on an empty data
+	// directory unless told it is new, so a member whose data was wiped
+	// cannot silently bootstrap again (and vote twice in a term). Ignored
+	// once the data directory holds raft state, like etcd's.
+	InitialClusterState string `koanf:"initial-cluster-state"`
+	// InitialClusterToken goes into the cluster ID a new static cluster
+	// derives from its member list: clusters that share a member list and
+	// a secret still refuse each other when their tokens differ.
+	InitialClusterToken string `koanf:"initial-cluster-token"`
 
 	MetricsListen string `koanf:"metrics-listen"`
 	// Pprof serves net/http/pprof under /debug/pprof/ on MetricsListen.
@@ -56,6 +89,19 @@ type Config struct {
 	Join                string `koanf:"join"`
 	JoinCredential      string `koanf:"join-credential"`
 	Replace             uint64 `koanf:"replace"`
+	// Each secret can come from a file instead (never from argv in
+	// examples: `ps` shows a command line to every local user).
+	ControlCredentialFile   string `koanf:"control-credential-file"`
+	BootstrapCredentialFile string `koanf:"bootstrap-credential-file"`
+	JoinCredentialFile      string `koanf:"join-credential-file"`
+	// Control API TLS: the listener's certificate and key; an optional CA
+	// that client certificates must chain to (mutual TLS); the CA this
+	// node trusts when it calls other nodes' control API (join, identity
+	// check). A control listener off loopback needs TLS.
+	ControlTLSCert     string `koanf:"control-tls-cert"`
+	ControlTLSKey      string `koanf:"control-tls-key"`
+	ControlTLSClientCA string `koanf:"control-tls-client-ca"`
+	ControlTLSCA       string `koanf:"control-tls-ca"`
 
 	// Plugins is a comma-separated list of WebAssembly modules.
 	Plugins             string `koanf:"plugins"`
@@ -111,17 +157,28 @@ func Defaults() Config {
 		DiskAlarmBytes:   raftstore.DiskAlarmBytesDefault,
 		DiskBallastBytes: raftstore.DiskBallastBytesDefault,
 		AuditMaxBytes:    audit.MaxBytesDefault,
+
+		InitialClusterState: ClusterStateExisting,
+		InitialClusterToken: "ticketd-cluster",
 		// Zero plugin limits take the plugins package defaults.
 	}
 }
 
 // Limits on configuration values.
 const (
-	MaxMembers        = 9
-	MinPeerSecretLen  = 16
+	MaxMembers       = 9
+	MinPeerSecretLen = 16
+	// MinCredentialLen is the shortest control or bootstrap credential.
+	MinCredentialLen  = 16
 	MaxTick           = 10 * time.Second
 	MaxElectionTicks  = 1000
 	MaxHeartbeatTicks = 100
+)
+
+// Values of InitialClusterState.
+const (
+	ClusterStateNew      = "new"
+	ClusterStateExisting = "existing"
 )
 
 // ErrConfig marks every configuration error.
@@ -185,10 +242,16 @@ func (c Config) Validate() error {
 	if c.NATSURL == "" && c.NATSListen == "" {
 		return configErr("either nats-url or nats-listen is required")
 	}
-	if c.NATSListen != "" && c.NATSURL == "" {
+	if c.NATSListen != "" && c.NATSURL == "" && c.NATSConfig == "" {
 		if _, _, err := net.SplitHostPort(c.NATSListen); err != nil {
 			return configErr("nats-listen %q: %v", c.NATSListen, err)
 		}
+	}
+	if err := c.validateNATS(); err != nil {
+		return err
+	}
+	if err := c.validateControl(); err != nil {
+		return err
 	}
 	if c.TickMS <= 0 || time.Duration(c.TickMS)*time.Millisecond > MaxTick {
 		return configErr("tick-ms %d is outside (0, %d]", c.TickMS, MaxTick.Milliseconds())
@@ -239,6 +302,9 @@ func (c Config) Validate() error {
 	if c.Join != "" && strings.TrimSpace(c.InitialCluster) != "" || c.BootstrapCredential != "" && strings.TrimSpace(c.InitialCluster) != "" {
 		return configErr("initial-cluster (static membership) and bootstrap/join (control plane) exclude each other")
 	}
+	if c.InitialClusterState != ClusterStateNew && c.InitialClusterState != ClusterStateExisting {
+		return configErr("initial-cluster-state %q is not new or existing", c.InitialClusterState)
+	}
 	if c.MaxLocks < 1 || c.MaxLocks > core.MaxLocks {
 		// Above core.MaxLocks a snapshot of a full table might not fit
 		// what the peer transport streams (core/limits.go).
@@ -270,6 +336,79 @@ func (c Config) Validate() error {
 		return configErr("log-format %q is not text or json", c.LogFormat)
 	}
 	return nil
+}
+
+func (c Config) validateNATS() error {
+	switch {
+	case c.NATSConfig != "" && c.NATSURL != "":
+		return configErr("nats-config configures the embedded server; nats-url uses another one: choose one")
+	case c.NATSConfig != "" && (c.NATSClusterListen != "" || c.NATSRoutes != ""):
+		return configErr("with nats-config, the cluster block of that file sets routes (nats-cluster-listen and nats-routes are refused)")
+	case c.ACL != "" && c.NATSURL == "" && c.NATSConfig == "":
+		// Identities come from Nats-Request-Info; on an open NATS any
+		// client can write that header.
+		return configErr("acl needs a secured NATS (nats-config, or nats-url to a server with accounts): an open NATS cannot tell who is asking")
+	}
+	if err := c.NATSAuth().Validate(); err != nil {
+		return configErr("%v", err)
+	}
+	return nil
+}
+
+func (c Config) validateControl() error {
+	for name, cred := range map[string]string{"control-credential": c.ControlCredential, "bootstrap-credential": c.BootstrapCredential} {
+		if cred != "" && len(cred) < MinCredentialLen {
+			return configErr("%s must be at least %d bytes", name, MinCredentialLen)
+		}
+	}
+	if (c.ControlTLSCert == "") != (c.ControlTLSKey == "") {
+		return configErr("control-tls-cert and control-tls-key go together")
+	}
+	if c.ControlTLSClientCA != "" && c.ControlTLSCert == "" {
+		return configErr("control-tls-client-ca needs control-tls-cert and control-tls-key")
+	}
+	if c.ControlListen != "" && c.ControlTLSCert == "" && !control.IsLoopback(c.ControlListen) {
+		return configErr("control-listen %s is not a loopback address: the control API carries credentials, so it needs control-tls-cert and control-tls-key there", c.ControlListen)
+	}
+	return nil
+}
+
+// NATSAuth is how the node's own NATS connection authenticates.
+func (c Config) NATSAuth() natsclient.Auth {
+	return natsclient.Auth{
+		CredsFile: c.NATSCreds, NKeyFile: c.NATSNKey, User: c.NATSUser, Password: c.NATSPassword,
+		TLSCA: c.NATSTLSCA, TLSCert: c.NATSTLSCert, TLSKey: c.NATSTLSKey, InboxPrefix: c.NATSInboxPrefix,
+	}
+}
+
+// LoadSecretFiles returns c with every secret that a *-file setting names
+// read from its file. Setting both a secret and its file is an error
+// (unless they agree, so loading twice is harmless).
+func (c Config) LoadSecretFiles() (Config, error) {
+	for _, s := range []struct {
+		name   string
+		file   string
+		secret *string
+	}{
+		{"peer-secret", c.PeerSecretFile, &c.PeerSecret},
+		{"control-credential", c.ControlCredentialFile, &c.ControlCredential},
+		{"bootstrap-credential", c.BootstrapCredentialFile, &c.BootstrapCredential},
+		{"join-credential", c.JoinCredentialFile, &c.JoinCredential},
+		{"nats-password", c.NATSPasswordFile, &c.NATSPassword},
+	} {
+		if s.file == "" {
+			continue
+		}
+		v, err := natsclient.ReadSecretFile(s.file)
+		if err != nil {
+			return c, configErr("%s-file: %v", s.name, err)
+		}
+		if *s.secret != "" && *s.secret != v {
+			return c, configErr("%s is set both directly and by %s-file", s.name, s.name)
+		}
+		*s.secret = v
+	}
+	return c, nil
 }
 
 // JoinURLs splits Join into control URLs.

@@ -423,3 +423,38 @@ func TestJoinAfterCompaction(t *testing.T) {
 		return tableDigest(a) == tableDigest(b)
 	})
 }
+
+// Anonymous join requests with made-up credentials append nothing to the
+// log: the credential is checked against the applied state before any
+// proposal (the 300 requests appended 300 entries). The source is
+// then refused outright.
+func TestAnonymousJoinAppendsNothing(t *testing.T) {
+	c := newControlCluster(t, 1)
+	d, err := c.start(c.config(0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "a leader at the newest cluster version", func() bool {
+		var v uint64
+		d.Node().View(func(m *core.Machine) { v = m.ClusterVersion() })
+		return d.Locks().IsLeader() && v == core.MaxClusterVersion
+	})
+	before := d.Node().Status().Commit
+	codes := map[string]int{}
+	for i := 0; i < 300; i++ {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		_, err := control.Call(ctx, c.urls(), "/v1/join", "", control.Request{Credential: fmt.Sprintf("guess-%032d", i), Address: "127.0.0.1:7999"})
+		cancel()
+		var ce *control.Error
+		if !errors.As(err, &ce) {
+			t.Fatalf("join %d: %v", i, err)
+		}
+		codes[ce.Code]++
+	}
+	if after := d.Node().Status().Commit; after != before {
+		t.Fatalf("300 anonymous joins moved the commit index from %d to %d", before, after)
+	}
+	if codes[control.CodeTooManyAttempts] == 0 {
+		t.Fatalf("no join was refused for too many attempts: %v", codes)
+	}
+}

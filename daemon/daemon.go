@@ -3,7 +3,6 @@ package daemon
 import (
 	"context"
 	"crypto/tls"
-	"crypto/x509"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -27,6 +26,7 @@ import (
 
 	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/natsclient"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/plugins/audit"
@@ -78,6 +78,12 @@ type Daemon struct {
 	plugins *plugins.Set
 	audit   *audit.Publisher
 	ctl     *control.Plane
+	// clusterID binds the peer handshake to this cluster (0: a cluster
+	// created before cluster IDs).
+	clusterID uint64
+	// controlServerTLS serves the control API (nil: plain, loopback
+	// only); controlClientTLS is how this node calls other nodes' API.
+	controlServerTLS, controlClientTLS *tls.Config
 
 	closeOnce sync.Once
 }
@@ -86,6 +92,9 @@ type Daemon struct {
 // checks); the node runs until Close. On error everything already started
 // is stopped.
 func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error) {
+	if cfg, err = cfg.LoadSecretFiles(); err != nil {
+		return nil, err
+	}
 	if err := cfg.Validate(); err != nil {
 		return nil, err
 	}
@@ -126,7 +135,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if err := d.ctl.Start(); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	d.log.Info("node started", "data", d.cfg.Data, "nats", d.ClientURL(), "members", len(m.peers))
+	d.log.Info("node started", "data", d.cfg.Data, "nats", natsclient.Redact(d.ClientURL()), "members", len(m.peers), "acl", d.cfg.ACL != "")
 	return d, nil
 }
 
@@ -180,6 +189,9 @@ type membership struct {
 // resolveMembership settles the node's identity (from its identity file, a
 // join through the control API, or --id) and its initial members.
 func (d *Daemon) resolveMembership(ctx context.Context) (membership, error) {
+	if err := d.loadControlTLS(); err != nil {
+		return membership{}, err
+	}
 	ident, err := control.ResolveIdentity(ctx, control.StartConfig{
 		DataDir:        d.cfg.Data,
 		Join:           d.cfg.Join != "",
@@ -190,6 +202,7 @@ func (d *Daemon) resolveMembership(ctx context.Context) (membership, error) {
 		PeerListen:     d.cfg.PeerListen,
 		Log:            d.store,
 		Logger:         d.log,
+		TLS:            d.controlClientTLS,
 	})
 	if err != nil {
 		return membership{}, err
@@ -208,14 +221,17 @@ func (d *Daemon) resolveMembership(ctx context.Context) (membership, error) {
 				m.addrs[jm.NodeID] = jm.Address
 			}
 		}
-		return m, nil
+	} else {
+		if m.peers, err = d.cfg.Members(); err != nil {
+			return membership{}, err
+		}
+		for _, mb := range m.peers {
+			m.voters = append(m.voters, mb.ID)
+			m.addrs[mb.ID] = mb.Addr
+		}
 	}
-	if m.peers, err = d.cfg.Members(); err != nil {
+	if d.clusterID, err = d.settleClusterID(m, ident.Join); err != nil {
 		return membership{}, err
-	}
-	for _, mb := range m.peers {
-		m.voters = append(m.voters, mb.ID)
-		m.addrs[mb.ID] = mb.Addr
 	}
 	return m, nil
 }
@@ -290,6 +306,11 @@ func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 		},
 	}
 	var err error
+	if d.cfg.ACL != "" {
+		if lcfg.ACL, err = lockservice.LoadACL(d.cfg.ACL); err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+	}
 	if d.plugins, err = loadPlugins(ctx, d.cfg, d.log.With("component", "plugins")); err != nil {
 		return err
 	}
@@ -309,7 +330,9 @@ func (d *Daemon) controlConfig(addrs map[uint64]string) control.Config {
 		Node:                d.node,
 		Leadership:          d.locks,
 		Addresses:           addrs,
+		ClusterID:           d.clusterID,
 		Listen:              d.cfg.ControlListen,
+		TLS:                 d.controlServerTLS,
 		Credential:          d.cfg.ControlCredential,
 		BootstrapCredential: d.cfg.BootstrapCredential,
 		DataDir:             d.cfg.Data,
@@ -367,14 +390,18 @@ func (d *Daemon) newPeers(members []Member) error {
 		if tlsCfg, err = loadPeerTLS(d.cfg); err != nil {
 			return err
 		}
+	} else if !control.IsLoopback(d.cfg.PeerListen) {
+		d.log.Warn("the peer port is not loopback and has no TLS: raft traffic (keys, owners, tokens) crosses the network in clear; use --peer-tls-cert, --peer-tls-key and --peer-tls-ca",
+			"peer_listen", d.cfg.PeerListen)
 	}
 	t, err := peer.New(peer.Config{
-		ID:     d.cfg.ID,
-		Listen: d.cfg.PeerListen,
-		Peers:  peers,
-		Secret: []byte(d.cfg.PeerSecret),
-		TLS:    tlsCfg,
-		Logger: d.log.With("component", "peer"),
+		ID:        d.cfg.ID,
+		Listen:    d.cfg.PeerListen,
+		Peers:     peers,
+		Secret:    []byte(d.cfg.PeerSecret),
+		ClusterID: d.clusterID,
+		TLS:       tlsCfg,
+		Logger:    d.log.With("component", "peer"),
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: peer transport: %w", err)
@@ -392,56 +419,100 @@ var _ peer.Raft = (*raftstore.Node)(nil)
 // here does not compile.
 const _ = uint64(peer.MaxSnapshotSize - core.MaxSnapshotSize - 1<<20)
 
-func loadPeerTLS(cfg Config) (*tls.Config, error) {
-	cert, err := tls.LoadX509KeyPair(cfg.PeerTLSCert, cfg.PeerTLSKey)
-	if err != nil {
-		return nil, configErr("peer TLS key pair: %v", err)
-	}
-	caPEM, err := os.ReadFile(cfg.PeerTLSCA)
-	if err != nil {
-		return nil, configErr("peer TLS CA: %v", err)
-	}
-	pool := x509.NewCertPool()
-	if !pool.AppendCertsFromPEM(caPEM) {
-		return nil, configErr("peer TLS CA %s holds no certificate", cfg.PeerTLSCA)
-	}
-	return &tls.Config{
-		Certificates: []tls.Certificate{cert},
-		RootCAs:      pool,
-		ClientCAs:    pool,
-		ClientAuth:   tls.RequireAndVerifyClientCert,
-		MinVersion:   tls.VersionTLS13,
-	}, nil
-}
-
 func (d *Daemon) startNATS() error {
 	url := d.cfg.NATSURL
-	opts := []nats.Option{
-		nats.Name(fmt.Sprintf("ticketd-%d", d.cfg.ID)),
-		// A reply published while disconnected must fail at once, so the
-		// lost-reply path can release its grant, not sit in a buffer.
-		nats.ReconnectBufSize(-1),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(100 * time.Millisecond),
-	}
+	a := d.cfg.NATSAuth()
 	if url == "" {
 		ns, err := d.embeddedNATS()
 		if err != nil {
 			return err
 		}
 		d.ns = ns
-		url = ns.ClientURL()
-		opts = append(opts, nats.InProcessServer(ns))
+		// The node's own connection to its embedded server is an in-memory
+		// pipe, never the network: it authenticates like any client, but
+		// encrypting it would only cost CPU on every request and reply.
+		// nats-server does not require TLS in-process; a client
+		// certificate (which the server may map to a user) still brings it.
+		url = strings.Replace(ns.ClientURL(), "tls://", "nats://", 1)
+		if a.TLSCert == "" {
+			a.TLSCA = ""
+		}
+	}
+	auth, err := a.Options()
+	if err != nil {
+		return configErr("%v", err)
+	}
+	opts := append([]nats.Option{
+		nats.Name(fmt.Sprintf("ticketd-%d", d.cfg.ID)),
+		// A reply published while disconnected must fail at once, so the
+		// lost-reply path can release its grant, not sit in a buffer.
+		nats.ReconnectBufSize(-1),
+		nats.MaxReconnects(-1),
+		nats.ReconnectWait(100 * time.Millisecond),
+	}, auth...)
+	if d.ns != nil {
+		opts = append(opts, nats.InProcessServer(d.ns))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {
-		return fmt.Errorf("daemon: connect to NATS %s: %w", url, err)
+		return fmt.Errorf("daemon: connect to NATS %s: %w", natsclient.Redact(url), err)
 	}
 	d.nc = nc
 	return nil
 }
 
 func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
+	o, err := d.embeddedNATSOptions()
+	if err != nil {
+		return nil, err
+	}
+	if d.cfg.AuditStream != "" {
+		o.JetStream = true
+		if o.StoreDir == "" {
+			o.StoreDir = d.cfg.AuditStoreDir
+		}
+		if o.StoreDir == "" {
+			o.StoreDir = filepath.Join(d.cfg.Data, "jetstream")
+		}
+		// The whole JetStream store is bounded too (unless a nats-server
+		// configuration set its own), with room for the stream's own
+		// bookkeeping above its MaxBytes.
+		if o.JetStreamMaxStore <= 0 {
+			o.JetStreamMaxStore = d.cfg.AuditMaxBytes + d.cfg.AuditMaxBytes/8
+		}
+		if o.JetStreamMaxMemory <= 0 {
+			o.JetStreamMaxMemory = 64 << 20
+		}
+	}
+	ns, err := natsserver.NewServer(o)
+	if err != nil {
+		return nil, fmt.Errorf("daemon: embedded NATS: %w", err)
+	}
+	go ns.Start()
+	if !ns.ReadyForConnections(StartTimeoutDefault) {
+		ns.Shutdown()
+		return nil, fmt.Errorf("daemon: embedded NATS did not start on %s", d.cfg.NATSListen)
+	}
+	return ns, nil
+}
+
+// embeddedNATSOptions are the embedded server's options: the nats-server
+// configuration file when one is given (which then decides listen, TLS,
+// accounts, users, permissions and routes), else an open server from the
+// nats-* settings.
+func (d *Daemon) embeddedNATSOptions() (*natsserver.Options, error) {
+	if d.cfg.NATSConfig != "" {
+		o, err := natsserver.ProcessConfigFile(d.cfg.NATSConfig)
+		if err != nil {
+			return nil, configErr("nats-config %s: %v", d.cfg.NATSConfig, err)
+		}
+		o.NoSigs = true // ticketd owns the process's signals
+		o.NoLog = true
+		if o.ServerName == "" {
+			o.ServerName = fmt.Sprintf("ticketd-%d", d.cfg.ID)
+		}
+		return o, nil
+	}
 	host, portStr, _ := net.SplitHostPort(d.cfg.NATSListen)
 	port, err := strconv.Atoi(portStr)
 	if err != nil {
@@ -480,27 +551,7 @@ func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
 			o.Routes = append(o.Routes, u)
 		}
 	}
-	if d.cfg.AuditStream != "" {
-		o.JetStream = true
-		o.StoreDir = d.cfg.AuditStoreDir
-		if o.StoreDir == "" {
-			o.StoreDir = filepath.Join(d.cfg.Data, "jetstream")
-		}
-		// The whole JetStream store is bounded too, with room for the
-		// stream's own bookkeeping above its MaxBytes.
-		o.JetStreamMaxStore = d.cfg.AuditMaxBytes + d.cfg.AuditMaxBytes/8
-		o.JetStreamMaxMemory = 64 << 20
-	}
-	ns, err := natsserver.NewServer(o)
-	if err != nil {
-		return nil, fmt.Errorf("daemon: embedded NATS: %w", err)
-	}
-	go ns.Start()
-	if !ns.ReadyForConnections(StartTimeoutDefault) {
-		ns.Shutdown()
-		return nil, fmt.Errorf("daemon: embedded NATS did not start on %s", d.cfg.NATSListen)
-	}
-	return ns, nil
+	return o, nil
 }
 
 func (d *Daemon) startHTTP() error {
@@ -575,6 +626,10 @@ func (d *Daemon) PeerAddr() string {
 	}
 	return d.peers.Addr().String()
 }
+
+// ClusterID is the ID of the cluster this node belongs to (0: one
+// created before cluster IDs).
+func (d *Daemon) ClusterID() uint64 { return d.clusterID }
 
 // Node, Store, Locks, Peers and Registry expose the parts for tests and
 // tools.

@@ -8,7 +8,12 @@
 // # What it owns
 //
 // Config (config.go): every setting with its default, validated before
-// anything starts. Start and Close (daemon.go): start the parts in
+// anything starts, with secrets read from their *-file settings
+// (LoadSecretFiles). The embedded NATS server from a nats-server
+// configuration file (--nats-config) and the node's own authenticated NATS
+// connection; the access list file. TLS of the peer transport and the
+// control API from PEM files (tls.go). The cluster ID and the refusal to
+// bootstrap a static member on an empty data directory (clusterid.go). Start and Close (daemon.go): start the parts in
 // dependency order, hand each one the others it needs, stop them in
 // reverse order. Plugin loading from the configured files and the adapter
 // that makes a plugin set the lock service's Grant policy (plugins.go).

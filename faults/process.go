@@ -106,7 +106,7 @@ func startProcesses(t testing.TB, bin, dir string, n int) (_ *procCluster, err e
 			"--nats-cluster-listen", routes[i],
 			"--nats-routes", strings.Join(routes, ","),
 			"--peer-listen", peers[i],
-			"--initial-cluster", strings.Join(members, ","),
+			"--initial-cluster", strings.Join(members, ","), "--initial-cluster-state", "new",
 			"--tick-ms", fmt.Sprint(tickMS),
 			"--election-ticks", fmt.Sprint(electionTicks),
 			"--snapshot-entries", "300",

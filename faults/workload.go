@@ -114,7 +114,7 @@ func classify(kind OpKind, err error) (Outcome, string) {
 	case errors.Is(err, sdk.ErrNotFound) && kind == OpRelease:
 		return OutNotFound, string(code)
 	case errors.Is(err, sdk.ErrInvalidArgument), errors.Is(err, sdk.ErrMalformed), errors.Is(err, sdk.ErrTooLarge),
-		errors.Is(err, sdk.ErrDenied), errors.Is(err, sdk.ErrControlRefused):
+		errors.Is(err, sdk.ErrDenied), errors.Is(err, sdk.ErrControlRefused), errors.Is(err, sdk.ErrPermissionDenied):
 		return OutFail, string(code)
 	case errors.Is(err, sdk.ErrResourceExhausted) && kind == OpAcquire:
 		// A limit (a leader's low disk) refused it before proposing.

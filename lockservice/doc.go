@@ -21,6 +21,12 @@
 //     as ErrIndeterminate; it never guesses a token or re-acquires.
 //   - Grant policy: an optional plugins.Policy is asked before a Grant is
 //     proposed; a denied request never enters the log.
+//   - Access control (acl.go): an optional access list (identity → key
+//     prefix → operations). authorize is the one check, made first by every
+//     operation (acquire, and renew as acquire; release; get; list), against
+//     the identity the transport put in the context (identity.go); a refusal
+//     is ErrPermissionDenied and nothing is proposed. A Grant records the
+//     identity on the lock once the cluster version allows it.
 //   - Quotas and bounds (quota.go): every Grant reservation is admitted
 //     against the total lock limit, the caller's identity quota and the
 //     storage alarm, and every waiter against the per-key and per-node
@@ -33,7 +39,9 @@
 // # What it does not own
 //
 // The wire: it returns domain errors (errors.go) and the NATS edge
-// (transports/natsapi) maps them to the protocol's stable codes. The raft
+// (transports/natsapi) maps them to the protocol's stable codes.
+// Authentication: who the caller is comes from the transport, which alone
+// can tell (natsapi reads what nats-server vouched for). The raft
 // node, its storage and the replicated state machine (raftstore, core).
 // Followers keep no lease or queue state; transports forward their client
 // requests to the leader.

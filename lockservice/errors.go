@@ -26,6 +26,9 @@ var (
 	ErrIndeterminate = errors.New("lockservice: outcome unknown")
 	// ErrShuttingDown: the service or its node is stopping; nothing changed.
 	ErrShuttingDown = errors.New("lockservice: stopping")
+	// ErrPermissionDenied: the access list does not let the caller's
+	// identity perform the operation on the key. Nothing was proposed.
+	ErrPermissionDenied = errors.New("lockservice: permission denied")
 	// ErrResourceExhausted: a limit refused the request (a *LimitError says
 	// which: quota.go). Nothing was proposed.
 	ErrResourceExhausted = errors.New("lockservice: resource exhausted")
@@ -49,3 +52,25 @@ func (e *DeniedError) Error() string { return "lockservice: denied: " + e.Reason
 
 // Is makes errors.Is(err, ErrDenied) hold.
 func (e *DeniedError) Is(target error) bool { return target == ErrDenied }
+
+// PermissionError says who was refused what; it matches
+// ErrPermissionDenied. Identity is the caller's own, so showing it back
+// reveals nothing; the access list itself is never shown.
+type PermissionError struct {
+	Identity string
+	Op       Op
+	Key      string
+}
+
+func (e *PermissionError) Error() string {
+	who := e.Identity
+	if who == "" {
+		who = "an unauthenticated caller"
+	} else {
+		who = fmt.Sprintf("identity %q", who)
+	}
+	return fmt.Sprintf("%s may not %s %q", who, e.Op, e.Key)
+}
+
+// Is makes errors.Is(err, ErrPermissionDenied) hold.
+func (e *PermissionError) Is(target error) bool { return target == ErrPermissionDenied }

@@ -46,6 +46,10 @@ type Config struct {
 	Metrics *Metrics
 	// Policy, if set, is asked before every Grant is proposed.
 	Policy plugins.Policy
+	// ACL, if set, is checked before every operation against the identity
+	// the transport put in the request context (WithIdentity); nil allows
+	// everything (development).
+	ACL *ACL
 	// Now is the local monotonic clock that times leases; nil means
 	// time.Now.
 	Now func() time.Time
@@ -227,6 +231,9 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 	if err := cmd.Validate(); err != nil {
 		return Grant{}, err
 	}
+	if err := s.authorize(ctx, OpAcquire, p.Key); err != nil {
+		return Grant{}, err
+	}
 	if !s.IsLeader() {
 		return Grant{}, s.notLeader()
 	}
@@ -268,11 +275,13 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 }
 
 // checkPolicy asks the Grant policy; a failing policy denies (fail closed).
+// The policy sees the caller's identity even when the cluster version is
+// too old to record it on the lock.
 func (s *Service) checkPolicy(ctx context.Context, p AcquireParams, leaseMS uint64) error {
 	if s.cfg.Policy == nil {
 		return nil
 	}
-	v, err := s.cfg.Policy.ValidateGrant(ctx, p.Key, p.Owner, leaseMS)
+	v, err := s.cfg.Policy.ValidateGrant(ctx, p.Key, p.Owner, IdentityFrom(ctx), leaseMS)
 	if err == nil && v.Allow {
 		return nil
 	}
@@ -345,6 +354,9 @@ func (s *Service) Release(ctx context.Context, key string, token uint64) error {
 	if err := cmd.Validate(); err != nil {
 		return err
 	}
+	if err := s.authorize(ctx, OpRelease, key); err != nil {
+		return err
+	}
 	if !s.IsLeader() {
 		return s.notLeader()
 	}
@@ -364,6 +376,9 @@ func (s *Service) Release(ctx context.Context, key string, token uint64) error {
 // Get returns the current holder of key, read linearizably (ReadIndex).
 func (s *Service) Get(ctx context.Context, key string) (Holder, error) {
 	if err := core.ValidateKey(key); err != nil {
+		return Holder{}, err
+	}
+	if err := s.authorize(ctx, OpGet, key); err != nil {
 		return Holder{}, err
 	}
 	if !s.IsLeader() {

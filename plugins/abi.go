@@ -81,10 +81,15 @@ var signatures = []signature{
 
 // Wire forms (README.md "Payloads").
 
+// grantRequest is the validate_grant request. Identity was added within
+// ABI version 1: guests ignore fields they do not know (README.md), and
+// the Go guest SDK's decoder always has, so modules built before it keep
+// working and simply do not see it.
 type grantRequest struct {
-	Key     string `json:"key"`
-	Owner   string `json:"owner"`
-	LeaseMS uint64 `json:"lease_ms"`
+	Key      string `json:"key"`
+	Owner    string `json:"owner"`
+	Identity string `json:"identity"`
+	LeaseMS  uint64 `json:"lease_ms"`
 }
 
 type verdictResponse struct {
@@ -124,8 +129,8 @@ type eventResponse struct {
 	Data json.RawMessage `json:"data"`
 }
 
-func encodeGrant(key, owner string, leaseMS uint64) ([]byte, error) {
-	return json.Marshal(grantRequest{Key: key, Owner: owner, LeaseMS: leaseMS})
+func encodeGrant(key, owner, identity string, leaseMS uint64) ([]byte, error) {
+	return json.Marshal(grantRequest{Key: key, Owner: owner, Identity: identity, LeaseMS: leaseMS})
 }
 
 // encodeApplied copies cmd and res into the wire form: the guest sees a

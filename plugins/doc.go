@@ -16,8 +16,9 @@
 //
 // A plugin can neither change a command nor assign, alter or observe a
 // token before it is issued. The host gives it serialised copies only (the
-// Grant's key, owner and lease; after apply, a copy of the command and of
-// its result) written into the plugin's own linear memory; the plugin has
+// Grant's key, owner, lease and the requester's authenticated identity;
+// after apply, a copy of the command and of its result) written into the
+// plugin's own linear memory; the plugin has
 // no access to host memory, no host functions beyond WASI's sandboxed
 // stubs, and its only outputs are a Verdict or a list of Events, which the
 // host decodes and checks. ValidateGrant can only veto a Grant before it is

@@ -365,12 +365,12 @@ func (p *Plugin) roundTrip(ctx context.Context, hook string, inst *instance, fn 
 // and the error is a *CallError matching ErrPluginTrap, ErrPluginMemory,
 // ErrPluginTimeout, ErrPluginABI, ErrCanceled or ErrClosed (or ErrNoHook
 // if the plugin has no policy hook).
-func (p *Plugin) ValidateGrant(ctx context.Context, key, owner string, leaseMS uint64) (Verdict, error) {
+func (p *Plugin) ValidateGrant(ctx context.Context, key, owner, identity string, leaseMS uint64) (Verdict, error) {
 	if !p.hasPolicy {
 		return Verdict{Reason: "plugin error: " + p.name + ": has no validate_grant hook"},
 			fmt.Errorf("%w: %s validate_grant", ErrNoHook, p.name)
 	}
-	req, err := encodeGrant(key, owner, leaseMS)
+	req, err := encodeGrant(key, owner, identity, leaseMS)
 	if err != nil {
 		return Verdict{Reason: "plugin error: cannot encode request"}, fmt.Errorf("plugins: encoding grant: %w", err)
 	}

@@ -8,9 +8,11 @@ import (
 )
 
 // Policy decides whether a Grant may be proposed. Implementations fail
-// closed: when err is non-nil the Verdict denies.
+// closed: when err is non-nil the Verdict denies. identity is who the
+// transport authenticated for the request ("ACCOUNT" or "ACCOUNT/user",
+// "" when none); unlike owner, a client cannot choose it.
 type Policy interface {
-	ValidateGrant(ctx context.Context, key, owner string, leaseMS uint64) (Verdict, error)
+	ValidateGrant(ctx context.Context, key, owner, identity string, leaseMS uint64) (Verdict, error)
 }
 
 // Auditor observes applied commands and returns audit events.
@@ -42,12 +44,12 @@ func (s *Set) Plugins() []*Plugin { return append([]*Plugin(nil), s.plugins...) 
 // that denies or fails; a Grant is allowed only if all allow. A Set with
 // no policy plugin allows everything. A failure denies (fail closed) and
 // returns the plugin's error.
-func (s *Set) ValidateGrant(ctx context.Context, key, owner string, leaseMS uint64) (Verdict, error) {
+func (s *Set) ValidateGrant(ctx context.Context, key, owner, identity string, leaseMS uint64) (Verdict, error) {
 	for _, p := range s.plugins {
 		if !p.HasPolicy() {
 			continue
 		}
-		v, err := p.ValidateGrant(ctx, key, owner, leaseMS)
+		v, err := p.ValidateGrant(ctx, key, owner, identity, leaseMS)
 		if err != nil || !v.Allow {
 			return v, err
 		}

@@ -137,7 +137,7 @@ func TestRawCallFaults(t *testing.T) {
 			tc.edit(&m)
 			p := loadBytes(t, m.encode(), Config{CallTimeout: CallTimeoutDefault})
 			for i := 0; i < 2; i++ { // the second call runs on a fresh instance
-				v, err := p.ValidateGrant(ctx, "k", "o", 1000)
+				v, err := p.ValidateGrant(ctx, "k", "o", "", 1000)
 				ce := wantFailClosed(t, v, err, tc.sentinel)
 				if !strings.Contains(ce.Error(), tc.detail) {
 					t.Errorf("err = %v, want it to mention %q", err, tc.detail)

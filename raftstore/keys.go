@@ -19,6 +19,8 @@ import (
 //	key                        value
 //	-------------------------  ---------------------------------------------------
 //	m/version                  uint64 big endian: storage format (storeFormatVersion)
+//	m/clusterid                uint64 big endian: the cluster this store belongs to
+//	                           (optional: stores created before cluster IDs lack it)
 //	r/hardstate                raftpb.HardState (Marshal)
 //	r/confstate                raftpb.ConfState as of the applied index
 //	r/snapmeta                 raftpb.SnapshotMetadata of the latest snapshot (zero = none)
@@ -32,7 +34,7 @@ import (
 //	                           FirstIndex()-1 and its term answers Term(FirstIndex()-1).
 //	k/<lock key bytes>         core.EncodeLockRecord of the lock held on that key
 //
-// Every row except r/snapdata exists from the moment Open initialises an
+// Every row except r/snapdata and m/clusterid exists from the moment Open initialises an
 // empty directory; a missing one is reported as corruption.
 //
 // Format 2 moved the snapshot data out of Pebble into a file. A format 1

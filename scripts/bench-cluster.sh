@@ -9,7 +9,7 @@ for i in $(seq 1 $N); do members="$members${members:+,}$i=127.0.0.1:$((base+10+i
 export TICKETD_PEER_SECRET=bench-secret-0123456789
 for i in $(seq 1 $N); do rm -rf ${TMPDIR:-/tmp}/ticketd-bench-$N-$i
   $B serve --id $i --data ${TMPDIR:-/tmp}/ticketd-bench-$N-$i --nats-listen 127.0.0.1:$((base+i)) --nats-cluster-listen 127.0.0.1:$((base+30+i)) --nats-routes $routes \
-   --peer-listen 127.0.0.1:$((base+10+i)) --initial-cluster $members --metrics-listen 127.0.0.1:$((base+50+i)) --log-level warn > ${TMPDIR:-/tmp}/ticketd-bench-$N-$i.log 2>&1 &
+   --peer-listen 127.0.0.1:$((base+10+i)) --initial-cluster $members --initial-cluster-state new --metrics-listen 127.0.0.1:$((base+50+i)) --log-level warn > ${TMPDIR:-/tmp}/ticketd-bench-$N-$i.log 2>&1 &
 done
 trap 'kill $(jobs -p) 2>/dev/null' EXIT
 for t in $(seq 1 100); do $B status --nats nats://127.0.0.1:$((base+1)) --timeout 1s 2>/dev/null | grep -q '"leader":[1-9]' && break; sleep 0.1; done

@@ -12,6 +12,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/ticketd/ticketd/internal/natsclient"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
@@ -61,6 +62,7 @@ type config struct {
 	logger         *slog.Logger
 	clock          Clock
 	natsOpts       []nats.Option
+	auth           Auth
 	// attemptHook, when set, is called after every attempt (tests).
 	attemptHook func(op string, attempt int, err error)
 }
@@ -105,6 +107,21 @@ func WithClock(clk Clock) Option {
 // WithNATSOptions passes options to nats.Connect; only Connect uses them.
 func WithNATSOptions(opts ...nats.Option) Option {
 	return func(c *config) { c.natsOpts = append(c.natsOpts, opts...) }
+}
+
+// Auth is how Connect authenticates to NATS and verifies it: a
+// credentials file, an nkey seed file, or a user and password; a CA for
+// the server's TLS certificate and a client certificate; an inbox prefix
+// that the user's subscribe permission names. It is the same setting the
+// ticketd CLI takes as --nats-creds, --nats-nkey, --nats-user (password
+// from TICKETD_NATS_PASSWORD or --nats-password-file), --nats-tls-ca,
+// --nats-tls-cert, --nats-tls-key and --nats-inbox-prefix.
+type Auth = natsclient.Auth
+
+// WithAuth makes Connect authenticate with a (see Auth). Only Connect
+// uses it; with New, configure the connection yourself.
+func WithAuth(a Auth) Option {
+	return func(c *config) { c.auth = a }
 }
 
 // withAttemptHook observes every attempt; for tests.
@@ -160,10 +177,15 @@ func Connect(url string, opts ...Option) (*Client, error) {
 	for _, o := range opts {
 		o(&cfg)
 	}
-	natsOpts := append([]nats.Option{nats.Name("ticketd-sdk")}, cfg.natsOpts...)
+	auth, err := cfg.auth.Options()
+	if err != nil {
+		return nil, fmt.Errorf("ticketd: %w", err)
+	}
+	natsOpts := append(append([]nats.Option{nats.Name("ticketd-sdk")}, auth...), cfg.natsOpts...)
 	nc, err := nats.Connect(url, natsOpts...)
 	if err != nil {
-		return nil, fmt.Errorf("ticketd: connect to %s: %w", url, err)
+		// The URL may carry user:password; errors get logged.
+		return nil, fmt.Errorf("ticketd: connect to %s: %w", natsclient.Redact(url), err)
 	}
 	c, err := New(nc, opts...)
 	if err != nil {

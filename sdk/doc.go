@@ -14,13 +14,23 @@
 //	// ... use lock.Token as the fencing token, stop before lock.Deadline() ...
 //	err = lock.Release(ctx)
 //
+// # Connecting securely
+//
+// Connect takes WithAuth(Auth{...}): a NATS credentials file, an nkey seed
+// file, or a user and password; the CA of the server's TLS certificate and
+// a client certificate; the inbox prefix the user's subscribe permission
+// names, so that no other user can read its replies. The ticketd CLI takes
+// the same settings as --nats-* flags. A server with an access list answers
+// what the identity NATS authenticated may not do with ErrPermissionDenied.
+//
 // # Errors
 //
 // Every request failure is an *Error carrying the stable code
 // (CodeOf(err)), the operation and the key. errors.Is matches the sentinel
 // of its code: ErrHeld, ErrNotFound, ErrTimeout, ErrDenied,
 // ErrInvalidArgument, ErrMalformed, ErrTooLarge, ErrControlRefused,
-// ErrResourceExhausted, ErrInternal, ErrIndeterminate, and ErrUnavailable, which also matches
+// ErrPermissionDenied, ErrResourceExhausted, ErrInternal, ErrIndeterminate,
+// and ErrUnavailable, which also matches
 // the other retryable codes (ErrNotLeader, ErrShuttingDown). When the SDK
 // gave up retrying because the context ended, the error also matches
 // context.Canceled or context.DeadlineExceeded. A context that was done

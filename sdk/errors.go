@@ -48,6 +48,10 @@ var (
 	ErrTooLarge        = &Error{Code: protocol.CodeTooLarge}
 	ErrInternal        = &Error{Code: protocol.CodeInternal}
 	ErrControlRefused  = &Error{Code: protocol.CodeControlRefused}
+	// ErrPermissionDenied: the server's access list does not let the
+	// identity NATS authenticated for this connection perform the operation
+	// on the key. Nothing changed; retrying does not help.
+	ErrPermissionDenied = &Error{Code: protocol.CodePermissionDenied}
 	// ErrResourceExhausted: a cluster limit refused the request (the lock
 	// table or the caller's quota is full, a waiter queue is full, or the
 	// leader's disk is low). Nothing changed. The SDK does not retry it:
@@ -116,8 +120,8 @@ func CodeOf(err error) protocol.Code {
 // the request is unknown, and for an acquire a lock may exist that the
 // caller does not know about (it expires within its lease). Errors with a
 // definite code (held, not_found, timeout, denied, invalid_argument,
-// malformed, too_large, control_refused, resource_exhausted and the
-// retryable codes) mean the request had no effect; internal and codes
-// unknown to this SDK say nothing either way and should be handled like
-// indeterminate.
+// malformed, too_large, control_refused, permission_denied,
+// resource_exhausted and the retryable codes) mean the request had no
+// effect; internal and codes unknown to this SDK say nothing either way and
+// should be handled like indeterminate.
 func IsIndeterminate(err error) bool { return errors.Is(err, ErrIndeterminate) }

@@ -12,16 +12,20 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ticketd/ticketd/control"
+	"github.com/ticketd/ticketd/internal/natsclient"
 )
 
 const adminUsage = `usage: ticketd admin <command> --control URL[,URL...] [flags]
 
 The control API is separate from the client port: it listens on each node's
---control-listen and needs the cluster's control credential (--credential or
-TICKETD_CONTROL_CREDENTIAL). Requests go to whichever listed node leads.
+--control-listen and needs the cluster's control credential
+(TICKETD_CONTROL_CREDENTIAL or --credential-file; never on the command line,
+where ps shows it). Use https URLs with --control-tls-ca off loopback.
+Requests go to whichever listed node leads.
 
 commands:
-  bootstrap --bootstrap-credential X   consume the one-shot bootstrap credential (node 1)
+  bootstrap                            consume the one-shot bootstrap credential (node 1;
+                                       TICKETD_BOOTSTRAP_CREDENTIAL or --bootstrap-credential-file)
   mint-join                            mint a one-time join credential for a new node
   members                              list members with NodeID, incarnation, address, role
   replace complete --old N --new M --incarnation I
@@ -30,8 +34,8 @@ commands:
                                        cancel a prepared replacement; M is retired
   retire --node N --incarnation I      remove a member for good
 
-A new node joins with: ticketd serve --join URLS --join-credential X ...
-A replacement node joins with: ticketd serve --join URLS --replace OLD_ID --control-credential ...
+A new node joins with: TICKETD_JOIN_CREDENTIAL=... ticketd serve --join URLS ...
+A replacement node joins with: ticketd serve --join URLS --replace OLD_ID (and the control credential)
 `
 
 func admin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -55,10 +59,11 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	fs := pflag.NewFlagSet("admin "+name, pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	urls := fs.String("control", "http://127.0.0.1:7100", "comma-separated control URLs")
-	cred := fs.String("credential", os.Getenv("TICKETD_CONTROL_CREDENTIAL"), "control credential")
+	cc := addControlFlags(fs)
 	timeout := fs.Duration("timeout", 30*time.Second, "give up after this long")
-	bootCred := fs.String("bootstrap-credential", os.Getenv("TICKETD_BOOTSTRAP_CREDENTIAL"), "bootstrap credential (bootstrap)")
+	bootCred := fs.String("bootstrap-credential", "", "bootstrap credential (bootstrap)")
+	bootCredFile := fs.String("bootstrap-credential-file", "", "file holding the bootstrap credential (or TICKETD_BOOTSTRAP_CREDENTIAL)")
+	_ = fs.MarkDeprecated("bootstrap-credential", "it shows in ps; use TICKETD_BOOTSTRAP_CREDENTIAL or --bootstrap-credential-file")
 	oldID := fs.Uint64("old", 0, "NodeID being replaced (replace)")
 	newID := fs.Uint64("new", 0, "NodeID of the replacement (replace)")
 	node := fs.Uint64("node", 0, "NodeID (retire)")
@@ -67,6 +72,15 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		if errors.Is(err, pflag.ErrHelp) {
 			return 0
 		}
+		return exitUsage
+	}
+	urls, cred, callOpts, err := cc.resolve()
+	if err != nil {
+		fmt.Fprintf(stderr, "ticketd admin: %v\n", err)
+		return exitUsage
+	}
+	if *bootCred, err = secret(*bootCred, *bootCredFile, "TICKETD_BOOTSTRAP_CREDENTIAL"); err != nil {
+		fmt.Fprintf(stderr, "ticketd admin: bootstrap-credential-file: %v\n", err)
 		return exitUsage
 	}
 	var path string
@@ -90,7 +104,7 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	rep, err := control.Call(ctx, strings.Split(*urls, ","), path, *cred, body)
+	rep, err := control.Call(ctx, urls, path, cred, body, callOpts...)
 	if err != nil {
 		code := "error"
 		if ce, ok := err.(*control.Error); ok {
@@ -101,4 +115,53 @@ func admin(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	}
 	printJSON(stdout, rep)
 	return 0
+}
+
+// secret is a secret from its flag (deprecated), else its file, else the
+// environment variable env.
+func secret(flagValue, file, env string) (string, error) {
+	if flagValue != "" {
+		return flagValue, nil
+	}
+	if file != "" {
+		return natsclient.ReadSecretFile(file)
+	}
+	return os.Getenv(env), nil
+}
+
+// controlFlags are the flags of every command that calls the control
+// API: where it is, the credential (never the environment as a flag
+// default: --help would print it), and TLS.
+type controlFlags struct {
+	urls, cred, credFile, ca, cert, key *string
+}
+
+func addControlFlags(fs *pflag.FlagSet) *controlFlags {
+	c := &controlFlags{
+		urls:     fs.String("control", "http://127.0.0.1:7100", "comma-separated control URLs"),
+		cred:     fs.String("credential", "", "control credential"),
+		credFile: fs.String("credential-file", "", "file holding the control credential (or TICKETD_CONTROL_CREDENTIAL)"),
+		ca:       fs.String("control-tls-ca", "", "CA (PEM) of the nodes' control certificates (https URLs)"),
+		cert:     fs.String("control-tls-cert", "", "client certificate (PEM) for a control API with mutual TLS"),
+		key:      fs.String("control-tls-key", "", "client key (PEM) of --control-tls-cert"),
+	}
+	_ = fs.MarkDeprecated("credential", "it shows in ps; use TICKETD_CONTROL_CREDENTIAL or --credential-file")
+	return c
+}
+
+// resolve reads the parsed flags: the URLs, the credential (flag, else
+// file, else TICKETD_CONTROL_CREDENTIAL) and the call options for TLS.
+func (c *controlFlags) resolve() ([]string, string, []control.CallOption, error) {
+	cred, err := secret(*c.cred, *c.credFile, "TICKETD_CONTROL_CREDENTIAL")
+	if err != nil {
+		return nil, "", nil, fmt.Errorf("credential-file: %w", err)
+	}
+	if *c.ca == "" && *c.cert == "" && *c.key == "" {
+		return strings.Split(*c.urls, ","), cred, nil, nil
+	}
+	cfg, err := control.ClientTLS(*c.ca, *c.cert, *c.key)
+	if err != nil {
+		return nil, "", nil, err
+	}
+	return strings.Split(*c.urls, ","), cred, []control.CallOption{control.WithTLS(cfg)}, nil
 }

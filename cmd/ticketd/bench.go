@@ -53,7 +53,11 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		fmt.Fprintln(stderr, "ticketd bench: need 1..1024 clients, >=1 key, duration in (0, 10m]")
 		return exitUsage
 	}
-	res, err := runBench(ctx, *cf.url, *clients, *keys, *duration, *lease)
+	opts, err := cf.sdkOptions()
+	if err != nil {
+		return fail(stderr, err)
+	}
+	res, err := runBench(ctx, *cf.url, *clients, *keys, *duration, *lease, opts...)
 	if err != nil {
 		return fail(stderr, err)
 	}
@@ -71,10 +75,10 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func runBench(ctx context.Context, url string, clients, keys int, duration, lease time.Duration) (BenchResult, error) {
+func runBench(ctx context.Context, url string, clients, keys int, duration, lease time.Duration, opts ...sdk.Option) (BenchResult, error) {
 	conns := make([]*sdk.Client, clients)
 	for i := range conns {
-		c, err := sdk.Connect(url)
+		c, err := sdk.Connect(url, opts...)
 		if err != nil {
 			for _, c := range conns[:i] {
 				_ = c.Close()

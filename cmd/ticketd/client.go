@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"sort"
 	"strings"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 
+	"github.com/ticketd/ticketd/internal/natsclient"
 	"github.com/ticketd/ticketd/sdk"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
@@ -23,8 +25,12 @@ type clientFlags struct {
 	fs      *pflag.FlagSet
 	url     *string
 	timeout *time.Duration
+	auth    func() (natsclient.Auth, error)
 }
 
+// newClientFlags is the flag set every client command starts from: where
+// NATS is, how long to try, and how to authenticate to it (the NATS
+// client flags of natsclient.Flags).
 func newClientFlags(name string, stderr io.Writer) clientFlags {
 	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -32,7 +38,17 @@ func newClientFlags(name string, stderr io.Writer) clientFlags {
 		fs:      fs,
 		url:     fs.String("nats", defaultNATS, "NATS URL of any node"),
 		timeout: fs.Duration("timeout", 10*time.Second, "give up after this long"),
+		auth:    natsclient.Flags(fs, os.Getenv),
 	}
+}
+
+// sdkOptions are the SDK options the parsed flags ask for.
+func (c clientFlags) sdkOptions() ([]sdk.Option, error) {
+	a, err := c.auth()
+	if err != nil {
+		return nil, err
+	}
+	return []sdk.Option{sdk.WithAuth(a)}, nil
 }
 
 // parse parses args and returns exactly want positional arguments.
@@ -51,7 +67,11 @@ func (c clientFlags) parse(args []string, want int, stderr io.Writer) ([]string,
 }
 
 func (c clientFlags) connect(ctx context.Context) (*sdk.Client, context.Context, context.CancelFunc, error) {
-	cl, err := sdk.Connect(*c.url)
+	opts, err := c.sdkOptions()
+	if err != nil {
+		return nil, nil, nil, err
+	}
+	cl, err := sdk.Connect(*c.url, opts...)
 	if err != nil {
 		return nil, nil, nil, err
 	}

@@ -48,7 +48,7 @@ func TestThreeProcessFailover(t *testing.T) {
 			"--id", fmt.Sprint(i + 1), "--data", t.TempDir(),
 			"--nats-listen", strings.TrimPrefix(urls[i], "nats://"),
 			"--nats-cluster-listen", routes[i], "--nats-routes", strings.Join(routes, ","),
-			"--peer-listen", peers[i], "--initial-cluster", strings.Join(members, ","),
+			"--peer-listen", peers[i], "--initial-cluster", strings.Join(members, ","), "--initial-cluster-state", "new",
 			"--tick-ms", "50", "--election-ticks", "10",
 		}
 	}

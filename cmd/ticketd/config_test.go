@@ -39,6 +39,8 @@ func TestLoadConfigRejects(t *testing.T) {
 	dir := t.TempDir()
 	typo := filepath.Join(dir, "typo.yaml")
 	_ = os.WriteFile(typo, []byte("nats-lisen: 127.0.0.1:1\n"), 0o600)
+	secretFile := filepath.Join(dir, "secret")
+	_ = os.WriteFile(secretFile, []byte("a-secret-from-a-file-0123\n"), 0o600)
 	cases := []struct {
 		name string
 		args []string
@@ -56,6 +58,17 @@ func TestLoadConfigRejects(t *testing.T) {
 		{"self not in cluster", []string{"--id", "9", "--initial-cluster", "1=127.0.0.1:1,2=127.0.0.1:2", "--peer-listen", "127.0.0.1:1", "--peer-secret", "0123456789abcdef"}, nil},
 		{"duplicate member", []string{"--initial-cluster", "1=127.0.0.1:1,1=127.0.0.1:2", "--peer-listen", "127.0.0.1:1", "--peer-secret", "0123456789abcdef"}, nil},
 		{"stray argument", []string{"extra"}, nil},
+		{"control off loopback without TLS", []string{"--control-listen", "0.0.0.0:7100"}, nil},
+		{"control on all interfaces without TLS", []string{"--control-listen", ":7100"}, nil},
+		{"short control credential", nil, []string{"TICKETD_CONTROL_CREDENTIAL=short"}},
+		{"short bootstrap credential", nil, []string{"TICKETD_BOOTSTRAP_CREDENTIAL=0123456789abcde"}},
+		{"control TLS cert without key", []string{"--control-tls-cert", "c.pem"}, nil},
+		{"nats-config with nats-url", []string{"--nats-config", "n.conf", "--nats-url", "nats://h:4222"}, nil},
+		{"nats-config with routes", []string{"--nats-config", "n.conf", "--nats-routes", "127.0.0.1:6222"}, nil},
+		{"acl on an open embedded NATS", []string{"--acl", "acl.yaml"}, nil},
+		{"two NATS credentials", []string{"--nats-user", "u", "--nats-creds", "c.creds"}, nil},
+		{"secret and its file disagree", []string{"--peer-secret-file", secretFile}, []string{"TICKETD_PEER_SECRET=another-secret-0123456789"}},
+		{"missing secret file", []string{"--control-credential-file", filepath.Join(dir, "absent")}, nil},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -67,5 +80,34 @@ func TestLoadConfigRejects(t *testing.T) {
 				t.Fatalf("error %v is not daemon.ErrConfig", err)
 			}
 		})
+	}
+}
+
+// Secrets come from files or the environment; the file's trailing newline
+// is not part of the secret.
+func TestLoadConfigSecretFiles(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, v string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(v+"\n"), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	cfg, err := loadConfig([]string{
+		"--peer-secret-file", write("peer", "peer-secret-0123456789"),
+		"--control-credential-file", write("control", "control-credential-0123"),
+		"--nats-user", "ticketd", "--nats-password-file", write("nats", "nats-password"), "--peer-listen", "127.0.0.1:7001",
+	}, []string{"TICKETD_BOOTSTRAP_CREDENTIAL=bootstrap-credential-0123"}, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cfg.PeerSecret != "peer-secret-0123456789" || cfg.ControlCredential != "control-credential-0123" ||
+		cfg.NATSPassword != "nats-password" || cfg.BootstrapCredential != "bootstrap-credential-0123" {
+		t.Fatalf("secrets not loaded: %+v", cfg)
+	}
+	cfg, err = loadConfig([]string{"--nats-user", "ticketd"}, []string{"TICKETD_NATS_PASSWORD=from-env"}, io.Discard)
+	if err != nil || cfg.NATSPassword != "from-env" {
+		t.Fatalf("password from the environment: %q, %v", cfg.NATSPassword, err)
 	}
 }

@@ -19,6 +19,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ticketd/ticketd/daemon"
+	"github.com/ticketd/ticketd/internal/natsclient"
 )
 
 func serveFlags(stderr io.Writer) *pflag.FlagSet {
@@ -33,12 +34,21 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.String("nats-cluster-listen", "", "embedded NATS cluster (route) listen address")
 	fs.String("nats-routes", "", "comma-separated route addresses of the other nodes' embedded NATS")
 	fs.String("nats-cluster-name", d.NATSClusterName, "embedded NATS cluster name")
+	fs.String("nats-config", "", "nats-server configuration file for the embedded server (listen, TLS, accounts, users, permissions, routes)")
+	// The node's own connection authenticates like any client; the values
+	// land in the config keys of the same names (the password only from
+	// TICKETD_NATS_PASSWORD or --nats-password-file).
+	natsclient.Flags(fs, func(string) string { return "" })
+	fs.String("acl", "", "access list file (YAML: identity -> key prefix -> operations); none: every request is allowed")
 	fs.String("peer-listen", "", "raft peer listen address (multi-node)")
-	fs.String("peer-secret", "", "cluster secret shared by all nodes (>= 16 bytes; prefer TICKETD_PEER_SECRET)")
+	fs.String("peer-secret", "", "cluster secret shared by all nodes (>= 16 bytes)")
+	fs.String("peer-secret-file", "", "file holding the peer secret (or TICKETD_PEER_SECRET)")
 	fs.String("peer-tls-cert", "", "peer mutual TLS certificate (PEM)")
 	fs.String("peer-tls-key", "", "peer mutual TLS key (PEM)")
 	fs.String("peer-tls-ca", "", "peer mutual TLS CA (PEM)")
 	fs.String("initial-cluster", "", "initial members id=host:port,... (empty: single node)")
+	fs.String("initial-cluster-state", d.InitialClusterState, "new: this start creates the static cluster; existing: an empty data directory is refused")
+	fs.String("initial-cluster-token", d.InitialClusterToken, "mixed into a new static cluster's ID, so clusters with the same members and secret refuse each other")
 	fs.String("metrics-listen", "", "HTTP address for /metrics, /healthz, /readyz")
 	fs.Bool("pprof", false, "also serve Go profiles under /debug/pprof/ on --metrics-listen")
 	fs.Int("tick-ms", d.TickMS, "raft tick in milliseconds")
@@ -50,10 +60,17 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.String("log-level", d.LogLevel, "debug, info, warn or error")
 	fs.String("log-format", d.LogFormat, "text or json")
 	fs.String("control-listen", "", "control API listen address (bootstrap, join, replacement); never the client port")
-	fs.String("control-credential", "", "admin credential of the control API (prefer TICKETD_CONTROL_CREDENTIAL)")
-	fs.String("bootstrap-credential", "", "one-shot bootstrap credential of the first node (prefer TICKETD_BOOTSTRAP_CREDENTIAL)")
+	fs.String("control-credential", "", "admin credential of the control API (>= 16 bytes)")
+	fs.String("control-credential-file", "", "file holding the control credential (or TICKETD_CONTROL_CREDENTIAL)")
+	fs.String("bootstrap-credential", "", "one-shot bootstrap credential of the first node (>= 16 bytes)")
+	fs.String("bootstrap-credential-file", "", "file holding the bootstrap credential (or TICKETD_BOOTSTRAP_CREDENTIAL)")
 	fs.String("join", "", "comma-separated control URLs of the cluster to join")
-	fs.String("join-credential", "", "one-time join credential minted by an admin (prefer TICKETD_JOIN_CREDENTIAL)")
+	fs.String("join-credential", "", "one-time join credential minted by an admin")
+	fs.String("join-credential-file", "", "file holding the join credential (or TICKETD_JOIN_CREDENTIAL)")
+	fs.String("control-tls-cert", "", "control API TLS certificate (PEM); required off loopback")
+	fs.String("control-tls-key", "", "control API TLS key (PEM)")
+	fs.String("control-tls-client-ca", "", "CA (PEM) that control API client certificates must chain to (mutual TLS)")
+	fs.String("control-tls-ca", "", "CA (PEM) this node trusts when it calls other nodes' control API (join)")
 	fs.Uint64("replace", 0, "with --join: join as the replacement of this voter's NodeID (needs --control-credential)")
 	fs.String("plugins", "", "comma-separated WebAssembly plugin modules (policy and/or audit)")
 	fs.Uint32("plugin-memory-pages", 0, "memory limit per plugin instance in 64 KiB pages (0: plugins default)")
@@ -67,6 +84,12 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.Int("max-waiters", d.MaxWaiters, "most acquires waiting on this node")
 	fs.Int64("disk-alarm-bytes", d.DiskAlarmBytes, "below this much free space on the data disk, refuse grants (releases still work) and raise the nospace alarm; a node needs a quarter of it free to start")
 	fs.Int64("disk-ballast-bytes", d.DiskBallastBytes, "space reserved in data/raft/BALLAST, released if a write still meets a full disk (-1: none)")
+	// A secret given as a flag value is visible to every local user in
+	// `ps`: the flags still work, but say so.
+	for _, name := range []string{"peer-secret", "control-credential", "bootstrap-credential", "join-credential"} {
+		env := "TICKETD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
+		_ = fs.MarkDeprecated(name, fmt.Sprintf("it shows in ps; use %s or --%s-file", env, name))
+	}
 	return fs
 }
 
@@ -101,6 +124,10 @@ func loadConfig(args []string, environ []string, stderr io.Writer) (daemon.Confi
 	cfg := daemon.Defaults()
 	if err := k.UnmarshalWithConf("", &cfg, koanf.UnmarshalConf{Tag: "koanf"}); err != nil {
 		return daemon.Config{}, fmt.Errorf("%w: %v", daemon.ErrConfig, err)
+	}
+	cfg, err := cfg.LoadSecretFiles()
+	if err != nil {
+		return daemon.Config{}, err
 	}
 	return cfg, cfg.Validate()
 }

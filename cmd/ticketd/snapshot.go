@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"os"
 	"path/filepath"
-	"strings"
 	"time"
 
 	"github.com/spf13/pflag"
@@ -40,16 +39,20 @@ func parseFlags(fs *pflag.FlagSet, args []string, stderr io.Writer) (file string
 func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := pflag.NewFlagSet("snapshot save", pflag.ContinueOnError)
 	fs.SetOutput(stderr)
-	urls := fs.String("control", "http://127.0.0.1:7100", "comma-separated control URLs")
-	cred := fs.String("credential", os.Getenv("TICKETD_CONTROL_CREDENTIAL"), "control credential (prefer TICKETD_CONTROL_CREDENTIAL)")
+	cc := addControlFlags(fs)
 	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
 	path, code, ok := parseFlags(fs, args, stderr)
 	if !ok {
 		return code
 	}
+	urls, cred, callOpts, err := cc.resolve()
+	if err != nil {
+		fmt.Fprintf(stderr, "ticketd snapshot save: %v\n", err)
+		return exitUsage
+	}
 	ctx, cancel := context.WithTimeout(ctx, *timeout)
 	defer cancel()
-	b, file, err := control.SaveBackup(ctx, strings.Split(*urls, ","), *cred)
+	b, file, err := control.SaveBackup(ctx, urls, cred, callOpts...)
 	if err != nil {
 		code := "error"
 		var ce *control.Error

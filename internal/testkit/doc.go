@@ -13,9 +13,11 @@
 // for once the deadline passes; a test never sleeps and then checks.
 // NATSServer and Connect (nats.go): an embedded nats-server on a free
 // loopback port and client connections to it, both closed at cleanup.
-// QuietLogger (log.go): a logger that discards everything. Tmpfs, Fill,
-// Unfill and FreeBytes (disk.go): a small real disk (a tmpfs mounted as
-// root; the test is skipped otherwise) and filling it. TickMS and
+// QuietLogger (log.go): a logger that discards everything; CaptureLogger:
+// one that keeps everything, to check what was (not) logged. TLS
+// (tls.go): a throwaway CA and certificate written as PEM files. Tmpfs,
+// Fill, Unfill and FreeBytes (disk.go): a small real disk (a tmpfs mounted
+// as root; the test is skipped otherwise) and filling it. TickMS and
 // ElectionTicks: the short raft ticks of in-process test nodes.
 //
 // # What it does not own

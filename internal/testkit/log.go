@@ -1,8 +1,10 @@
 package testkit
 
 import (
+	"bytes"
 	"io"
 	"log/slog"
+	"sync"
 )
 
 // QuietLogger discards every record.
@@ -14,3 +16,29 @@ const (
 	TickMS        = 20
 	ElectionTicks = 10
 )
+
+// LogBuffer keeps everything a logger writes, for tests that check what
+// was (or was not) logged. It is safe for concurrent use.
+type LogBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+// CaptureLogger returns a debug-level logger writing to a new LogBuffer.
+func CaptureLogger() (*slog.Logger, *LogBuffer) {
+	buf := &LogBuffer{}
+	return slog.New(slog.NewTextHandler(buf, &slog.HandlerOptions{Level: slog.LevelDebug})), buf
+}
+
+func (l *LogBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+// String is everything written so far.
+func (l *LogBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

@@ -48,11 +48,15 @@ const (
 
 // GrantRequest is the input of a validate_grant call: a Grant the leader
 // is about to propose. Owner is a correlation id chosen by the client, not
-// an authenticated identity.
+// an authenticated identity. Identity is: who the NATS edge authenticated
+// ("ACCOUNT" or "ACCOUNT/user" from nats-server's Nats-Request-Info), ""
+// when the request carried none (an open NATS, or a host older than the
+// field, which never sends it).
 type GrantRequest struct {
-	Key     string `json:"key"`
-	Owner   string `json:"owner"`
-	LeaseMS uint64 `json:"lease_ms"`
+	Key      string `json:"key"`
+	Owner    string `json:"owner"`
+	Identity string `json:"identity"`
+	LeaseMS  uint64 `json:"lease_ms"`
 }
 
 // Verdict is the output of a validate_grant call.

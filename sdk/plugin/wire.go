@@ -27,6 +27,8 @@ func decodeGrantRequest(b []byte) (GrantRequest, error) {
 			return s.str(&r.Key)
 		case strings.EqualFold(key, "owner"):
 			return s.str(&r.Owner)
+		case strings.EqualFold(key, "identity"):
+			return s.str(&r.Identity)
 		case strings.EqualFold(key, "lease_ms"):
 			return s.uint(&r.LeaseMS)
 		}

@@ -99,7 +99,7 @@ func TestFieldsEncoding(t *testing.T) {
 func TestDecodersMatchEncodingJSON(t *testing.T) {
 	var inputs []string
 	for _, s := range tricky {
-		g, _ := json.Marshal(GrantRequest{Key: s, Owner: s + "!", LeaseMS: 12345})
+		g, _ := json.Marshal(GrantRequest{Key: s, Owner: s + "!", Identity: "ACC/" + s, LeaseMS: 12345})
 		a, _ := json.Marshal(Applied{Index: 9, Command: Command{Kind: "grant", Key: s, Owner: s, LeaseMS: 1, GrantedAtMS: 2, Token: 3},
 			Result: Result{Kind: "granted", Token: math.MaxUint64, Existed: true}})
 		inputs = append(inputs, string(g), string(a))
@@ -143,6 +143,7 @@ func FuzzDecodeApplied(f *testing.F) {
 func FuzzDecodeGrantRequest(f *testing.F) {
 	f.Add(`{"key":"k","owner":"o","lease_ms":1000}`)
 	f.Add(`{"key":"\u00e9\n","owner":"","lease_ms":0,"x":[{}]}`)
+	f.Add(`{"key":"k","owner":"o","identity":"TENANT_A/alice","lease_ms":1000}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		var want GrantRequest
 		wantErr := json.Unmarshal([]byte(in), &want)

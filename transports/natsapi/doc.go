@@ -43,6 +43,13 @@
 // the node's NATS connection with nats.ReconnectBufSize(-1) so a reply
 // during a disconnect fails at once instead of sitting in a buffer.
 //
+// # Identity
+//
+// identity.go reads who is asking from the Nats-Request-Info header that
+// nats-server writes on a request crossing a service import, and carries it
+// from a follower to the leader in Ticketd-Identity on the forward subject,
+// trusted only there. The lock service checks it against its access list.
+//
 // # Control
 //
 // Control requests never travel on the client port: anything sent to

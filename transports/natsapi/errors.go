@@ -20,6 +20,7 @@ var codeOfError = []struct {
 	{lockservice.ErrHeld, protocol.CodeHeld},
 	{lockservice.ErrNotFound, protocol.CodeNotFound},
 	{lockservice.ErrDenied, protocol.CodeDenied},
+	{lockservice.ErrPermissionDenied, protocol.CodePermissionDenied},
 	{lockservice.ErrResourceExhausted, protocol.CodeResourceExhausted},
 	// Indeterminate before shutting down: an entry raft may have taken
 	// when its node stopped is still indeterminate.

@@ -23,6 +23,7 @@ func TestToProtocolError(t *testing.T) {
 		{"not found", wrap(lockservice.ErrNotFound), protocol.CodeNotFound},
 		{"denied", &lockservice.DeniedError{Reason: "owner must start with svc-"}, protocol.CodeDenied},
 		{"timeout", wrap(lockservice.ErrTimeout), protocol.CodeTimeout},
+		{"permission denied", &lockservice.PermissionError{Identity: "A/bob", Op: lockservice.OpRelease, Key: "orders/42"}, protocol.CodePermissionDenied},
 		{"quota", &lockservice.LimitError{Resource: lockservice.ResourceLocks, Limit: 10}, protocol.CodeResourceExhausted},
 		{"identity quota", &lockservice.LimitError{Resource: lockservice.ResourceIdentityLocks, Limit: 2, Identity: "A"}, protocol.CodeResourceExhausted},
 		{"waiters", &lockservice.LimitError{Resource: lockservice.ResourceKeyWaiters, Limit: 2}, protocol.CodeResourceExhausted},

@@ -77,6 +77,12 @@ type request struct {
 	data   []byte
 	reply  string
 	header nats.Header
+	// identity is who the requester is (identity.go): from
+	// Nats-Request-Info on a client subject, from HeaderIdentity on the
+	// forward subject. nodeAuthority marks a follower's own lost-reply
+	// release (HeaderLostReply, forward subject only).
+	identity      string
+	nodeAuthority bool
 	// received is when the request arrived on the real clock, for context
 	// deadlines; receivedLease is the same moment on the lock service's lease
 	// clock (Config.Now), which may be skewed or jumped in tests.
@@ -167,18 +173,37 @@ func (s *Service) Stop() error {
 	return err
 }
 
-// microHandler hands a client request to dispatch. The reply is written
-// later, from the request's own goroutine; the endpoint's figures are
-// recorded then (micro.go).
+// microHandler hands a client request to dispatch, with the identity
+// nats-server wrote (identity.go). The reply is written later, from the
+// request's own goroutine; the endpoint's figures are recorded then
+// (micro.go).
 func (s *Service) microHandler(op string) func(*endpoint, *nats.Msg) {
 	return func(ep *endpoint, m *nats.Msg) {
-		s.dispatch(s.newRequest(ep, op, m.Data, m.Reply, m.Header), false)
+		req := s.newRequest(ep, op, m.Data, m.Reply, m.Header)
+		req.identity = identityOf(req.header)
+		s.dispatch(req, false)
 	}
 }
 
+// forwardHandler serves requests a follower forwarded. Only ticketd's own
+// NATS user may publish on the forward subject, so the identity the
+// follower read, and its lost-reply mark, are trusted here and only here.
 func (s *Service) forwardHandler(m *nats.Msg) {
 	op := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
-	s.dispatch(s.newRequest(nil, op, m.Data, m.Reply, m.Header), true)
+	req := s.newRequest(nil, op, m.Data, m.Reply, m.Header)
+	req.identity = m.Header.Get(HeaderIdentity)
+	req.nodeAuthority = op == "release" && m.Header.Get(HeaderLostReply) != ""
+	s.dispatch(req, true)
+}
+
+// context is the lock service's context for req: the service's lifetime,
+// the requester's identity and, for a node's own request, its authority.
+func (req *request) context(parent context.Context) context.Context {
+	ctx := lockservice.WithIdentity(parent, req.identity)
+	if req.nodeAuthority {
+		ctx = lockservice.WithNodeAuthority(ctx)
+	}
+	return ctx
 }
 
 // newRequest wraps one received message. Its reply functions publish to
@@ -304,7 +329,7 @@ func (s *Service) forward(req *request) {
 	}
 	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout+ForwardGraceDefault))
 	defer cancel()
-	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Data: req.data, Header: req.header})
+	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Data: req.data, Header: forwardHeader(req.header, req.identity)})
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		// Nobody received it: certainly no effect.
@@ -321,14 +346,16 @@ func (s *Service) forward(req *request) {
 	if err := req.relay(m.Data, m.Header); err != nil {
 		s.log.Debug("relayed reply not written", "op", req.op, "err", err)
 		if req.op == "acquire" {
-			s.releaseUndelivered(leader, m.Data)
+			s.releaseUndelivered(leader, req.identity, m.Data)
 		}
 	}
 }
 
 // releaseUndelivered asks the leader to release a grant whose reply this
-// follower could not relay: nobody can hold that token (SPEC §4.4).
-func (s *Service) releaseUndelivered(leader uint64, reply []byte) {
+// follower could not relay: nobody can hold that token (SPEC §4.4). It is
+// the cluster's own request (HeaderLostReply): the requester's access list
+// entry may allow acquire and not release, and the grant must go anyway.
+func (s *Service) releaseUndelivered(leader uint64, identity string, reply []byte) {
 	var ar protocol.AcquireReply
 	if protocol.ParseReply(reply, &ar) != nil || ar.Token == 0 {
 		return
@@ -336,7 +363,9 @@ func (s *Service) releaseUndelivered(leader uint64, reply []byte) {
 	body, _ := json.Marshal(protocol.ReleaseRequest{Key: ar.Key, Token: ar.Token})
 	ctx, cancel := context.WithTimeout(s.ctx, ForwardTimeoutDefault)
 	defer cancel()
-	if _, err := s.cfg.Conn.RequestWithContext(ctx, protocol.ForwardSubject(leader, "release"), body); err != nil {
+	h := forwardHeader(nil, identity)
+	h.Set(HeaderLostReply, "1")
+	if _, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, "release"), Data: body, Header: h}); err != nil {
 		s.log.Warn("release of an undelivered grant failed; it will expire with its lease", "key", ar.Key, "token", ar.Token, "err", err)
 	}
 }
@@ -348,7 +377,7 @@ func (s *Service) acquire(req *request) {
 		return
 	}
 	lease, wait, timeout, _ := ar.Validate()
-	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout))
+	ctx, cancel := context.WithDeadline(req.context(s.ctx), req.received.Add(timeout))
 	defer cancel()
 	g, err := s.cfg.Locks.Acquire(ctx, lockservice.AcquireParams{
 		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout,
@@ -371,7 +400,7 @@ func (s *Service) release(req *request) {
 		s.replyErr(req, toProtocolError(err))
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, protocol.DefaultReplyMargin*2)
+	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
 	defer cancel()
 	if err := s.cfg.Locks.Release(ctx, rr.Key, rr.Token); err != nil {
 		s.replyErr(req, toProtocolError(err))
@@ -386,7 +415,7 @@ func (s *Service) get(req *request) {
 		s.replyErr(req, toProtocolError(err))
 		return
 	}
-	ctx, cancel := context.WithTimeout(s.ctx, protocol.DefaultReplyMargin*2)
+	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
 	defer cancel()
 	h, err := s.cfg.Locks.Get(ctx, gr.Key)
 	if err != nil {

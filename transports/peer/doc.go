@@ -88,7 +88,11 @@
 // HMAC(secret, "key dialer->listener" | transcript) and its mirror. Fresh
 // nonces on both sides make a recorded handshake useless on a new
 // connection; the labels keep a listener's proof from serving as a
-// dialer's. Without TLS the traffic is authenticated but not encrypted.
+// dialer's. Without TLS the traffic is authenticated but not encrypted:
+// anyone on the path reads every lock key, owner and token. A peer network
+// that is not loopback should therefore use mutual TLS (Config.TLS with
+// client certificates required; ticketd serve --peer-tls-cert, --peer-tls-key,
+// --peer-tls-ca), which the daemon warns about when it is missing.
 //
 // After the handshake every message must have From equal to the
 // authenticated peer id and To equal to our id, and must not be a
@@ -102,7 +106,9 @@
 //   - MaxSnapshotSize (2 GiB, above the snapshot of the largest lock
 //     table a node can hold) bounds one streamed message; the receiver
 //     preallocates at most 1 MiB and grows as chunks arrive.
-//   - MaxPendingHandshakes (64) bounds unauthenticated inbound connections;
+//   - MaxPendingHandshakes (64) bounds unauthenticated inbound connections,
+//     and MaxPendingHandshakesPerSource (8) those from one source address,
+//     so idle connections from one place cannot keep members out;
 //     HandshakeTimeout bounds each handshake.
 //   - Config.QueueSize (QueueSizeDefault 4096) bounds each peer's queue.
 //     Send never blocks: a message that does not fit is dropped and counted

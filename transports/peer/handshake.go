@@ -44,7 +44,7 @@ func rejectReason(code byte) error {
 	case rejectWrongTarget:
 		return fmt.Errorf("%w: %w: it is not the node we dialled", ErrRejected, ErrWrongPeer)
 	case rejectBadProof:
-		return fmt.Errorf("%w: %w: proofs do not match (different cluster secret?)", ErrRejected, ErrAuthFailed)
+		return fmt.Errorf("%w: %w: proofs do not match (different cluster secret or cluster ID?)", ErrRejected, ErrAuthFailed)
 	}
 	return fmt.Errorf("%w: reason %d", ErrRejected, code)
 }

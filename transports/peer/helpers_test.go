@@ -2,16 +2,10 @@ package peer
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
-	"crypto/x509"
-	"crypto/x509/pkix"
 	"fmt"
 	"io"
 	"log/slog"
-	"math/big"
 	"net"
 	"os"
 	"runtime"
@@ -22,6 +16,8 @@ import (
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/internal/testkit"
 )
 
 // checkGoroutines fails the test if goroutines started during it are still
@@ -262,71 +258,12 @@ func heartbeat(from, to, term uint64) raftpb.Message {
 	return raftpb.Message{Type: raftpb.MsgHeartbeat, From: from, To: to, Term: term}
 }
 
-// testCA is a throwaway certificate authority.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pool *x509.CertPool
-}
-
-func newTestCA(t testing.TB, name string) *testCA {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := &x509.Certificate{
-		SerialNumber:          big.NewInt(1),
-		Subject:               pkix.Name{CommonName: name},
-		NotBefore:             time.Now().Add(-time.Hour),
-		NotAfter:              time.Now().Add(time.Hour),
-		IsCA:                  true,
-		BasicConstraintsValid: true,
-		KeyUsage:              x509.KeyUsageCertSign,
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cert, err := x509.ParseCertificate(der)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AddCert(cert)
-	return &testCA{cert: cert, key: key, pool: pool}
-}
-
-// issue returns a certificate for 127.0.0.1 usable as server and client.
-func (ca *testCA) issue(t testing.TB, name string) tls.Certificate {
-	t.Helper()
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial, _ := rand.Int(rand.Reader, big.NewInt(1<<62))
-	tmpl := &x509.Certificate{
-		SerialNumber: serial,
-		Subject:      pkix.Name{CommonName: name},
-		NotBefore:    time.Now().Add(-time.Hour),
-		NotAfter:     time.Now().Add(time.Hour),
-		KeyUsage:     x509.KeyUsageDigitalSignature,
-		ExtKeyUsage:  []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth, x509.ExtKeyUsageClientAuth},
-		IPAddresses:  []net.IP{net.ParseIP("127.0.0.1")},
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return tls.Certificate{Certificate: [][]byte{der}, PrivateKey: key}
-}
-
-// tlsConfig is a node's mutual-TLS config.
-func (ca *testCA) tlsConfig(t testing.TB, name string) *tls.Config {
+// tlsConfig is a node's mutual-TLS config with a certificate from ca.
+func tlsConfig(t testing.TB, ca *testkit.CA, name string) *tls.Config {
 	return &tls.Config{
-		Certificates: []tls.Certificate{ca.issue(t, name)},
-		RootCAs:      ca.pool,
-		ClientCAs:    ca.pool,
+		Certificates: []tls.Certificate{ca.Issue(t, name)},
+		RootCAs:      ca.Pool,
+		ClientCAs:    ca.Pool,
 		ClientAuth:   tls.RequireAndVerifyClientCert,
 	}
 }

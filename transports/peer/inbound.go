@@ -19,7 +19,8 @@ import (
 // connection also gets its acknowledgement, snapshot.go).
 
 // acceptLoop accepts connections until the listener closes, with at most
-// MaxPendingHandshakes of them not yet authenticated at a time.
+// MaxPendingHandshakes of them not yet authenticated at a time, and at
+// most MaxPendingHandshakesPerSource from one source address.
 func (t *Transport) acceptLoop(ln net.Listener) {
 	defer t.wg.Done()
 	var delay time.Duration
@@ -39,9 +40,8 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 			continue
 		}
 		delay = 0
-		select {
-		case t.handshakes <- struct{}{}:
-		default:
+		source := sourceOf(raw.RemoteAddr())
+		if !t.takeHandshakeSlot(source) {
 			t.handshakeFailures.Add(1)
 			if ok, suppressed := t.inboundLogs.allow(); ok {
 				t.log.Warn("peer: too many pending handshakes, connection refused",
@@ -51,18 +51,18 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 			continue
 		}
 		t.wg.Add(1)
-		go t.serveConn(raw)
+		go t.serveConn(raw, source)
 	}
 }
 
 // serveConn authenticates one inbound connection, makes it its peer's
 // current one of its kind, and reads it until it fails or closes.
-func (t *Transport) serveConn(raw net.Conn) {
+func (t *Transport) serveConn(raw net.Conn, source string) {
 	defer t.wg.Done()
 	stop := context.AfterFunc(t.ctx, func() { _ = raw.Close() })
 	remote := raw.RemoteAddr().String()
 	s, err := t.serverHandshake(raw)
-	<-t.handshakes
+	t.releaseHandshakeSlot(source)
 	if err != nil {
 		stop()
 		_ = raw.Close()
@@ -91,6 +91,44 @@ func (t *Transport) serveConn(raw net.Conn) {
 	default:
 		log.Warn("peer: inbound connection dropped", "err", err)
 	}
+}
+
+// takeHandshakeSlot reserves one of the pending-handshake slots, overall
+// and for source; false means none is free.
+func (t *Transport) takeHandshakeSlot(source string) bool {
+	t.pendingMu.Lock()
+	defer t.pendingMu.Unlock()
+	if t.pendingBySource[source] >= MaxPendingHandshakesPerSource {
+		return false
+	}
+	select {
+	case t.handshakes <- struct{}{}:
+	default:
+		return false
+	}
+	t.pendingBySource[source]++
+	return true
+}
+
+func (t *Transport) releaseHandshakeSlot(source string) {
+	t.pendingMu.Lock()
+	defer t.pendingMu.Unlock()
+	<-t.handshakes
+	if t.pendingBySource[source]--; t.pendingBySource[source] <= 0 {
+		delete(t.pendingBySource, source)
+	}
+}
+
+// sourceOf is the address a connection comes from, without its port.
+func sourceOf(a net.Addr) string {
+	if tcp, ok := a.(*net.TCPAddr); ok {
+		return tcp.IP.String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return host
 }
 
 // readLoop decodes and delivers the messages of one inbound connection. Any

@@ -217,7 +217,7 @@ func (t *Transport) clientHandshake(p *peer, raw net.Conn, kind connKind) (*sess
 		}
 		conn = tc
 	}
-	s, err := dialHandshake(raw, conn, t.cfg.Secret, t.cfg.ID, p.id, kind, binding)
+	s, err := dialHandshake(raw, conn, t.secret, t.cfg.ID, p.id, kind, binding)
 	if err != nil {
 		return nil, err
 	}
@@ -243,7 +243,7 @@ func (t *Transport) serverHandshake(raw net.Conn) (*session, error) {
 		}
 		conn = tc
 	}
-	s, err := acceptHandshake(raw, conn, t.cfg.Secret, t.cfg.ID, t.isMember, binding)
+	s, err := acceptHandshake(raw, conn, t.secret, t.cfg.ID, t.isMember, binding)
 	if err != nil {
 		return nil, err
 	}

@@ -2,7 +2,10 @@ package peer
 
 import (
 	"context"
+	"crypto/hmac"
+	"crypto/sha256"
 	"crypto/tls"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -35,6 +38,12 @@ const (
 	// MaxPendingHandshakes bounds the inbound connections that have not yet
 	// authenticated; beyond it new connections are closed at once.
 	MaxPendingHandshakes = 64
+	// MaxPendingHandshakesPerSource bounds those from one source address,
+	// so idle connections from one place cannot take every slot and keep
+	// members out. A member has at most a message and a snapshot
+	// connection in handshake at once; several members may share an
+	// address (one machine), and a refused member retries with backoff.
+	MaxPendingHandshakesPerSource = 8
 	// snapQueueSize bounds the MsgSnap messages waiting per peer. Raft sends
 	// one snapshot at a time to a follower, so a few is plenty.
 	snapQueueSize = 4
@@ -88,6 +97,12 @@ type Config struct {
 	// Secret is the cluster secret, at least MinSecretSize bytes. It never
 	// crosses the wire.
 	Secret []byte
+	// ClusterID, when not 0, binds the handshake to one cluster: nodes
+	// with the same secret but another cluster ID fail it (its proofs and
+	// keys derive from clusterKey(Secret, ClusterID)). 0 is the handshake
+	// of nodes older than cluster IDs, so a cluster they created keeps
+	// talking to itself across an upgrade.
+	ClusterID uint64
 	// TLS, when set, wraps every peer connection in mutual TLS. It is used
 	// as both the server and the client config: it needs a certificate,
 	// ClientAuth must be tls.RequireAndVerifyClientCert, and RootCAs and
@@ -241,6 +256,12 @@ type Transport struct {
 	filter    atomic.Pointer[func(from, to uint64) bool]
 
 	handshakes chan struct{} // semaphore of pending inbound handshakes
+	// secret is the key the handshake proves: Secret bound to ClusterID.
+	secret []byte
+	// pendingMu guards pendingBySource, the pending inbound handshakes per
+	// source address (only the accept loop adds, serveConn removes).
+	pendingMu       sync.Mutex
+	pendingBySource map[string]int
 
 	handshakeFailures, rejected, unroutable atomic.Uint64
 	// inboundLogs rate-limits the logs anyone on the network can trigger.
@@ -277,13 +298,15 @@ func New(cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("peer: listen on %s: %w", cfg.Listen, err)
 	}
 	t := &Transport{
-		ln:         ln,
-		cfg:        cfg,
-		log:        cfg.Logger.With("local", cfg.ID),
-		tlsServer:  cfg.TLS,
-		handshakes: make(chan struct{}, MaxPendingHandshakes),
-		peers:      make(map[uint64]*peer, len(cfg.Peers)),
-		inbound:    make(map[inKey]*session),
+		ln:              ln,
+		cfg:             cfg,
+		log:             cfg.Logger.With("local", cfg.ID),
+		tlsServer:       cfg.TLS,
+		handshakes:      make(chan struct{}, MaxPendingHandshakes),
+		secret:          clusterKey(cfg.Secret, cfg.ClusterID),
+		pendingBySource: make(map[string]int),
+		peers:           make(map[uint64]*peer, len(cfg.Peers)),
+		inbound:         make(map[inKey]*session),
 	}
 	for id, addr := range cfg.Peers {
 		t.peers[id] = t.newPeer(id, addr)
@@ -483,4 +506,23 @@ func (t *Transport) lookup(id uint64) *peer {
 	t.mu.RLock()
 	defer t.mu.RUnlock()
 	return t.peers[id]
+}
+
+// labelCluster separates the cluster-bound key from every other use of the
+// secret.
+const labelCluster = "ticketd/peer/v1 cluster"
+
+// clusterKey is the key the handshake uses: the secret itself for cluster
+// ID 0, else HMAC(secret, label | id), so that two clusters sharing a
+// secret still cannot talk.
+func clusterKey(secret []byte, clusterID uint64) []byte {
+	if clusterID == 0 {
+		return append([]byte(nil), secret...)
+	}
+	h := hmac.New(sha256.New, secret)
+	h.Write([]byte(labelCluster))
+	var id [8]byte
+	binary.BigEndian.PutUint64(id[:], clusterID)
+	h.Write(id[:])
+	return h.Sum(nil)
 }

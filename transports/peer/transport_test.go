@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"os"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -292,6 +293,32 @@ func TestWrongSecretRejected(t *testing.T) {
 	}
 }
 
+// Nodes of another cluster are refused even when they share the secret:
+// the cluster ID is bound into the handshake. Nodes of the same cluster
+// ID talk.
+func TestOtherClusterRejected(t *testing.T) {
+	checkGoroutines(t)
+	n1 := startNode(t, 1, nil, func(c *Config) { c.ClusterID = 0xA1 })
+	other := startNode(t, 2, map[uint64]string{1: n1.addr()}, func(c *Config) { c.ClusterID = 0xB2 })
+	n1.tr.AddPeer(2, other.addr())
+	other.tr.Send([]raftpb.Message{heartbeat(2, 1, 1)})
+	testkit.Eventually(t, waitFor, "refused handshakes", func() bool {
+		return n1.tr.Stats().HandshakeFailures >= 2 && n1.logs.has("inbound handshake failed", "authentication failed")
+	})
+	if n1.in.len() != 0 {
+		t.Fatalf("a node of another cluster delivered %d messages", n1.in.len())
+	}
+	same := startNode(t, 3, map[uint64]string{1: n1.addr()}, func(c *Config) { c.ClusterID = 0xA1 })
+	n1.tr.AddPeer(3, same.addr())
+	testkit.Eventually(t, waitFor, "delivery within the cluster", func() bool {
+		same.tr.Send([]raftpb.Message{heartbeat(3, 1, 1)})
+		return n1.in.len() > 0
+	})
+	if k := clusterKey(testSecret, 0); string(k) != string(testSecret) {
+		t.Fatal("cluster ID 0 must keep the secret itself (the handshake of older nodes)")
+	}
+}
+
 func TestUnknownPeerRejected(t *testing.T) {
 	checkGoroutines(t)
 	n2 := startNode(t, 2, nil, nil) // knows no members
@@ -505,8 +532,8 @@ func TestFilterDropsOneWay(t *testing.T) {
 
 func TestMutualTLS(t *testing.T) {
 	checkGoroutines(t)
-	ca := newTestCA(t, "ticketd test cluster")
-	nodes := meshed(t, 2, func(c *Config) { c.TLS = ca.tlsConfig(t, fmt.Sprint("node-", c.ID)) })
+	ca := testkit.NewCA(t, "ticketd test cluster")
+	nodes := meshed(t, 2, func(c *Config) { c.TLS = tlsConfig(t, ca, fmt.Sprint("node-", c.ID)) })
 	n1, n2 := nodes[0], nodes[1]
 	data := bytes.Repeat([]byte("tls snapshot "), 600_000) // ~7.8 MiB: streamed
 	n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1),
@@ -520,7 +547,7 @@ func TestMutualTLS(t *testing.T) {
 
 	// A client without a certificate is refused by TLS itself.
 	before := n1.tr.Stats().HandshakeFailures
-	conn, err := tls.Dial("tcp", n1.addr(), &tls.Config{RootCAs: ca.pool, ServerName: "127.0.0.1"})
+	conn, err := tls.Dial("tcp", n1.addr(), &tls.Config{RootCAs: ca.Pool, ServerName: "127.0.0.1"})
 	if err == nil {
 		h := hello{kind: kindMsg, dialer: 2, target: 1}
 		conn.Write(mustFrame(t, FrameHello, h.encode()))
@@ -537,8 +564,8 @@ func TestMutualTLS(t *testing.T) {
 	})
 
 	// A member with a certificate from another CA, and one without TLS.
-	rogue := newTestCA(t, "rogue")
-	n3 := startNode(t, 3, map[uint64]string{1: n1.addr()}, func(c *Config) { c.TLS = rogue.tlsConfig(t, "node-3") })
+	rogue := testkit.NewCA(t, "rogue")
+	n3 := startNode(t, 3, map[uint64]string{1: n1.addr()}, func(c *Config) { c.TLS = tlsConfig(t, rogue, "node-3") })
 	n4 := startNode(t, 4, map[uint64]string{1: n1.addr()}, nil)
 	n1.tr.AddPeer(3, n3.addr())
 	n1.tr.AddPeer(4, n4.addr())
@@ -687,34 +714,67 @@ func TestHostileInbound(t *testing.T) {
 	}
 }
 
+// dialFrom opens a TCP connection to addr from the loopback address ip
+// (any of 127.0.0.0/8 on Linux), standing in for another machine; the
+// test is skipped where such an address cannot be bound.
+func dialFrom(t *testing.T, ip, addr string) net.Conn {
+	t.Helper()
+	d := net.Dialer{LocalAddr: &net.TCPAddr{IP: net.ParseIP(ip)}}
+	c, err := d.Dial("tcp", addr)
+	if err != nil {
+		t.Skipf("cannot dial from %s (%v): this system routes only 127.0.0.1", ip, err)
+	}
+	t.Cleanup(func() { c.Close() })
+	return c
+}
+
+// refused reports whether the listener closed c without a word.
+func refused(c net.Conn) bool {
+	_ = c.SetReadDeadline(time.Now().Add(waitFor))
+	_, err := c.Read(make([]byte, 1))
+	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
+}
+
+// At most MaxPendingHandshakes unauthenticated connections in all, from
+// as many sources as it takes.
 func TestPendingHandshakeLimit(t *testing.T) {
 	checkGoroutines(t)
 	n := startNode(t, 1, nil, func(c *Config) { c.HandshakeTimeout = time.Minute })
-	var idle []net.Conn
-	defer func() {
-		for _, c := range idle {
-			c.Close()
-		}
-	}()
-	for range MaxPendingHandshakes {
-		c, err := net.Dial("tcp", n.addr())
-		if err != nil {
-			t.Fatal(err)
-		}
-		idle = append(idle, c)
+	for i := range MaxPendingHandshakes {
+		dialFrom(t, fmt.Sprintf("127.0.1.%d", 1+i/MaxPendingHandshakesPerSource), n.addr())
 	}
-	extra, err := net.Dial("tcp", n.addr())
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer extra.Close()
-	extra.SetReadDeadline(time.Now().Add(waitFor))
-	if _, err := extra.Read(make([]byte, 1)); err == nil {
-		t.Fatal("read from the listener succeeded")
+	testkit.Eventually(t, waitFor, "every slot taken", func() bool { return len(n.tr.handshakes) == MaxPendingHandshakes })
+	if extra := dialFrom(t, "127.0.2.1", n.addr()); !refused(extra) {
+		t.Fatal("a connection beyond the limit was kept")
 	}
 	testkit.Eventually(t, waitFor, "refusal", func() bool {
 		return n.tr.Stats().HandshakeFailures == 1 && n.logs.has("too many pending handshakes")
 	})
+}
+
+// Idle connections from one source take at most
+// MaxPendingHandshakesPerSource slots: a member restarting elsewhere
+// still gets in (the 64 idle connections kept one out for 20 s).
+func TestIdleConnectionsFromOneSourceDoNotLockOutMembers(t *testing.T) {
+	checkGoroutines(t)
+	n2 := startNode(t, 2, map[uint64]string{1: "127.0.0.1:1"}, func(c *Config) { c.HandshakeTimeout = time.Minute })
+	var idle []net.Conn
+	for range MaxPendingHandshakes {
+		idle = append(idle, dialFrom(t, "127.0.0.2", n2.addr()))
+	}
+	for _, c := range idle[MaxPendingHandshakesPerSource:] {
+		if !refused(c) {
+			t.Fatal("a connection beyond the per-source limit was kept")
+		}
+	}
+	n1 := startNode(t, 1, map[uint64]string{2: n2.addr()}, nil)
+	testkit.Eventually(t, waitFor, "the member's heartbeat delivered", func() bool {
+		n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1)})
+		return n2.in.len() > 0
+	})
+	if got := n2.tr.Stats().HandshakeFailures; got != MaxPendingHandshakes-MaxPendingHandshakesPerSource {
+		t.Fatalf("%d refusals, want %d", got, MaxPendingHandshakes-MaxPendingHandshakesPerSource)
+	}
 }
 
 func TestCloseStopsGoroutines(t *testing.T) {

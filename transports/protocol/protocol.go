@@ -73,6 +73,9 @@ const (
 	CodeShuttingDown    Code = "shutting_down"    // the node is stopping; nothing changed; retry elsewhere
 	CodeInternal        Code = "internal"         // a bug or storage failure on the node
 	CodeControlRefused  Code = "control_refused"  // a control request arrived on the client port
+	// CodePermissionDenied: the authenticated identity (docs/protocol.md
+	// §10) may not perform this operation on this key; nothing changed.
+	CodePermissionDenied Code = "permission_denied"
 	// CodeResourceExhausted: a limit of the cluster was reached (the lock
 	// table, the caller's identity quota, a key's or the node's waiter
 	// queues, or the leader's disk space); nothing was proposed. Not

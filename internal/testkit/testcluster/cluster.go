@@ -98,6 +98,8 @@ func New(t testing.TB, n int, opts ...Option) *Cluster {
 		cfg.PeerListen = peers[i]
 		cfg.PeerSecret = peerSecret
 		cfg.InitialCluster = strings.Join(members, ",")
+		// Creating the cluster; a restart finds raft state and ignores it.
+		cfg.InitialClusterState = daemon.ClusterStateNew
 		cfg.TickMS = s.tickMS
 		cfg.ElectionTicks = s.electionTicks
 		if s.config != nil {

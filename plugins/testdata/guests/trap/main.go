@@ -1,8 +1,10 @@
 // Command trap is a test guest whose hooks trap on request: a key of
 // "panic" panics, "nil" dereferences a nil pointer, "exit" calls WASI's
 // proc_exit directly;
-// any other key is allowed (and any applied command gets one event), so a
-// test can check that the host recovers with a fresh instance.
+// a key of "identity" is denied with the request's identity as the reason
+// (so a test sees what reached the guest); any other key is allowed (and
+// any applied command gets one event), so a test can check that the host
+// recovers with a fresh instance.
 package main
 
 import "github.com/ticketd/ticketd/sdk/plugin"
@@ -16,6 +18,9 @@ var nilBox *box
 func init() {
 	plugin.HandleValidateGrant(func(r plugin.GrantRequest) plugin.Verdict {
 		trap(r.Key)
+		if r.Key == "identity" {
+			return plugin.Deny("identity=" + r.Identity)
+		}
 		return plugin.Allow()
 	})
 	plugin.HandleOnApplied(func(a plugin.Applied) []plugin.Event {
