@@ -134,6 +134,10 @@ type AcquireRequest struct {
 	// A grant applied in the transit gap is not released but expires within
 	// its lease. 0 means WaitMS + DefaultReplyMargin.
 	TimeoutMS int64 `json:"timeout_ms,omitempty"`
+	// WaitID, chosen by the client (at most MaxWaitIDLen printable ASCII
+	// bytes), names a waiting acquire so that a withdraw request can take
+	// it out of the queue. Unique per client and key while the wait lasts.
+	WaitID string `json:"wait_id,omitempty"`
 }
 
 // AcquireReply is a granted lock.
@@ -237,6 +241,9 @@ func (r *AcquireRequest) Validate() (lease, wait, timeout time.Duration, err err
 	}
 	if r.TimeoutMS != 0 && r.TimeoutMS < r.WaitMS {
 		return 0, 0, 0, Errorf(CodeInvalidArgument, "timeout_ms %d is shorter than wait_ms %d", r.TimeoutMS, r.WaitMS)
+	}
+	if err := ValidateWaitID(r.WaitID, false); err != nil {
+		return 0, 0, 0, err
 	}
 	lease = time.Duration(r.LeaseMS) * time.Millisecond
 	wait = time.Duration(r.WaitMS) * time.Millisecond

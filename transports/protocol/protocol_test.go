@@ -147,3 +147,67 @@ func TestAuditSubjectMatchesPublisher(t *testing.T) {
 		t.Fatalf("plugins/audit publishes on %q, the protocol documents %q", audit.SubjectPrefix, SubjectAuditPrefix)
 	}
 }
+
+func TestDecodeLifecycle(t *testing.T) {
+	cases := []struct {
+		name   string
+		decode func([]byte) error
+		body   string
+		code   Code
+	}{
+		{"renew", func(b []byte) error { _, err := DecodeRenew(b); return err }, `{"key":"a","token":1}`, ""},
+		{"renew lease", func(b []byte) error { _, err := DecodeRenew(b); return err }, `{"key":"a","token":1,"lease_ms":5000}`, ""},
+		{"renew no token", func(b []byte) error { _, err := DecodeRenew(b); return err }, `{"key":"a"}`, CodeInvalidArgument},
+		{"renew short lease", func(b []byte) error { _, err := DecodeRenew(b); return err }, `{"key":"a","token":1,"lease_ms":5}`, CodeInvalidArgument},
+		{"renew negative lease", func(b []byte) error { _, err := DecodeRenew(b); return err }, `{"key":"a","token":1,"lease_ms":-1}`, CodeInvalidArgument},
+		{"list empty", func(b []byte) error { _, err := DecodeList(b); return err }, `{}`, ""},
+		{"list page", func(b []byte) error { _, err := DecodeList(b); return err }, `{"prefix":"a/","after":"a/3","limit":1000}`, ""},
+		{"list over limit", func(b []byte) error { _, err := DecodeList(b); return err }, `{"limit":1001}`, CodeInvalidArgument},
+		{"list negative", func(b []byte) error { _, err := DecodeList(b); return err }, `{"limit":-1}`, CodeInvalidArgument},
+		{"list unknown", func(b []byte) error { _, err := DecodeList(b); return err }, `{"prefixes":"a"}`, CodeMalformed},
+		{"withdraw", func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a","wait_id":"w1"}`, ""},
+		{"withdraw no id", func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a"}`, CodeInvalidArgument},
+		{"withdraw long id", func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a","wait_id":"` + strings.Repeat("w", MaxWaitIDLen+1) + `"}`, CodeInvalidArgument},
+		{"acquire wait id space", func(b []byte) error { _, err := DecodeAcquire(b); return err }, `{"key":"a","lease_ms":100,"wait_id":"a b"}`, CodeInvalidArgument},
+		{"acquire wait id", func(b []byte) error { _, err := DecodeAcquire(b); return err }, `{"key":"a","lease_ms":100,"wait_id":"c1-7"}`, ""},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			err := tc.decode([]byte(tc.body))
+			if tc.code == "" {
+				if err != nil {
+					t.Fatalf("rejected: %v", err)
+				}
+				return
+			}
+			if !errors.Is(err, &Error{Code: tc.code}) {
+				t.Fatalf("got %v, want %s", err, tc.code)
+			}
+		})
+	}
+}
+
+func TestWatchSubject(t *testing.T) {
+	cases := []struct{ key, want string }{
+		{"orders/42", "ticketd.v1.watch.k.orders/42"},
+		{"a.b", "ticketd.v1.watch.k.a.b"},
+		{"a..b", ""},
+		{"a b", ""},
+		{"a.*", ""},
+		{"x>", ""},
+		{".a", ""},
+		{"ключ", ""},
+	}
+	for _, tc := range cases {
+		got := WatchSubject(tc.key)
+		if tc.want != "" && got != tc.want {
+			t.Errorf("%q: got %q want %q", tc.key, got, tc.want)
+		}
+		if tc.want == "" && (!strings.HasPrefix(got, SubjectWatchPrefix+".h.") || len(got) != len(SubjectWatchPrefix)+3+32) {
+			t.Errorf("%q: got %q, want the hashed form", tc.key, got)
+		}
+	}
+	if WatchSubject("a") == WatchSubject("b") {
+		t.Fatal("distinct keys share a subject")
+	}
+}
