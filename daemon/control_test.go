@@ -70,6 +70,9 @@ func (c *controlCluster) start(cfg Config) (*Daemon, error) {
 	if err == nil {
 		c.nodes = append(c.nodes, d)
 		c.cfgs = append(c.cfgs, cfg)
+		// Registered after config's TempDir, so it runs before the
+		// directory is removed (cleanups run last-in first-out).
+		c.t.Cleanup(d.Close)
 	}
 	return d, err
 }

@@ -488,12 +488,32 @@ func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: embedded NATS: %w", err)
 	}
+	nlog := &natsLogger{log: d.log.With("component", "nats")}
+	ns.SetLoggerV2(nlog, false, false, false)
 	go ns.Start()
-	if !ns.ReadyForConnections(StartTimeoutDefault) {
+	if !natsReady(ns, nlog, StartTimeoutDefault) {
 		ns.Shutdown()
+		if why := nlog.fatal(); why != "" {
+			return nil, fmt.Errorf("daemon: embedded NATS did not start on %s: %s", d.cfg.NATSListen, why)
+		}
 		return nil, fmt.Errorf("daemon: embedded NATS did not start on %s", d.cfg.NATSListen)
 	}
 	return ns, nil
+}
+
+// natsReady waits until ns accepts connections, for at most timeout, and
+// gives up at once when the server reported a fatal error.
+func natsReady(ns *natsserver.Server, nlog *natsLogger, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for time.Now().Before(deadline) {
+		if ns.ReadyForConnections(50 * time.Millisecond) {
+			return true
+		}
+		if nlog.fatal() != "" {
+			return false
+		}
+	}
+	return false
 }
 
 // embeddedNATSOptions are the embedded server's options: the nats-server
