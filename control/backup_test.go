@@ -172,7 +172,7 @@ func TestRestore(t *testing.T) {
 		return applied, got, cs.Voters
 	}
 	opts := func(dir string) RestoreOptions {
-		return RestoreOptions{DataDir: dir, StoreDir: filepath.Join(dir, "raft"), BumpTokens: 100, Logger: testkit.QuietLogger()}
+		return RestoreOptions{DataDir: dir, StoreDir: filepath.Join(dir, "raft"), BumpTokens: 100, ClusterID: 0x5eed, Logger: testkit.QuietLogger()}
 	}
 
 	t.Run("control plane", func(t *testing.T) {

@@ -1,6 +1,9 @@
 package control
 
 import (
+	"crypto/rand"
+	"crypto/sha256"
+	"encoding/binary"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -52,6 +55,12 @@ type RestoreOptions struct {
 	// single voter ID when Voters is empty.
 	ID     uint64
 	Voters []uint64
+	// ClusterID is the new cluster's ID, recorded in the seeded store so
+	// that the restored cluster and the old one (or any other) refuse each
+	// other's peers. Required: a restored cluster is a new cluster.
+	// RestoredClusterID computes it for a static restore; a control-plane
+	// restore may pick a random one (its joiners learn it on admission).
+	ClusterID uint64
 	// BumpTokens and DropLocks: see core.ReseedOptions.
 	BumpTokens uint64
 	DropLocks  bool
@@ -72,6 +81,8 @@ type Restored struct {
 	FirstToken      uint64 `json:"first_token"`
 	Locks           int    `json:"locks"`
 	DroppedLocks    int    `json:"dropped_locks,omitempty"`
+	// ClusterID is the new cluster's ID, in hex.
+	ClusterID string `json:"cluster_id"`
 }
 
 // ErrRestore wraps every refusal of Restore's options or target.
@@ -91,6 +102,9 @@ func Restore(b Backup, o RestoreOptions) (Restored, error) {
 	}
 	if o.ID == 0 {
 		o.ID = 1
+	}
+	if o.ClusterID == 0 {
+		return refuse("a cluster id is required")
 	}
 	static := len(o.Voters) > 0 || !b.State.Control.Bootstrapped
 	voters := slices.Clone(o.Voters)
@@ -128,10 +142,48 @@ func Restore(b Backup, o RestoreOptions) (Restored, error) {
 	if err := raftstore.Seed(o.StoreDir, snap, raftstore.StoreOptions{Logger: o.Logger}); err != nil {
 		return Restored{}, fmt.Errorf("control: restore: %w", err)
 	}
+	if err := recordClusterID(o.StoreDir, o.ClusterID, o.Logger); err != nil {
+		return Restored{}, fmt.Errorf("control: restore: the store is seeded in %s but %w; remove it and restore again", filepath.Clean(o.StoreDir), err)
+	}
+	res.ClusterID = fmt.Sprintf("%016x", o.ClusterID)
 	if res.Mode == RestoreControlPlane {
 		if err := WriteIdentity(o.DataDir, Identity{NodeID: id.NodeID, Incarnation: id.Incarnation}); err != nil {
 			return Restored{}, fmt.Errorf("control: restore: the store is seeded in %s but %w; remove it and restore again", filepath.Clean(o.StoreDir), err)
 		}
 	}
 	return res, nil
+}
+
+// recordClusterID writes id into the seeded store at dir.
+func recordClusterID(dir string, id uint64, log *slog.Logger) error {
+	s, err := raftstore.Open(dir, raftstore.StoreOptions{Logger: log})
+	if err != nil {
+		return err
+	}
+	if err := s.SetClusterID(id); err != nil {
+		_ = s.Close()
+		return err
+	}
+	return s.Close()
+}
+
+// RestoredClusterID is the ID of a static cluster restored from the backup
+// whose checksum is backupSHA256: every member restoring the same file with
+// the same token and member ids computes the same ID, and it differs from
+// the old cluster's (which did not mix in a backup).
+func RestoredClusterID(token, backupSHA256 string, memberIDs []uint64) uint64 {
+	ids := slices.Clone(memberIDs)
+	slices.Sort(ids)
+	h := sha256.New()
+	fmt.Fprintf(h, "ticketd restored cluster id\x00%s\x00%s\x00%v", token, backupSHA256, ids)
+	return max(1, binary.BigEndian.Uint64(h.Sum(nil)[:8]))
+}
+
+// RandomClusterID is a fresh random cluster ID for a control-plane restore.
+func RandomClusterID() (uint64, error) {
+	var b [8]byte
+	if _, err := rand.Read(b[:]); err != nil {
+		return 0, fmt.Errorf("control: cluster id: %w", err)
+	}
+	return max(1, binary.BigEndian.Uint64(b[:])), nil
 }

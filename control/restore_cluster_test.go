@@ -10,6 +10,7 @@ import (
 	"github.com/ticketd/ticketd/daemon"
 	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/internal/testkit/testcluster"
+	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/sdk"
 )
 
@@ -48,19 +49,27 @@ func TestRestoreStaticCluster(t *testing.T) {
 		t.Fatal(err)
 	}
 	old.Close()
+	oldID := storeClusterID(t, old.Config(0).Data)
+	newID := control.RestoredClusterID("restore-test", b.Info.SHA256, []uint64{1, 2, 3})
+	if oldID == 0 || newID == oldID {
+		t.Fatalf("old cluster id %016x, restored %016x: want both set and different", oldID, newID)
+	}
 
 	nu := testcluster.New(t, 3, withControl, testcluster.Unstarted())
 	for i := 0; i < 3; i++ {
 		cfg := nu.Config(i)
 		res, err := control.Restore(b, control.RestoreOptions{
 			DataDir: cfg.Data, StoreDir: filepath.Join(cfg.Data, daemon.StoreDir),
-			ID: cfg.ID, Voters: []uint64{1, 2, 3}, BumpTokens: 1000, Logger: testkit.QuietLogger(),
+			ID: cfg.ID, Voters: []uint64{1, 2, 3}, BumpTokens: 1000, Logger: testkit.QuietLogger(), ClusterID: newID,
 		})
 		if err != nil {
 			t.Fatal(err)
 		}
 		if res.Mode != control.RestoreStatic || res.FirstToken != b.Info.LastToken+1001 {
 			t.Fatalf("restored %+v", res)
+		}
+		if got := storeClusterID(t, cfg.Data); got != newID {
+			t.Fatalf("restored store records cluster id %016x, want %016x", got, newID)
 		}
 		if err := nu.Start(i); err != nil {
 			t.Fatal(err)
@@ -80,4 +89,19 @@ func TestRestoreStaticCluster(t *testing.T) {
 		t.Fatalf("first grant of the new cluster: %+v %v, want token %d", l, err, b.Info.LastToken+1001)
 	}
 	nu.Converged(10 * time.Second)
+}
+
+// storeClusterID reads the cluster ID recorded in a stopped node's store.
+func storeClusterID(t *testing.T, data string) uint64 {
+	t.Helper()
+	s, err := raftstore.Open(filepath.Join(data, daemon.StoreDir), raftstore.StoreOptions{Logger: testkit.QuietLogger()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	id, _, err := s.ClusterID()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return id
 }

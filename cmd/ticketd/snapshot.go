@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"io"
@@ -157,6 +159,8 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	initial := fs.String("initial-cluster", "", "static: every member, id=host:port,... as the new cluster's --initial-cluster")
 	bump := fs.Uint64("bump-tokens", control.BumpTokensDefault,
 		"add this to the token counter: more than the tokens the old cluster may have issued after the backup (default 2^40)")
+	token := fs.String("initial-cluster-token", daemon.Defaults().InitialClusterToken,
+		"static: mixed with the backup's checksum and the member ids into the new cluster's ID (the same on every member)")
 	drop := fs.Bool("drop-locks", false, "restore no locks, only the token counter (and control state)")
 	path, code, ok := parseFlags(fs, args, stderr)
 	if !ok {
@@ -184,6 +188,15 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	}
 	b, err := control.ReadBackup(path)
 	if err != nil {
+		fmt.Fprintf(stderr, "error: %v\n", err)
+		return exitFailure
+	}
+	// A restored cluster is a new cluster with its own ID, so it and the
+	// old one refuse each other's peers.
+	if len(o.Voters) > 0 {
+		sum := sha256.Sum256(b.Data)
+		o.ClusterID = control.RestoredClusterID(*token, hex.EncodeToString(sum[:]), o.Voters)
+	} else if o.ClusterID, err = control.RandomClusterID(); err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
 		return exitFailure
 	}

@@ -257,6 +257,9 @@ func TestBackupRestoreIntoNewCluster(t *testing.T) {
 	if _, _, code := cli(t, bin, "snapshot", "restore", file, "--data", seedData, "--peer-address", seedPeer); code != exitFailure {
 		t.Fatalf("restoring over a restored node: exit %d", code)
 	}
+	if id, _ := res["cluster_id"].(string); len(id) != 16 || id == "0000000000000000" {
+		t.Fatalf("restore reported cluster id %v, want a fresh one", res["cluster_id"])
+	}
 	if uint64(res["first_token"].(float64)) != backupLast+1<<40+1 || res["mode"] != "control-plane" {
 		t.Fatalf("restore reported %v", res)
 	}
