@@ -12,6 +12,7 @@ type Metrics struct {
 	ProposalFails *prometheus.CounterVec // by kind and failure class (failureClass)
 	Grants        prometheus.Counter
 	Releases      prometheus.Counter
+	Renewals      prometheus.Counter
 	Expiries      *prometheus.CounterVec // by existed=true|false
 	Denied        prometheus.Counter
 	Exhausted     *prometheus.CounterVec // requests refused by a limit, by resource (quota.go)
@@ -23,6 +24,8 @@ type Metrics struct {
 	LeaderChanges    prometheus.Counter
 	IsLeader         prometheus.Gauge
 	ProposeTime      *prometheus.HistogramVec
+	// quota exports use and limit of the bounded resources (quotametrics.go).
+	quota *quotaCollector
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not
@@ -34,6 +37,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		ProposalFails:    prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_proposal_failures_total", Help: "Proposals that did not apply as a result."}, []string{"kind", "code"}),
 		Grants:           prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_grants_total", Help: "Grants applied."}),
 		Releases:         prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_releases_total", Help: "Releases applied."}),
+		Renewals:         prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_renewals_total", Help: "Renews applied that found their lock."}),
 		Expiries:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_expiries_total", Help: "Expires applied."}, []string{"existed"}),
 		Denied:           prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_grants_denied_total", Help: "Acquires denied by policy before proposing."}),
 		PermissionDenied: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_permission_denied_total", Help: "Requests the access list refused, by operation."}, []string{"op"}),
@@ -45,8 +49,10 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		IsLeader:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_is_leader", Help: "1 when this node is the ready leader."}),
 		ProposeTime:      prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ticketd_propose_seconds", Help: "Time from proposal to applied result.", Buckets: latency}, []string{"kind"}),
 	}
+	m.quota = newQuotaCollector(m.HeldLocks, m.Waiters)
 	if reg != nil {
-		reg.MustRegister(m.Proposals, m.ProposalFails, m.Grants, m.Releases, m.Expiries, m.Denied, m.PermissionDenied, m.Exhausted, m.Abandoned,
+		reg.MustRegister(m.quota)
+		reg.MustRegister(m.Proposals, m.ProposalFails, m.Grants, m.Releases, m.Renewals, m.Expiries, m.Denied, m.PermissionDenied, m.Exhausted, m.Abandoned,
 			m.Waiters, m.HeldLocks, m.LeaderChanges, m.IsLeader, m.ProposeTime)
 	}
 	return m

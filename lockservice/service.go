@@ -166,6 +166,9 @@ func New(cfg Config) *Service {
 		cfg.ExpireWorkers = ExpireWorkersDefault
 	}
 	cfg.Limits.withDefaults()
+	if cfg.Metrics.quota != nil {
+		cfg.Metrics.quota.setLimits(cfg.Limits)
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	return &Service{
 		cfg:           cfg,
