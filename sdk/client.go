@@ -220,7 +220,18 @@ type request struct {
 	// how long to wait for its reply; ok is false when the context leaves
 	// no time for another attempt.
 	build func(n int, now time.Time) (body []byte, wait time.Duration, ok bool)
+	// exchange, if set, sends one attempt instead of RequestWithContext
+	// (a waiting acquire, withdraw.go). It may return a *settled error:
+	// the attempt's outcome is known, and do returns its error as is.
+	exchange func(ctx context.Context, subject string, body []byte) (*nats.Msg, error)
 }
+
+// settled is an exchange error whose outcome is known; do returns err
+// unchanged and makes no further attempt.
+type settled struct{ err error }
+
+func (s *settled) Error() string { return s.err.Error() }
+func (s *settled) Unwrap() error { return s.err }
 
 // reply is the body of a successful reply and when its request was sent.
 type reply struct {
@@ -274,8 +285,19 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 		}
 		sent := c.cfg.clock.Now()
 		actx, cancel := context.WithTimeout(ctx, wait)
-		msg, err := c.nc.RequestWithContext(actx, r.subject, body)
+		var (
+			msg *nats.Msg
+			err error
+		)
+		if r.exchange != nil {
+			msg, err = r.exchange(actx, r.subject, body)
+		} else {
+			msg, err = c.nc.RequestWithContext(actx, r.subject, body)
+		}
 		cancel()
+		if s, ok := err.(*settled); ok {
+			return nil, s.err
+		}
 		if err != nil {
 			retry, ferr := c.classifySendError(ctx, r, err)
 			c.hook(r.op, n, ferr)

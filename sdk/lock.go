@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"sync"
 	"time"
 
 	"github.com/ticketd/ticketd/core"
@@ -17,9 +18,11 @@ const DefaultLease = 10 * time.Second
 type AcquireOption func(*acquireOptions)
 
 type acquireOptions struct {
-	lease time.Duration
-	wait  time.Duration
-	owner string
+	lease     time.Duration
+	wait      time.Duration
+	owner     string
+	autoRenew bool
+	keepAlive []KeepAliveOption
 }
 
 // WithLease sets the lease (default DefaultLease), between core.MinLease
@@ -56,8 +59,16 @@ type Lock struct {
 	// Index is the raft log index of the Grant.
 	Index uint64
 
-	deadline time.Time
-	client   *Client
+	client *Client
+
+	// mu guards deadline, renewedAt, lease and the lifecycle state of
+	// keepalive.go; Renew and the keepalive goroutine write them while the
+	// holder reads.
+	mu        sync.Mutex
+	deadline  time.Time
+	renewedAt time.Time     // send time of the acquire or of the last renewal
+	lease     time.Duration // the lease as of the last renewal
+	life      lifecycle
 }
 
 // Deadline is the local moment after which the holder must assume it has
@@ -65,15 +76,21 @@ type Lock struct {
 // on the monotonic clock. The server's lease started no earlier than that
 // send, so the lock cannot have expired before Deadline (apart from clock
 // rate drift, which is tiny against any sane lease). Time spent queued
-// with WithWait counts against it.
-func (l *Lock) Deadline() time.Time { return l.deadline }
+// with WithWait counts against it. A successful Renew moves it to the
+// renew request's send time plus the lease in its reply; nothing else
+// moves it, and it never moves back.
+func (l *Lock) Deadline() time.Time {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.deadline
+}
 
 // Valid reports whether Deadline has not yet passed.
-func (l *Lock) Valid() bool { return l.now().Before(l.deadline) }
+func (l *Lock) Valid() bool { return l.now().Before(l.Deadline()) }
 
 // Remaining is how long until Deadline, or 0 once it has passed.
 func (l *Lock) Remaining() time.Duration {
-	return max(l.deadline.Sub(l.now()), 0)
+	return max(l.Deadline().Sub(l.now()), 0)
 }
 
 func (l *Lock) now() time.Time {
@@ -83,11 +100,15 @@ func (l *Lock) now() time.Time {
 	return l.client.cfg.clock.Now()
 }
 
-// Release releases the lock; see Client.Release.
+// Release stops the keepalive, if any, ends Context and Lost (Err
+// becomes ErrReleased), and releases the lock; see Client.Release. The
+// lock is given up locally even when the release fails: a lock that was
+// not released expires within its lease.
 func (l *Lock) Release(ctx context.Context) error {
 	if l.client == nil {
 		return &Error{Code: protocol.CodeInvalidArgument, Message: "lock has no client", Op: "release", Key: l.Key}
 	}
+	l.end(ErrReleased)
 	return l.client.Release(ctx, l.Key, l.Token)
 }
 
@@ -104,15 +125,74 @@ func (l *Lock) String() string {
 // context or retry budget; nothing was granted), and others. Only
 // not_leader, unavailable, shutting_down, "no responders" and
 // not-connected failures are retried, each with a fresh request.
+//
+// A waiting acquire (WithWait) that is abandoned (the context ends, or
+// no reply came in time) is withdrawn from the key's queue, and a grant
+// that raced the withdrawal is released with its exact token. When that
+// settles the outcome the error is the context's (errors.Is matches
+// context.Canceled or context.DeadlineExceeded) and carries no code:
+// nothing is held. Otherwise it is ErrIndeterminate as above.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	o := acquireOptions{lease: DefaultLease}
 	for _, opt := range opts {
 		opt(&o)
 	}
-	bad := func(format string, args ...any) (*Lock, error) {
-		return nil, &Error{Code: protocol.CodeInvalidArgument, Message: fmt.Sprintf(format, args...), Op: "acquire", Key: key}
-	}
 	lease := o.lease.Truncate(time.Millisecond)
+	var ka keepAliveConfig
+	if err := o.validate(key, lease); err != nil {
+		return nil, err
+	}
+	if o.autoRenew {
+		var err error
+		if ka, err = newKeepAliveConfig(lease, o.keepAlive); err != nil {
+			return nil, &Error{Code: protocol.CodeInvalidArgument, Message: err.Error(), Op: "acquire", Key: key}
+		}
+	}
+	req := protocol.AcquireRequest{Key: key, Owner: o.owner, LeaseMS: lease.Milliseconds()}
+	r := &request{op: "acquire", key: key, subject: protocol.SubjectAcquire}
+	if o.wait > 0 {
+		req.WaitID = newWaitID()
+		r.exchange = c.waitExchange(r, req.WaitID)
+	}
+	start := time.Now()
+	r.build = func(n int, now time.Time) ([]byte, time.Duration, bool) {
+		want := o.wait
+		if n > 0 {
+			// Retries share the caller's wait: time spent on earlier
+			// attempts is not waited again.
+			want = max(want-now.Sub(start), 0)
+		}
+		wait, timeout, replyWait, ok := c.acquireTimes(ctx, now, want)
+		if !ok {
+			return nil, 0, false
+		}
+		req.WaitMS, req.TimeoutMS = wait.Milliseconds(), timeout.Milliseconds()
+		body, err := json.Marshal(req)
+		if err != nil { // cannot happen: plain strings and integers
+			panic(err)
+		}
+		return body, replyWait, true
+	}
+	rep, err := c.do(ctx, r)
+	if err != nil {
+		return nil, err
+	}
+	l, err := c.lockFromReply(r, rep, lease, o.owner)
+	if err != nil {
+		return nil, err
+	}
+	if o.autoRenew {
+		if err := l.startAutoRenew(ctx, ka); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+func (o *acquireOptions) validate(key string, lease time.Duration) error {
+	bad := func(format string, args ...any) error {
+		return &Error{Code: protocol.CodeInvalidArgument, Message: fmt.Sprintf(format, args...), Op: "acquire", Key: key}
+	}
 	if err := core.ValidateKey(key); err != nil {
 		return bad("%s", detail(err))
 	}
@@ -125,62 +205,39 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 	if o.wait < 0 || o.wait > protocol.MaxWait {
 		return bad("wait %v is outside [0, %v]", o.wait, protocol.MaxWait)
 	}
-	start := time.Now()
-	r := &request{op: "acquire", key: key, subject: protocol.SubjectAcquire}
-	r.build = func(n int, now time.Time) ([]byte, time.Duration, bool) {
-		want := o.wait
-		if n > 0 {
-			// Retries share the caller's wait: time spent on earlier
-			// attempts is not waited again.
-			want = max(want-now.Sub(start), 0)
-		}
-		wait, timeout, replyWait, ok := c.acquireTimes(ctx, now, want)
-		if !ok {
-			return nil, 0, false
-		}
-		body, err := json.Marshal(protocol.AcquireRequest{
-			Key:       key,
-			Owner:     o.owner,
-			LeaseMS:   lease.Milliseconds(),
-			WaitMS:    wait.Milliseconds(),
-			TimeoutMS: timeout.Milliseconds(),
-		})
-		if err != nil { // cannot happen: plain strings and integers
-			panic(err)
-		}
-		return body, replyWait, true
-	}
-	rep, err := c.do(ctx, r)
-	if err != nil {
-		return nil, err
-	}
+	return nil
+}
+
+// lockFromReply checks a grant reply and builds its Lock.
+func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owner string) (*Lock, error) {
 	var ar protocol.AcquireReply
-	if err := json.Unmarshal(rep.data, &ar); err != nil || ar.Token == 0 || (ar.Key != "" && ar.Key != key) {
+	if err := json.Unmarshal(rep.data, &ar); err != nil || ar.Token == 0 || (ar.Key != "" && ar.Key != r.key) {
 		// A success reply we cannot trust: the server may have granted.
 		msg := fmt.Sprintf("invalid acquire reply %.200q", rep.data)
 		if err != nil {
 			msg = fmt.Sprintf("%s: %v", msg, err)
 		}
 		e := c.indeterminate(r, msg, nil)
-		c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", key, "err", e)
+		c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", r.key, "err", e)
 		return nil, e
 	}
 	granted := lease
 	if ar.LeaseMS > 0 {
 		granted = min(granted, time.Duration(ar.LeaseMS)*time.Millisecond)
 	}
-	owner := o.owner
 	if ar.Owner != "" {
 		owner = ar.Owner
 	}
 	return &Lock{
-		Key:      key,
-		Token:    ar.Token,
-		Owner:    owner,
-		Lease:    granted,
-		Index:    ar.Index,
-		deadline: rep.sent.Add(granted),
-		client:   c,
+		Key:       r.key,
+		Token:     ar.Token,
+		Owner:     owner,
+		Lease:     granted,
+		Index:     ar.Index,
+		client:    c,
+		deadline:  rep.sent.Add(granted),
+		renewedAt: rep.sent,
+		lease:     granted,
 	}, nil
 }
 
@@ -265,18 +322,7 @@ func (c *Client) Get(ctx context.Context, key string) (Holder, error) {
 	if err := json.Unmarshal(rep.data, &gr); err != nil {
 		return Holder{}, c.newError(r, protocol.CodeMalformed, fmt.Sprintf("unreadable get reply: %v", err), nil)
 	}
-	h := Holder{
-		Key:       key,
-		Held:      gr.Held,
-		Token:     gr.Token,
-		Owner:     gr.Owner,
-		Lease:     time.Duration(gr.LeaseMS) * time.Millisecond,
-		Remaining: time.Duration(gr.RemainingMS) * time.Millisecond,
-	}
-	if gr.GrantedAtMS > 0 {
-		h.GrantedAt = time.UnixMilli(gr.GrantedAtMS)
-	}
-	return h, nil
+	return holderOf(key, gr), nil
 }
 
 // Status is one node's view of the cluster (docs/protocol.md, "status").

@@ -1,0 +1,132 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"iter"
+	"strings"
+	"time"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// Page is one page of held locks, in byte order of the key.
+type Page struct {
+	Locks []Holder
+	// More reports that held locks after the last one exist: pass its key
+	// as after to read on.
+	More bool
+	// Index is the applied index the page was read at.
+	Index uint64
+}
+
+// List reads one page of the held locks whose keys start with prefix and
+// sort after after ("" for the first page), at most limit of them (0:
+// the server's default, protocol.DefaultListLimit; at most
+// protocol.MaxListLimit). Each page is a linearizable read; pages read
+// one after another are not one snapshot. It is read-only and retried
+// like Get.
+func (c *Client) List(ctx context.Context, prefix, after string, limit int) (Page, error) {
+	req := protocol.ListRequest{Prefix: prefix, After: after, Limit: limit}
+	if _, err := req.Validate(); err != nil {
+		return Page{}, &Error{Code: protocol.CodeInvalidArgument, Message: err.(*protocol.Error).Message, Op: "list", Key: prefix}
+	}
+	body, err := json.Marshal(req)
+	if err != nil {
+		panic(err)
+	}
+	r := &request{op: "list", key: prefix, subject: protocol.SubjectList, readOnly: true}
+	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
+		w, ok := c.requestWait(ctx, now)
+		return body, w, ok
+	}
+	rep, err := c.do(ctx, r)
+	if err != nil {
+		return Page{}, err
+	}
+	var lr protocol.ListReply
+	if err := json.Unmarshal(rep.data, &lr); err != nil {
+		return Page{}, c.newError(r, protocol.CodeMalformed, fmt.Sprintf("unreadable list reply: %v", err), nil)
+	}
+	if err := checkPage(&lr, prefix, after, limit); err != nil {
+		return Page{}, c.newError(r, protocol.CodeMalformed, "list reply: "+err.Error(), nil)
+	}
+	p := Page{More: lr.More, Index: lr.Index, Locks: make([]Holder, 0, len(lr.Locks))}
+	for _, g := range lr.Locks {
+		h := holderOf(g.Key, g)
+		h.Held = true // a list shows held locks only
+		p.Locks = append(p.Locks, h)
+	}
+	return p, nil
+}
+
+// checkPage refuses a page that breaks the protocol's promises, which a
+// caller paging on would otherwise loop on or trust: keys in strictly
+// increasing order, after after, under the prefix, within the limit, and
+// progress when More is set.
+func checkPage(lr *protocol.ListReply, prefix, after string, limit int) error {
+	if limit == 0 {
+		limit = protocol.DefaultListLimit
+	}
+	if len(lr.Locks) > limit {
+		return fmt.Errorf("%d locks for a limit of %d", len(lr.Locks), limit)
+	}
+	if lr.More && len(lr.Locks) == 0 {
+		return fmt.Errorf("more locks announced on an empty page")
+	}
+	prev := after
+	for i, g := range lr.Locks {
+		if err := core.ValidateKey(g.Key); err != nil || !strings.HasPrefix(g.Key, prefix) {
+			return fmt.Errorf("key %.80q is not a key under the prefix", g.Key)
+		}
+		if (i > 0 || after != "") && g.Key <= prev {
+			return fmt.Errorf("key %.80q is out of order", g.Key)
+		}
+		prev = g.Key
+	}
+	return nil
+}
+
+// ListAll pages through every held lock under prefix, pageSize at a time
+// (0: the server's default), yielding each, or one error and stopping.
+// Locks taken or released while it pages may or may not be seen; a lock
+// held throughout is seen exactly once.
+func (c *Client) ListAll(ctx context.Context, prefix string, pageSize int) iter.Seq2[Holder, error] {
+	return func(yield func(Holder, error) bool) {
+		after := ""
+		for {
+			p, err := c.List(ctx, prefix, after, pageSize)
+			if err != nil {
+				yield(Holder{}, err)
+				return
+			}
+			for _, h := range p.Locks {
+				if !yield(h, nil) {
+					return
+				}
+			}
+			if !p.More {
+				return
+			}
+			after = p.Locks[len(p.Locks)-1].Key
+		}
+	}
+}
+
+// holderOf turns a get reply (or a list entry) into a Holder.
+func holderOf(key string, gr protocol.GetReply) Holder {
+	h := Holder{
+		Key:       key,
+		Held:      gr.Held,
+		Token:     gr.Token,
+		Owner:     gr.Owner,
+		Lease:     time.Duration(gr.LeaseMS) * time.Millisecond,
+		Remaining: time.Duration(gr.RemainingMS) * time.Millisecond,
+	}
+	if gr.GrantedAtMS > 0 {
+		h.GrantedAt = time.UnixMilli(gr.GrantedAtMS)
+	}
+	return h
+}

@@ -1,0 +1,191 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/nats-io/nats.go"
+	"github.com/nats-io/nuid"
+
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// withdrawTimeout bounds the withdrawal of an abandoned wait, and the
+// release of a grant that raced it. It is the SDK's own: the caller's
+// context is already done when they run.
+const withdrawTimeout = 2 * time.Second
+
+// newWaitID names one waiting acquire: 22 random base-62 characters, well
+// within protocol.MaxWaitIDLen.
+func newWaitID() string { return nuid.Next() }
+
+// waiter is one attempt of a waiting acquire. It listens on an inbox of
+// its own rather than through RequestWithContext, whose shared reply mux
+// drops a reply that arrives after the attempt gave up: a grant that
+// raced our withdrawal must reach us so that we release it.
+type waiter struct {
+	c       *Client
+	r       *request
+	waitID  string
+	replies chan *nats.Msg // the first reply, while nobody gave up
+
+	// mu guards got, abandoned and releasedToken; the subscription's
+	// goroutine and the requester share them.
+	mu            sync.Mutex
+	got           bool
+	abandoned     bool
+	releasedToken uint64
+}
+
+// waitExchange sends one attempt of a waiting acquire (request.exchange).
+func (c *Client) waitExchange(r *request, waitID string) func(context.Context, string, []byte) (*nats.Msg, error) {
+	return func(ctx context.Context, subject string, body []byte) (*nats.Msg, error) {
+		w := &waiter{c: c, r: r, waitID: waitID, replies: make(chan *nats.Msg, 1)}
+		sub, err := c.nc.Subscribe(c.nc.NewInbox(), w.handle)
+		if err != nil {
+			return nil, &settled{c.newError(r, protocol.CodeUnavailable, "cannot listen for the reply", err)}
+		}
+		// One connection keeps order: the server has our SUB before the
+		// request, so the reply cannot miss it.
+		if err := c.nc.PublishRequest(subject, sub.Subject, body); err != nil {
+			_ = sub.Unsubscribe()
+			return nil, err
+		}
+		select {
+		case m := <-w.replies:
+			_ = sub.Unsubscribe()
+			if isNoResponders(m) {
+				return nil, nats.ErrNoResponders
+			}
+			return m, nil
+		case <-ctx.Done():
+		}
+		return w.abandon(ctx, sub)
+	}
+}
+
+// isNoResponders reports whether m is the NATS server's 503 status: no
+// subscriber received the request.
+func isNoResponders(m *nats.Msg) bool {
+	return len(m.Data) == 0 && m.Header.Get("Status") == "503"
+}
+
+// handle receives every message on the attempt's inbox: the reply while
+// someone waits for it, and any grant that lands after the attempt was
+// abandoned, which it releases.
+func (w *waiter) handle(m *nats.Msg) {
+	w.mu.Lock()
+	if !w.abandoned && !w.got {
+		w.got = true
+		w.mu.Unlock()
+		w.replies <- m
+		return
+	}
+	w.mu.Unlock()
+	w.releaseStray(m)
+}
+
+// abandon withdraws the wait after ctx ended without a reply. It returns
+// a reply that raced the withdrawal if it is not a grant (a timeout,
+// say), a settled context error when nothing can be held (the wait was
+// withdrawn, or its grant was released), and otherwise ctx's error, which
+// do reports as indeterminate.
+func (w *waiter) abandon(ctx context.Context, sub *nats.Subscription) (*nats.Msg, error) {
+	w.mu.Lock()
+	w.abandoned = true
+	w.mu.Unlock()
+	var raced *nats.Msg
+	select {
+	case raced = <-w.replies:
+	default:
+	}
+	// Withdraw while still subscribed: a grant sent meanwhile reaches
+	// handle, which releases it.
+	wr, werr := w.c.withdraw(w.r.key, w.waitID)
+	if werr == nil && wr.ReleasedToken > 0 {
+		w.mu.Lock()
+		w.releasedToken = wr.ReleasedToken
+		w.mu.Unlock()
+	}
+	// Drain removes our interest and still hands handle what the server
+	// routed before it did. A grant sent after that meets "no responders",
+	// and the leader releases it with its exact token.
+	_ = sub.Drain()
+	key, why := w.r.key, context.Cause(ctx)
+	switch {
+	case raced != nil && isNoResponders(raced):
+		return nil, &settled{fmt.Errorf("ticketd: acquire %q: gave up; no node had received the request: %w", key, why)}
+	case raced != nil && grantToken(raced) == 0:
+		return raced, nil
+	case raced != nil && grantToken(raced) > 0 && w.releaseStray(raced):
+		return nil, &settled{fmt.Errorf("ticketd: acquire %q: gave up waiting; the grant that raced it was released: %w", key, why)}
+	case werr == nil && wr.Withdrawn:
+		return nil, &settled{fmt.Errorf("ticketd: acquire %q: gave up waiting; wait withdrawn: %w", key, why)}
+	case werr == nil && wr.ReleasedToken > 0:
+		return nil, &settled{fmt.Errorf("ticketd: acquire %q: gave up waiting; its grant (token %d) was released: %w", key, wr.ReleasedToken, why)}
+	case werr != nil:
+		return nil, fmt.Errorf("%w (withdraw failed: %v)", why, werr)
+	}
+	return nil, fmt.Errorf("%w (the wait was not found to withdraw; a grant may still be on its way)", why)
+}
+
+// grantToken is the token of a grant reply, or 0 if m is not one.
+func grantToken(m *nats.Msg) uint64 {
+	if perr, bad := parseReply(m); perr != nil || bad != nil {
+		return 0
+	}
+	var ar protocol.AcquireReply
+	if json.Unmarshal(m.Data, &ar) != nil {
+		return 0
+	}
+	return ar.Token
+}
+
+// releaseStray releases the grant m carries, if it is one; it reports
+// whether the lock is certainly gone (released now or before).
+func (w *waiter) releaseStray(m *nats.Msg) bool {
+	token := grantToken(m)
+	if token == 0 {
+		return false
+	}
+	w.mu.Lock()
+	done := w.releasedToken == token
+	w.mu.Unlock()
+	if done {
+		return true
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
+	defer cancel()
+	err := w.c.Release(ctx, w.r.key, token)
+	w.c.cfg.logger.Debug("ticketd: released a grant that arrived after its wait was abandoned", "key", w.r.key, "token", token, "err", err)
+	return err == nil || errors.Is(err, ErrNotFound)
+}
+
+// withdraw takes the wait waitID out of key's queue, within
+// withdrawTimeout.
+func (c *Client) withdraw(key, waitID string) (protocol.WithdrawReply, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
+	defer cancel()
+	body, err := json.Marshal(protocol.WithdrawRequest{Key: key, WaitID: waitID})
+	if err != nil {
+		panic(err)
+	}
+	r := &request{op: "withdraw", key: key, subject: protocol.SubjectWithdraw}
+	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
+		w, ok := c.requestWait(ctx, now)
+		return body, w, ok
+	}
+	rep, err := c.do(ctx, r)
+	if err != nil {
+		return protocol.WithdrawReply{}, err
+	}
+	var wr protocol.WithdrawReply
+	if err := json.Unmarshal(rep.data, &wr); err != nil || (wr.Key != "" && wr.Key != key) {
+		return protocol.WithdrawReply{}, c.indeterminate(r, fmt.Sprintf("invalid withdraw reply %.200q", rep.data), err)
+	}
+	return wr, nil
+}
