@@ -115,6 +115,10 @@ func FuzzDecodeRequests(f *testing.F) {
 		`{"key":"a","lease_ms":1e3}`,
 		`{"key":"a","lease_ms":100}   `,
 		`{}`, `[]`, `null`, ``, `{"key":`,
+		`{"key":"a","token":3,"lease_ms":60000}`,
+		`{"prefix":"a/","after":"a/1","limit":1000}`,
+		`{"key":"a","wait_id":"w-1"}`,
+		`{"key":"a","lease_ms":100,"wait_ms":50,"wait_id":"w-1"}`,
 	} {
 		f.Add([]byte(s))
 	}
@@ -135,6 +139,17 @@ func FuzzDecodeRequests(f *testing.F) {
 		}
 		if r, err := DecodeGet(data); err == nil && r.Key == "" {
 			t.Fatalf("accepted bad get %+v", r)
+		}
+		if r, err := DecodeRenew(data); err == nil && (r.Token == 0 || r.Key == "" || r.LeaseMS < 0 || r.LeaseMS > 24*3600*1000) {
+			t.Fatalf("accepted bad renew %+v", r)
+		}
+		if r, err := DecodeList(data); err == nil {
+			if limit, err := r.Validate(); err != nil || limit < 1 || limit > MaxListLimit {
+				t.Fatalf("accepted bad list %+v", r)
+			}
+		}
+		if r, err := DecodeWithdraw(data); err == nil && (r.Key == "" || r.WaitID == "" || len(r.WaitID) > MaxWaitIDLen) {
+			t.Fatalf("accepted bad withdraw %+v", r)
 		}
 	})
 }
