@@ -24,6 +24,10 @@ var (
 	// ErrIndeterminate: the command was handed to raft but its outcome is
 	// unknown; a Grant may exist and will expire within its lease.
 	ErrIndeterminate = errors.New("lockservice: outcome unknown")
+	// ErrUnavailable: the request cannot be served right now (for example
+	// the cluster version does not allow its command yet); nothing was
+	// proposed; retry later.
+	ErrUnavailable = errors.New("lockservice: unavailable")
 	// ErrShuttingDown: the service or its node is stopping; nothing changed.
 	ErrShuttingDown = errors.New("lockservice: stopping")
 	// ErrPermissionDenied: the access list does not let the caller's

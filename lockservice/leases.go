@@ -13,6 +13,12 @@ type leaseItem struct {
 	lease    time.Duration
 	deadline time.Time // on the local monotonic clock
 	index    int       // heap position
+	// renewing counts the Renews of this lock in flight; while it is not
+	// zero the lock is never handed to the expiry workers (renew.go).
+	renewing int
+	// expiring is set once the lease ran out and its Expire was handed to
+	// the workers: from then on a Renew is refused (renew.go).
+	expiring bool
 }
 
 // leaseHeap orders held locks by deadline, one item per key, and counts
@@ -100,15 +106,39 @@ func (h *leaseHeap) get(key string) (*leaseItem, bool) {
 // earliest first. Each one is pushed back by retry, so that if its Expire
 // does not apply (the proposal was lost) it comes due again; pushing a
 // deadline later never shortens a lease.
+//
+// An item with a Renew in flight is pushed back without being returned:
+// its Expire must not be proposed while a Renew it could overtake in the
+// log may still apply (renew.go). Returned items are marked expiring.
 func (h *leaseHeap) due(now time.Time, retry time.Duration, limit int) []leaseItem {
 	var out []leaseItem
 	for len(h.items) > 0 && len(out) < limit && !h.items[0].deadline.After(now) {
 		it := h.items[0]
-		out = append(out, *it)
+		if it.renewing == 0 {
+			it.expiring = true
+			out = append(out, *it)
+		}
 		it.deadline = now.Add(retry)
 		heap.Fix(h, 0)
 	}
 	return out
+}
+
+// extend records an applied renewal of key's lock held with token: its
+// lease becomes lease (never shorter than before) and its deadline
+// now+lease (never earlier than before). It reports whether the timer
+// exists.
+func (h *leaseHeap) extend(key string, token uint64, lease time.Duration, now time.Time) bool {
+	it, ok := h.byKey[key]
+	if !ok || it.token != token {
+		return false
+	}
+	it.lease = max(it.lease, lease)
+	if d := now.Add(it.lease); d.After(it.deadline) {
+		it.deadline = d
+		heap.Fix(h, it.index)
+	}
+	return true
 }
 
 // next returns the earliest deadline; ok is false when nothing is held.

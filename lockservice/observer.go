@@ -27,6 +27,8 @@ func (s *Service) OnApplied(a raftstore.Applied) {
 		s.signalTimersChanged()
 	case core.ResultGrantRejected:
 		s.dropReservation(key)
+	case core.ResultRenewed:
+		s.applyRenewed(key, a.Command.Token, a.LeaseMS, a.Command.LeaseMS)
 	case core.ResultReleased:
 		s.lead.leases.remove(key, a.Command.Token)
 		s.handOff(key)
@@ -47,6 +49,8 @@ func (s *Service) countApplied(r core.Result) {
 	case core.ResultReleased:
 		m.Releases.Inc()
 		m.HeldLocks.Dec()
+	case core.ResultRenewed:
+		m.Renewals.Inc()
 	case core.ResultExpired:
 		m.Expiries.WithLabelValues(fmt.Sprint(r.Existed)).Inc()
 		if r.Existed {

@@ -34,6 +34,10 @@ func (f *fakeNode) Propose(ctx context.Context, cmd core.Command) (raftstore.App
 	f.mu.Lock()
 	f.index++
 	a := raftstore.Applied{Index: f.index, Term: 1, Command: cmd, Result: f.m.Apply(cmd)}
+	if a.Result.Kind == core.ResultGranted || a.Result.Kind == core.ResultRenewed {
+		l, _ := f.m.Get(cmd.Key)
+		a.LeaseMS = l.LeaseMS
+	}
 	f.mu.Unlock()
 	f.obs.OnApplied(a)
 	return a, nil

@@ -12,6 +12,10 @@ type Applied struct {
 	Term    uint64
 	Command core.Command
 	Result  core.Result
+	// LeaseMS is the lock's lease after a Grant or Renew took effect
+	// (Granted, Renewed); 0 for every other result. A renewal never
+	// shortens a lease, so for a Renew it may exceed Command.LeaseMS.
+	LeaseMS uint64
 }
 
 // Observer hears what the node did, in log order, after it is durable.

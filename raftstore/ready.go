@@ -189,7 +189,14 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 		}
 		res := n.machine.Apply(ent.Command)
 		ra.touched.add(ent.Command)
-		ra.events = append(ra.events, Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res})
+		ev := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res}
+		if res.Kind == core.ResultGranted || res.Kind == core.ResultRenewed {
+			// Read now: observers run after the whole Ready, when a later
+			// entry of it may already have released the lock.
+			l, _ := n.machine.Get(ent.Command.Key)
+			ev.LeaseMS = l.LeaseMS
+		}
+		ra.events = append(ra.events, ev)
 		ra.requestIDs = append(ra.requestIDs, ent.RequestID)
 	case raftpb.EntryConfChange, raftpb.EntryConfChangeV2:
 		cc, err := decodeConfChange(e)

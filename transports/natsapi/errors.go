@@ -26,6 +26,7 @@ var codeOfError = []struct {
 	// when its node stopped is still indeterminate.
 	{lockservice.ErrIndeterminate, protocol.CodeIndeterminate},
 	{lockservice.ErrShuttingDown, protocol.CodeShuttingDown},
+	{lockservice.ErrUnavailable, protocol.CodeUnavailable},
 	{lockservice.ErrTimeout, protocol.CodeTimeout},
 	{context.DeadlineExceeded, protocol.CodeTimeout},
 	{context.Canceled, protocol.CodeTimeout},

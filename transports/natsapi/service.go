@@ -130,7 +130,7 @@ func Start(cfg Config) (*Service, error) {
 		cancel()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "release", "get"} {
+	for _, op := range []string{"acquire", "release", "get", "renew"} {
 		if err := s.svc.addEndpoint(op, protocol.SubjectPrefix+".lock."+op, protocol.QueueGroup, s.microHandler(op)); err != nil {
 			return fail(err)
 		}
@@ -303,6 +303,8 @@ func (s *Service) handle(req *request, forwarded bool) {
 		s.release(req)
 	case "get":
 		s.get(req)
+	case "renew":
+		s.renew(req)
 	default:
 		s.replyErr(req, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", req.op))
 	}

@@ -1,0 +1,124 @@
+package lockservice
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+// Renewal: a held lock's lease is lengthened by a replicated Renew
+// command (core.KindRenew, cluster version 2), never by the leader alone.
+//
+// Why a deposed leader never acknowledges a renewal the next leader does
+// not honour: Renew answers only after its entry committed and applied.
+// A leader that lost its quorum cannot commit, so it cannot answer. A
+// committed Renew is in every later leader's log before that leader's
+// first entry, so the lock's LeaseMS it applied is what that leader
+// re-arms in full when it becomes ready (OnLeaderReady), at a moment after
+// the renew request was sent. The holder may therefore assume the lock
+// until (its send time + the LeaseMS of the reply) on any leader.
+//
+// Expire and Renew race on the leader: an Expire proposed for a lease that
+// ran out would still remove the lock if a Renew proposed just before it
+// applied first (both carry the same token). The leader keeps them apart
+// on the lock's timer: a Renew is refused once the lease ran out on the
+// leader's clock (the holder's own deadline, counted from an earlier send,
+// has passed too), and the expiry loop never hands out a lock with a Renew
+// in flight (leaseHeap.due). A Renew and an Expire of the same lock are
+// therefore never in flight together on one leader; a later leader's
+// Renew follows every entry of earlier terms in the log.
+
+// Renewal is an applied renewal.
+type Renewal struct {
+	Key   string
+	Token uint64
+	// Lease is the lock's lease after the renewal: at least the lease
+	// asked for, never less than before.
+	Lease time.Duration
+	Index uint64
+}
+
+// Renew lengthens the lease of key's lock held with token. lease 0 keeps
+// the lock's lease; a shorter one than the lock's changes nothing (a
+// renewal never shortens a lease). The leader's timer for the lock is
+// re-armed at (apply time + the resulting lease).
+func (s *Service) Renew(ctx context.Context, key string, token uint64, lease time.Duration) (Renewal, error) {
+	cmd := core.Renew(key, token, uint64(lease/time.Millisecond))
+	if err := cmd.Validate(); err != nil {
+		return Renewal{}, err
+	}
+	if err := s.authorize(ctx, OpAcquire, key); err != nil {
+		return Renewal{}, err
+	}
+	if !s.IsLeader() {
+		return Renewal{}, s.notLeader()
+	}
+	if have, need := s.node.ClusterVersion(), core.CommandVersion(cmd); have < need {
+		return Renewal{}, fmt.Errorf("%w: renew needs cluster version %d, the cluster runs version %d (a member runs an older binary, or the new leader has not raised it yet); retry later",
+			ErrUnavailable, need, have)
+	}
+	epoch, err := s.beginRenew(key, token)
+	if err != nil {
+		return Renewal{}, err
+	}
+	defer s.endRenew(key, token, epoch)
+	a, err := s.propose(ctx, cmd)
+	if err != nil {
+		return Renewal{}, err
+	}
+	switch a.Result.Kind {
+	case core.ResultRenewed:
+		return Renewal{Key: key, Token: token, Lease: time.Duration(a.LeaseMS) * time.Millisecond, Index: a.Index}, nil
+	case core.ResultNotFound:
+		return Renewal{}, fmt.Errorf("%w: %q with token %d", ErrNotFound, key, token)
+	}
+	return Renewal{}, fmt.Errorf("lockservice: renew applied as %v", a.Result)
+}
+
+// beginRenew checks, on the leader's timers, that key is held with token
+// and its lease has not run out, and counts the Renew in flight so that
+// the lock is not expired under it. It returns the leadership epoch.
+func (s *Service) beginRenew(key string, token uint64) (uint64, error) {
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	if !s.lead.ready {
+		return 0, s.notLeader()
+	}
+	it, ok := s.lead.leases.get(key)
+	if !ok || it.token != token {
+		// The timers mirror the applied table, so nothing to propose.
+		return 0, fmt.Errorf("%w: %q is not held with token %d", ErrNotFound, key, token)
+	}
+	if it.expiring || !it.deadline.After(s.cfg.Now()) {
+		return 0, fmt.Errorf("%w: the lease of %q with token %d ran out on the leader; it is being expired", ErrNotFound, key, token)
+	}
+	it.renewing++
+	return s.lead.epoch, nil
+}
+
+// endRenew undoes beginRenew's count, if the timer is still the one it
+// counted on (same leadership, same lock).
+func (s *Service) endRenew(key string, token, epoch uint64) {
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	if s.lead.epoch != epoch {
+		return
+	}
+	if it, ok := s.lead.leases.get(key); ok && it.token == token && it.renewing > 0 {
+		it.renewing--
+		if it.renewing == 0 && !it.deadline.After(s.cfg.Now()) {
+			s.signalTimersChanged()
+		}
+	}
+}
+
+// applyRenewed re-arms the timer of a renewed lock at now + its lease
+// after the renewal. s.lead.mu held.
+func (s *Service) applyRenewed(key string, token, leaseMS, askedMS uint64) {
+	lease := time.Duration(max(leaseMS, askedMS)) * time.Millisecond
+	if s.lead.leases.extend(key, token, lease, s.cfg.Now()) {
+		s.signalTimersChanged()
+	}
+}

@@ -1,0 +1,133 @@
+package lockservice
+
+import (
+	"context"
+	"errors"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+// clockAt is a settable lease clock.
+type clockAt struct{ offset atomic.Int64 }
+
+func (c *clockAt) now() time.Time          { return time.Now().Add(time.Duration(c.offset.Load())) }
+func (c *clockAt) advance(d time.Duration) { c.offset.Add(int64(d)) }
+
+func TestRenew(t *testing.T) {
+	tests := []struct {
+		name      string
+		granted   time.Duration // lease of the grant
+		ask       time.Duration // lease asked in the renew (0: keep)
+		wrongTok  bool
+		version1  bool
+		wantErr   error
+		wantLease time.Duration
+	}{
+		{name: "longer lease", granted: time.Second, ask: 10 * time.Second, wantLease: 10 * time.Second},
+		{name: "keep lease", granted: 5 * time.Second, ask: 0, wantLease: 5 * time.Second},
+		{name: "shorter never shortens", granted: 5 * time.Second, ask: time.Second, wantLease: 5 * time.Second},
+		{name: "wrong token", granted: time.Second, wrongTok: true, wantErr: ErrNotFound},
+		{name: "cluster version 1", granted: time.Second, version1: true, wantErr: ErrUnavailable},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			var clk clockAt
+			s, f := newLeader(t, Config{Now: clk.now})
+			if tc.version1 {
+				f.m = core.NewMachine() // a fresh table at cluster version 1
+				s.OnLeaderReady(2)
+			}
+			g, err := s.Acquire(context.Background(), AcquireParams{Key: "k", Lease: tc.granted, Timeout: 5 * time.Second})
+			if err != nil {
+				t.Fatal(err)
+			}
+			tok := g.Token
+			if tc.wrongTok {
+				tok++
+			}
+			before := f.proposals.Load()
+			clk.advance(tc.granted / 2)
+			r, err := s.Renew(context.Background(), "k", tok, tc.ask)
+			if tc.wantErr != nil {
+				if !errors.Is(err, tc.wantErr) {
+					t.Fatalf("err = %v, want %v", err, tc.wantErr)
+				}
+				if f.proposals.Load() != before {
+					t.Fatal("a refused renew was proposed")
+				}
+				return
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			if r.Lease != tc.wantLease || r.Token != g.Token || r.Index <= g.Index {
+				t.Fatalf("renewal %+v, want lease %v token %d", r, tc.wantLease, g.Token)
+			}
+			// The leader's timer now runs from the renewal.
+			h, err := s.Get(context.Background(), "k")
+			if err != nil {
+				t.Fatal(err)
+			}
+			if h.Lock.LeaseMS != uint64(tc.wantLease.Milliseconds()) || h.Remaining < tc.wantLease-time.Second {
+				t.Fatalf("after renew: lease %dms remaining %v, want %v", h.Lock.LeaseMS, h.Remaining, tc.wantLease)
+			}
+		})
+	}
+}
+
+// A renew arriving after the lease ran out on the leader is refused
+// without a proposal, and the lock expires.
+func TestRenewAfterLeaseRanOut(t *testing.T) {
+	var clk clockAt
+	s, f := newLeader(t, Config{Now: clk.now})
+	g, err := s.Acquire(context.Background(), AcquireParams{Key: "k", Lease: time.Second, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	clk.advance(2 * time.Second)
+	before := f.proposals.Load()
+	if _, err := s.Renew(context.Background(), "k", g.Token, time.Minute); !errors.Is(err, ErrNotFound) {
+		t.Fatalf("renew after the lease: %v, want not found", err)
+	}
+	if f.proposals.Load() != before {
+		t.Fatal("a late renew was proposed")
+	}
+}
+
+// The expiry loop never hands out a lock with a Renew in flight, and a
+// lock handed out for expiry refuses renewals: a Renew and an Expire of
+// one lock are never in flight together.
+func TestLeaseHeapRenewExpireExclusive(t *testing.T) {
+	h := newLeaseHeap()
+	t0 := time.Unix(1000, 0)
+	h.arm("a", 1, "", time.Second, t0)
+	h.arm("b", 2, "", time.Second, t0)
+	a, _ := h.get("a")
+	a.renewing = 1
+	due := h.due(t0.Add(2*time.Second), time.Second, 10)
+	if len(due) != 1 || due[0].key != "b" {
+		t.Fatalf("due = %+v, want only b (a has a renew in flight)", due)
+	}
+	if b, _ := h.get("b"); !b.expiring {
+		t.Fatal("b handed out for expiry is not marked expiring")
+	}
+	// The renewal applies: a's deadline moves to now + the longer lease.
+	now := t0.Add(2 * time.Second)
+	if !h.extend("a", 1, 5*time.Second, now) {
+		t.Fatal("extend found no timer")
+	}
+	if a.deadline != now.Add(5*time.Second) || a.lease != 5*time.Second {
+		t.Fatalf("a: deadline %v lease %v", a.deadline.Sub(t0), a.lease)
+	}
+	// A shorter lease never moves it earlier.
+	h.extend("a", 1, time.Second, now)
+	if a.deadline != now.Add(5*time.Second) {
+		t.Fatal("a shorter renewal moved the deadline earlier")
+	}
+	if h.extend("a", 9, time.Minute, now) {
+		t.Fatal("extend with another token found a timer")
+	}
+}

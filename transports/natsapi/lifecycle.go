@@ -1,0 +1,29 @@
+package natsapi
+
+import (
+	"context"
+	"time"
+
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// The lock lifecycle endpoints of issue 12: renew, list and withdraw. Like
+// release and get they are served by the leader; a follower forwards them
+// (service.go forward).
+
+// renew lengthens a held lock's lease (lockservice.Service.Renew).
+func (s *Service) renew(req *request) {
+	rr, err := protocol.DecodeRenew(req.data)
+	if err != nil {
+		s.replyErr(req, toProtocolError(err))
+		return
+	}
+	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
+	defer cancel()
+	r, err := s.cfg.Locks.Renew(ctx, rr.Key, rr.Token, time.Duration(rr.LeaseMS)*time.Millisecond)
+	if err != nil {
+		s.replyErr(req, toProtocolError(err))
+		return
+	}
+	s.reply(req, protocol.RenewReply{Key: r.Key, Token: r.Token, LeaseMS: r.Lease.Milliseconds(), Index: r.Index})
+}
