@@ -43,7 +43,8 @@ type fake struct {
 func startFake(t *testing.T, s *server.Server, script func(subject string, n int, data []byte) action) *fake {
 	t.Helper()
 	f := &fake{t: t, nc: testkit.Connect(t, s.ClientURL()), script: script}
-	for _, subj := range []string{protocol.SubjectAcquire, protocol.SubjectRelease, protocol.SubjectGet, protocol.SubjectStatus} {
+	for _, subj := range []string{protocol.SubjectAcquire, protocol.SubjectRelease, protocol.SubjectGet, protocol.SubjectStatus,
+		protocol.SubjectRenew, protocol.SubjectList, protocol.SubjectWithdraw} {
 		sub, err := f.nc.QueueSubscribe(subj, protocol.QueueGroup, f.handle)
 		if err != nil {
 			t.Fatalf("subscribe: %v", err)

@@ -33,12 +33,14 @@ type waiter struct {
 	waitID  string
 	replies chan *nats.Msg // the first reply, while nobody gave up
 
-	// mu guards got, abandoned and releasedToken; the subscription's
-	// goroutine and the requester share them.
+	// mu guards the fields below; the subscription's goroutine and the
+	// requester share them.
 	mu            sync.Mutex
 	got           bool
 	abandoned     bool
-	releasedToken uint64
+	releasedToken uint64    // a grant of ours known to be released
+	late          *nats.Msg // the first reply after abandoning that is no grant
+	freed         bool      // a grant arrived after abandoning and is gone
 }
 
 // waitExchange sends one attempt of a waiting acquire (request.exchange).
@@ -75,8 +77,7 @@ func isNoResponders(m *nats.Msg) bool {
 }
 
 // handle receives every message on the attempt's inbox: the reply while
-// someone waits for it, and any grant that lands after the attempt was
-// abandoned, which it releases.
+// someone waits for it, and afterwards whatever still arrives.
 func (w *waiter) handle(m *nats.Msg) {
 	w.mu.Lock()
 	if !w.abandoned && !w.got {
@@ -86,21 +87,40 @@ func (w *waiter) handle(m *nats.Msg) {
 		return
 	}
 	w.mu.Unlock()
-	w.releaseStray(m)
+	w.afterAbandon(m)
+}
+
+// afterAbandon releases a grant that arrived after the attempt was
+// abandoned, and keeps the first other reply (a timeout, say), which
+// settles the outcome as well.
+func (w *waiter) afterAbandon(m *nats.Msg) {
+	if grantToken(m) > 0 {
+		if w.releaseStray(m) {
+			w.mu.Lock()
+			w.freed = true
+			w.mu.Unlock()
+		}
+		return
+	}
+	w.mu.Lock()
+	if w.late == nil {
+		w.late = m
+	}
+	w.mu.Unlock()
 }
 
 // abandon withdraws the wait after ctx ended without a reply. It returns
-// a reply that raced the withdrawal if it is not a grant (a timeout,
-// say), a settled context error when nothing can be held (the wait was
-// withdrawn, or its grant was released), and otherwise ctx's error, which
-// do reports as indeterminate.
+// a definite reply that raced the withdrawal (a timeout, say), a settled
+// context error when nothing can be held (the wait was withdrawn, or its
+// grant was released), and otherwise ctx's error, which do reports as
+// indeterminate.
 func (w *waiter) abandon(ctx context.Context, sub *nats.Subscription) (*nats.Msg, error) {
 	w.mu.Lock()
 	w.abandoned = true
 	w.mu.Unlock()
-	var raced *nats.Msg
 	select {
-	case raced = <-w.replies:
+	case m := <-w.replies:
+		w.afterAbandon(m)
 	default:
 	}
 	// Withdraw while still subscribed: a grant sent meanwhile reaches
@@ -112,21 +132,35 @@ func (w *waiter) abandon(ctx context.Context, sub *nats.Subscription) (*nats.Msg
 		w.mu.Unlock()
 	}
 	// Drain removes our interest and still hands handle what the server
-	// routed before it did. A grant sent after that meets "no responders",
-	// and the leader releases it with its exact token.
-	_ = sub.Drain()
+	// routed to us before; wait until it has. A grant sent after that
+	// meets "no responders", and the leader releases it with its token.
+	closed := sub.StatusChanged(nats.SubscriptionClosed)
+	if sub.Drain() == nil {
+		t := time.NewTimer(2 * withdrawTimeout)
+		select {
+		case <-closed:
+		case <-t.C:
+		}
+		t.Stop()
+	}
+	w.mu.Lock()
+	late, freed := w.late, w.freed
+	w.mu.Unlock()
 	key, why := w.r.key, context.Cause(ctx)
+	gaveUp := func(what string) error {
+		return &settled{fmt.Errorf("ticketd: acquire %q: gave up waiting; %s: %w", key, what, why)}
+	}
 	switch {
-	case raced != nil && isNoResponders(raced):
-		return nil, &settled{fmt.Errorf("ticketd: acquire %q: gave up; no node had received the request: %w", key, why)}
-	case raced != nil && grantToken(raced) == 0:
-		return raced, nil
-	case raced != nil && grantToken(raced) > 0 && w.releaseStray(raced):
-		return nil, &settled{fmt.Errorf("ticketd: acquire %q: gave up waiting; the grant that raced it was released: %w", key, why)}
+	case late != nil && isNoResponders(late):
+		return nil, gaveUp("no node had received the request")
+	case late != nil:
+		return late, nil
+	case freed:
+		return nil, gaveUp("the grant that raced it was released")
 	case werr == nil && wr.Withdrawn:
-		return nil, &settled{fmt.Errorf("ticketd: acquire %q: gave up waiting; wait withdrawn: %w", key, why)}
+		return nil, gaveUp("wait withdrawn")
 	case werr == nil && wr.ReleasedToken > 0:
-		return nil, &settled{fmt.Errorf("ticketd: acquire %q: gave up waiting; its grant (token %d) was released: %w", key, wr.ReleasedToken, why)}
+		return nil, gaveUp(fmt.Sprintf("its grant (token %d) was released", wr.ReleasedToken))
 	case werr != nil:
 		return nil, fmt.Errorf("%w (withdraw failed: %v)", why, werr)
 	}
