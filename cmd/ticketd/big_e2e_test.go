@@ -55,7 +55,7 @@ func TestMillionLocks(t *testing.T) {
 			"--id", fmt.Sprint(i + 1), "--data", t.TempDir(),
 			"--nats-listen", strings.TrimPrefix(urls[i], "nats://"),
 			"--nats-cluster-listen", routes[i], "--nats-routes", strings.Join(routes, ","),
-			"--peer-listen", peers[i], "--initial-cluster", strings.Join(members, ","),
+			"--peer-listen", peers[i], "--initial-cluster", strings.Join(members, ","), "--initial-cluster-state", "new",
 			"--max-locks", "1048576", "--snapshot-entries", fmt.Sprint(max(1000, locks/20)), "--compact-keep", "5000",
 			"--log-format", "json",
 		}
