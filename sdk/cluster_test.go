@@ -1,0 +1,175 @@
+package sdk_test
+
+import (
+	"context"
+	"errors"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/internal/testkit"
+	"github.com/ticketd/ticketd/internal/testkit/testcluster"
+	"github.com/ticketd/ticketd/sdk"
+)
+
+// cluster starts n in-process nodes and waits for a settled leader (one
+// that raised the cluster version, which renew needs).
+func cluster(t *testing.T, n int) (*testcluster.Cluster, int) {
+	t.Helper()
+	if testing.Short() {
+		t.Skip("in-process cluster skipped in -short mode")
+	}
+	c := testcluster.New(t, n)
+	lead := c.Leader(10 * time.Second)
+	testkit.Eventually(t, 10*time.Second, "a settled leader", func() bool { return testcluster.Settled(c.Node(lead)) })
+	return c, lead
+}
+
+// client connects to every node's NATS, first to the ones in order.
+func client(t *testing.T, c *testcluster.Cluster, order ...int) *sdk.Client {
+	t.Helper()
+	var urls []string
+	for _, i := range order {
+		urls = append(urls, c.ClientURL(i))
+	}
+	for i := 0; i < c.Size(); i++ {
+		if !slices.Contains(order, i) {
+			urls = append(urls, c.ClientURL(i))
+		}
+	}
+	cl, err := sdk.Connect(strings.Join(urls, ","), sdk.WithRequestTimeout(2*time.Second),
+		sdk.WithRetryBackoff(5*time.Millisecond, 100*time.Millisecond))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = cl.Close() })
+	return cl
+}
+
+// TestKeepAliveAcrossLeaderKill is a job holding a lock with a keepalive
+// while the raft leader is killed: the keepalive either keeps the lock
+// (same token on the new leader, deadline moved past the kill) or ends it
+// before its local deadline, never after. Each step of the job checks the
+// lock's context before writing with its token.
+func TestKeepAliveAcrossLeaderKill(t *testing.T) {
+	c, lead := cluster(t, 3)
+	cl := client(t, c, c.Follower(lead))
+	ctx := t.Context()
+	const lease = 2 * time.Second
+	l, err := cl.Acquire(ctx, "job", sdk.WithLease(lease), sdk.WithOwner("worker"), sdk.WithAutoRenew())
+	if err != nil {
+		t.Fatal(err)
+	}
+	var steps, late atomic.Int64
+	jobDone := make(chan struct{})
+	go func() { // the job: a step every 20 ms while the lock is ours
+		defer close(jobDone)
+		for l.Context().Err() == nil && steps.Load() < 200 {
+			if !l.Valid() {
+				late.Add(1) // a step after the deadline: what Lost exists to prevent
+			}
+			steps.Add(1)
+			_ = sleep(l.Context(), 20*time.Millisecond)
+		}
+	}()
+	testkit.Eventually(t, 10*time.Second, "a first renewal", func() bool { return l.Deadline().Sub(time.Now()) > lease-lease/3 })
+	killed := time.Now()
+	if err := c.Stop(lead); err != nil {
+		t.Fatal(err)
+	}
+	newLead := c.Leader(10 * time.Second)
+	t.Logf("node %d killed; node %d leads after %v", lead+1, newLead+1, time.Since(killed))
+	<-jobDone
+	if n := late.Load(); n > 0 {
+		t.Fatalf("%d job steps ran after the local deadline", n)
+	}
+	select {
+	case <-l.Lost():
+		lostAt := time.Now()
+		if !lostAt.Before(l.Deadline()) {
+			t.Fatalf("Lost fired %v after the local deadline", lostAt.Sub(l.Deadline()))
+		}
+		t.Logf("lock lost %v before its deadline: %v", l.Deadline().Sub(lostAt), l.Err())
+	default:
+		if !l.Deadline().After(killed.Add(lease)) {
+			t.Fatalf("not renewed since the kill: deadline %v, kill %v", l.Deadline(), killed)
+		}
+		h, err := cl.Get(ctx, "job")
+		if err != nil || !h.Held || h.Token != l.Token {
+			t.Fatalf("after the leader change: %+v %v, want held with token %d", h, err, l.Token)
+		}
+		t.Logf("lock kept across the leader change: %d steps, deadline in %v", steps.Load(), time.Until(l.Deadline()))
+	}
+	if err := l.Release(ctx); err != nil && !errors.Is(err, sdk.ErrNotFound) {
+		t.Fatal(err)
+	}
+}
+
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+// TestRenewLatency renews one lock 200 times through a follower of a
+// three-node cluster and logs the p50 and p99 the SDK sees.
+func TestRenewLatency(t *testing.T) {
+	c, lead := cluster(t, 3)
+	cl := client(t, c, c.Follower(lead))
+	ctx := t.Context()
+	l, err := cl.Acquire(ctx, "renew/latency", sdk.WithLease(10*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var took []time.Duration
+	prev := l.Deadline()
+	for i := 0; i < 200; i++ {
+		start := time.Now()
+		if err := l.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		took = append(took, time.Since(start))
+		if !l.Deadline().After(prev) || l.Deadline().After(time.Now().Add(10*time.Second)) {
+			t.Fatalf("deadline %v after renewal %d (previous %v)", l.Deadline(), i, prev)
+		}
+		prev = l.Deadline()
+	}
+	slices.Sort(took)
+	t.Logf("renew latency through a follower, 3 nodes, 200 renewals: p50 %v p99 %v max %v", took[len(took)/2], took[len(took)*99/100], took[len(took)-1])
+	if err := l.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestKeepAliveClusterGone: every node dies under a kept-alive lock; Lost
+// fires before the local deadline, and the context's cause says why.
+func TestKeepAliveClusterGone(t *testing.T) {
+	c, _ := cluster(t, 3)
+	cl := client(t, c)
+	const lease = time.Second
+	l, err := cl.Acquire(t.Context(), "gone", sdk.WithLease(lease), sdk.WithAutoRenew(sdk.WithSafetyMargin(200*time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.Close()
+	select {
+	case <-l.Lost():
+	case <-time.After(10 * time.Second):
+		t.Fatal("Lost never fired")
+	}
+	lostAt := time.Now()
+	if !lostAt.Before(l.Deadline()) {
+		t.Fatalf("Lost fired %v after the deadline", lostAt.Sub(l.Deadline()))
+	}
+	if !errors.Is(context.Cause(l.Context()), sdk.ErrLost) {
+		t.Fatalf("cause %v", context.Cause(l.Context()))
+	}
+	t.Logf("cluster gone: Lost %v before the local deadline: %v", l.Deadline().Sub(lostAt), l.Err())
+}
