@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -47,6 +48,22 @@ func (f *fakeNode) View(fn func(m *core.Machine)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fn(f.m)
+}
+func (f *fakeNode) ScanLocks(prefix, after string, limit int) (raftstore.LockPage, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	p := raftstore.LockPage{Applied: f.index}
+	for _, l := range f.m.Locks() { // sorted by key
+		if !strings.HasPrefix(l.Key, prefix) || l.Key <= after {
+			continue
+		}
+		if len(p.Locks) == limit {
+			p.More = true
+			break
+		}
+		p.Locks = append(p.Locks, l)
+	}
+	return p, nil
 }
 func (f *fakeNode) ClusterVersion() uint64 {
 	f.mu.Lock()

@@ -33,6 +33,9 @@ type Node interface {
 	Propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error)
 	ReadIndex(ctx context.Context) error
 	View(f func(m *core.Machine))
+	// ScanLocks reads a page of held locks in key order from the
+	// node's durable view (raftstore.Store.ScanLocks).
+	ScanLocks(prefix, after string, limit int) (raftstore.LockPage, error)
 	// ClusterVersion is the applied cluster version, read without waiting
 	// for the raft loop.
 	ClusterVersion() uint64

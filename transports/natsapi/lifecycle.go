@@ -27,3 +27,26 @@ func (s *Service) renew(req *request) {
 	}
 	s.reply(req, protocol.RenewReply{Key: r.Key, Token: r.Token, LeaseMS: r.Lease.Milliseconds(), Index: r.Index})
 }
+
+// list answers one page of held locks under a prefix, read linearizably
+// (lockservice.Service.List).
+func (s *Service) list(req *request) {
+	lr, err := protocol.DecodeList(req.data)
+	if err != nil {
+		s.replyErr(req, toProtocolError(err))
+		return
+	}
+	limit, _ := lr.Validate()
+	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
+	defer cancel()
+	p, err := s.cfg.Locks.List(ctx, lr.Prefix, lr.After, limit)
+	if err != nil {
+		s.replyErr(req, toProtocolError(err))
+		return
+	}
+	out := protocol.ListReply{Locks: make([]protocol.GetReply, len(p.Locks)), More: p.More, Index: p.Index}
+	for i, h := range p.Locks {
+		out.Locks[i] = holderReply(h.Lock.Key, h)
+	}
+	s.reply(req, out)
+}

@@ -130,7 +130,7 @@ func Start(cfg Config) (*Service, error) {
 		cancel()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "release", "get", "renew"} {
+	for _, op := range []string{"acquire", "release", "get", "renew", "list"} {
 		if err := s.svc.addEndpoint(op, protocol.SubjectPrefix+".lock."+op, protocol.QueueGroup, s.microHandler(op)); err != nil {
 			return fail(err)
 		}
@@ -305,6 +305,8 @@ func (s *Service) handle(req *request, forwarded bool) {
 		s.get(req)
 	case "renew":
 		s.renew(req)
+	case "list":
+		s.list(req)
 	default:
 		s.replyErr(req, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", req.op))
 	}
@@ -337,7 +339,7 @@ func (s *Service) forward(req *request) {
 		// Nobody received it: certainly no effect.
 		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leader %d is not reachable; retry", leader))
 		return
-	case err != nil && req.op == "get":
+	case err != nil && (req.op == "get" || req.op == "list"):
 		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leader %d did not answer: %v", leader, err))
 		return
 	case err != nil:
@@ -424,7 +426,12 @@ func (s *Service) get(req *request) {
 		s.replyErr(req, toProtocolError(err))
 		return
 	}
-	out := protocol.GetReply{Key: gr.Key, Held: h.Held}
+	s.reply(req, holderReply(gr.Key, h))
+}
+
+// holderReply is the wire form of a key's holder (get, list).
+func holderReply(key string, h lockservice.Holder) protocol.GetReply {
+	out := protocol.GetReply{Key: key, Held: h.Held}
 	if h.Held {
 		out.Token = h.Lock.Token
 		out.Owner = h.Lock.Owner
@@ -432,7 +439,7 @@ func (s *Service) get(req *request) {
 		out.RemainingMS = h.Remaining.Milliseconds()
 		out.GrantedAtMS = int64(h.Lock.GrantedAtMS)
 	}
-	s.reply(req, out)
+	return out
 }
 
 func (s *Service) reply(req *request, v any) {
