@@ -134,7 +134,7 @@ func TestMicroStatsCountWhatTheServiceDid(t *testing.T) {
 	}
 
 	want := map[string][2]int{ // requests, errors
-		"acquire": {6, 4}, "release": {2, 1}, "get": {1, 0},"renew": {1, 1}, "list": {1, 0}, "status": {1, 0}, "control_refused": {1, 1},
+		"acquire": {6, 4}, "release": {2, 1}, "get": {1, 0}, "renew": {1, 1}, "list": {1, 0}, "status": {1, 0}, "control_refused": {1, 1},
 	} // node_status also serves the leader's version probes
 	var got map[string]*micro.EndpointStats
 	// A reply reaches the client just before its figures are recorded.
