@@ -30,6 +30,10 @@ func commands() *command {
 			{name: "acquire", args: "KEY", summary: "take a lock (--lease, --owner, --wait)", run: lockAcquire},
 			{name: "release", args: "KEY", summary: "give a lock back (--token)", run: lockRelease},
 			{name: "get", args: "KEY", summary: "show the current holder", run: lockGet},
+			{name: "renew", args: "KEY TOKEN", summary: "lengthen a held lock's lease (--lease)", run: lockRenew},
+			{name: "ls", args: "PREFIX", summary: "list the held locks under a prefix, every page (--limit per page)", run: lockLs},
+			{name: "watch", args: "KEY", summary: "print a key's grant/release/expire/renew events until interrupted", run: lockWatch},
+			{name: "exec", args: "KEY -- CMD...", summary: "run a command while holding the lock (--lease, --wait, --grace)", run: lockExec},
 		}},
 		{name: "status", summary: "show the cluster as a node sees it (--watch: a live view of every member)", run: status},
 		{name: "snapshot", summary: "back up a cluster and restore it into a new one", subs: []*command{

@@ -4,6 +4,10 @@
 //	ticketd lock acquire KEY --lease 10s [--owner NAME] [--wait 5s]
 //	ticketd lock release KEY --token N
 //	ticketd lock get KEY
+//	ticketd lock renew KEY TOKEN [--lease 30s]
+//	ticketd lock ls PREFIX [--limit 100]       every held lock under PREFIX, one JSON line each
+//	ticketd lock watch KEY                    one JSON line per event until interrupted
+//	ticketd lock exec KEY [--lease 10s] [--wait 30s] [--grace 5s] -- CMD ARGS...
 //	ticketd status [--watch [--interval 1s]]   one view, or a live view of every member
 //	ticketd bench --clients 16 --keys 1000 --duration 10s [--json]
 //	ticketd snapshot save FILE --control URLS         back up (control credential)
@@ -12,7 +16,9 @@
 //	                         [--bump-tokens N] [--drop-locks]
 //
 // Client commands take --nats URL (default nats://127.0.0.1:4222), print
-// one JSON object on stdout, and on failure print the stable error code and
+// one JSON object on stdout (ls and watch: one per line; exec: only the
+// command's output, and it exits with the command's status, 128+N if
+// signal N ended it), and on failure print the stable error code and
 // message on stderr and exit non-zero (exit status 2 for usage errors, 3
 // for indeterminate outcomes, 4 when a cluster limit refused the request
 // (resource_exhausted: nothing changed, retry later), 1 otherwise).
