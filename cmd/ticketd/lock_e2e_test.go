@@ -91,7 +91,11 @@ func startCLI(t *testing.T, bin string, args ...string) *background {
 	return b
 }
 
-func (b *background) stdout() string { b.out.mu.Lock(); defer b.out.mu.Unlock(); return b.out.w.String() }
+func (b *background) stdout() string {
+	b.out.mu.Lock()
+	defer b.out.mu.Unlock()
+	return b.out.w.String()
+}
 func (b *background) stderr() string {
 	b.errOut.mu.Lock()
 	defer b.errOut.mu.Unlock()
@@ -379,4 +383,3 @@ func TestLockWatchPrintsEvents(t *testing.T) {
 		t.Fatalf("events %v, want grant, renew, release", types)
 	}
 }
-
