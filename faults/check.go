@@ -2,6 +2,7 @@ package faults
 
 import (
 	"fmt"
+	"math"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -95,6 +96,9 @@ func Check(round int, ops []Op, writes []Write, jumps []Jump, opt CheckOptions) 
 			add(v)
 		}
 		for _, v := range checkAcks(key, kops, jt, slack) {
+			add(v)
+		}
+		for _, v := range checkRenewals(key, kops, jt, slack) {
 			add(v)
 		}
 		vs, excused := checkExclusion(key, kops, jt, slack)
@@ -218,7 +222,8 @@ func sanitize(s string) string {
 // checkTokens: tokens of granted acquires are unique per key, and every
 // grant's token is above every token observed (granted or seen by a get)
 // by operations that completed before the acquire was invoked; a get never
-// shows a token older than one observed before it started.
+// shows a token older than one observed before it started, and no renewal
+// of such an older token is confirmed (it would revive an ended lock).
 func checkTokens(key string, ops []Op) []Violation {
 	var vs []Violation
 	byToken := map[uint64]Op{}
@@ -238,6 +243,11 @@ func checkTokens(key string, ops []Op) []Violation {
 	done := append([]Op(nil), obs...)
 	sort.Slice(done, func(i, j int) bool { return done[i].Return < done[j].Return })
 	started := append([]Op(nil), obs...)
+	for _, o := range ops {
+		if o.Kind == OpRenew && o.Result == OutOK {
+			started = append(started, o)
+		}
+	}
 	sort.Slice(started, func(i, j int) bool { return started[i].Call < started[j].Call })
 	var best Op // highest token among ops completed so far
 	i := 0
@@ -260,19 +270,26 @@ func checkTokens(key string, ops []Op) []Violation {
 			vs = append(vs, Violation{Checker: "tokens", Key: key,
 				Message: fmt.Sprintf("get shows token %d after token %d was observed: a stale lock reappeared", o.Token, best.Token),
 				Ops:     []Op{best, o}})
+		case o.Kind == OpRenew && o.Token < best.Token:
+			vs = append(vs, Violation{Checker: "tokens", Key: key,
+				Message: fmt.Sprintf("renewal of token %d confirmed after token %d was observed: an ended lock was renewed", o.Token, best.Token),
+				Ops:     []Op{best, o}})
 		}
 	}
 	return vs
 }
 
 // checkAcks: an acknowledged release is never undone (a get invoked after
-// it never shows the token), and an acknowledged grant is visible to every
-// get invoked after the acknowledgement that completes before its lease
-// can have ended, unless a release of that token was invoked.
+// it never shows the token, no renewal invoked after it is confirmed), and
+// an acknowledged grant is visible to every get invoked after the
+// acknowledgement that completes before its lease can have ended (by the
+// grant and the renewals confirmed before the get was invoked), unless a
+// release of that token was invoked.
 func checkAcks(key string, ops []Op, jt jumpTimeline, slack int64) []Violation {
 	var vs []Violation
 	var gets []Op
 	releases := map[uint64][]Op{}
+	renews := confirmedRenewals(ops)
 	for _, o := range ops {
 		switch {
 		case o.Kind == OpGet && o.Result == OutOK:
@@ -284,15 +301,8 @@ func checkAcks(key string, ops []Op, jt jumpTimeline, slack int64) []Violation {
 	sort.Slice(gets, func(i, j int) bool { return gets[i].Call < gets[j].Call })
 	for tok, rs := range releases {
 		for _, r := range rs {
-			if r.Result != OutOK {
-				continue
-			}
-			for _, g := range gets {
-				if g.Call > r.Return && g.Held && g.Token == tok {
-					vs = append(vs, Violation{Checker: "acked-release", Key: key,
-						Message: fmt.Sprintf("token %d was released (acknowledged) but a later get still shows it", tok), Ops: []Op{r, g}})
-					break
-				}
+			if r.Result == OutOK {
+				vs = append(vs, releaseUndone(key, r, gets, renews[tok])...)
 			}
 		}
 	}
@@ -300,18 +310,22 @@ func checkAcks(key string, ops []Op, jt jumpTimeline, slack int64) []Violation {
 		if a.Kind != OpAcquire || a.Result != OutOK {
 			continue
 		}
-		releaseCalled := int64(1<<63 - 1)
+		releaseCalled := int64(math.MaxInt64)
 		for _, r := range releases[a.Token] {
 			releaseCalled = min(releaseCalled, r.Call)
+		}
+		last := a.Deadline
+		for _, n := range renews[a.Token] {
+			last = max(last, n.Deadline)
 		}
 		for _, g := range gets {
 			if g.Call <= a.Return {
 				continue
 			}
-			if g.Call >= a.Deadline {
+			if g.Call >= last {
 				break
 			}
-			if g.Return >= releaseCalled || g.Return >= a.Since()+a.Granted-jt.forward(a.Since(), g.Return)-slack {
+			if g.Return >= releaseCalled || g.Return >= holdsUntil(a, renews[a.Token], g.Call, g.Return, jt, slack) {
 				continue
 			}
 			if !g.Held || g.Token != a.Token {
@@ -320,7 +334,7 @@ func checkAcks(key string, ops []Op, jt jumpTimeline, slack int64) []Violation {
 					what = fmt.Sprintf("held by %d", g.Token)
 				}
 				vs = append(vs, Violation{Checker: "acked-grant", Key: key,
-					Message: fmt.Sprintf("token %d was granted (acknowledged) and its lease cannot have ended, but a get shows the key %s", a.Token, what),
+					Message: fmt.Sprintf("token %d was granted (acknowledged) and its lease (renewed: %v) cannot have ended, but a get shows the key %s", a.Token, renewedBefore(renews[a.Token], g.Call), what),
 					Ops:     []Op{a, g}})
 				break
 			}
@@ -329,11 +343,35 @@ func checkAcks(key string, ops []Op, jt jumpTimeline, slack int64) []Violation {
 	return vs
 }
 
+// releaseUndone: after release r was acknowledged, no get invoked later
+// shows its token and no renewal invoked later is confirmed.
+func releaseUndone(key string, r Op, gets, renews []Op) []Violation {
+	var vs []Violation
+	for _, g := range gets {
+		if g.Call > r.Return && g.Held && g.Token == r.Token {
+			vs = append(vs, Violation{Checker: "acked-release", Key: key,
+				Message: fmt.Sprintf("token %d was released (acknowledged) but a later get still shows it", r.Token), Ops: []Op{r, g}})
+			break
+		}
+	}
+	for _, n := range renews {
+		if n.Call > r.Return {
+			vs = append(vs, Violation{Checker: "acked-release", Key: key,
+				Message: fmt.Sprintf("token %d was released (acknowledged) but a later renewal of it was confirmed", r.Token), Ops: []Op{r, n}})
+			break
+		}
+	}
+	return vs
+}
+
 // validity is when a holder may act on its lock: from the acquire's
-// acknowledgement to its SDK deadline, or to its release call if earlier.
+// acknowledgement to its latest deadline (the grant's or a confirmed
+// renewal's), or to its release call if earlier. promises are the grant's
+// and every confirmed renewal's, the grant's first.
 type validity struct {
 	op         Op
 	start, end int64
+	promises   []promise
 }
 
 func validities(ops []Op) []validity {
@@ -345,36 +383,51 @@ func validities(ops []Op) []validity {
 			}
 		}
 	}
+	renews := confirmedRenewals(ops)
 	var vs []validity
 	for _, o := range ops {
 		if o.Kind != OpAcquire || o.Result != OutOK {
 			continue
 		}
+		ps := promisesOf(o, renews[o.Token])
 		end := o.Deadline
+		for _, p := range ps {
+			end = max(end, p.End)
+		}
 		if c, ok := releaseCall[o.Token]; ok && c < end {
 			end = c
 		}
 		if end > o.Return {
-			vs = append(vs, validity{op: o, start: o.Return, end: end})
+			vs = append(vs, validity{op: o, start: o.Return, end: end, promises: ps})
 		}
 	}
 	return vs
 }
 
-// cutShort reports whether forward clock jumps explain why the lock of a
-// (lower token) may already have expired at time t although its SDK
-// deadline had not passed: its lease end, shortened by every forward jump
-// since it was sent, is not after t.
-func cutShort(a Op, t int64, jt jumpTimeline, slack int64) bool {
-	j := jt.forward(a.Since(), t)
-	return j > 0 && a.Since()+a.Granted-j-slack <= t
+// cutShort reports whether forward clock jumps explain why a lock may
+// already have ended at time t although its holder's deadline had not
+// passed: every promise it was given (ps: the grant's first, then every
+// confirmed renewal's), shortened by the forward jumps since it, ended by
+// t. A renewal confirmed for a lock that had ended is a violation of its
+// own, so every confirmed renewal counts, whenever it was invoked.
+func cutShort(ps []promise, t int64, jt jumpTimeline, slack int64) bool {
+	if len(ps) == 0 || jt.forward(ps[0].From, t) == 0 {
+		return false
+	}
+	for _, p := range ps {
+		if p.End-jt.forward(p.From, t)-slack > t {
+			return false
+		}
+	}
+	return true
 }
 
 // checkExclusion: no two holders of the same key are valid at once. The
 // lock with the lower token was granted first; the other must have been
 // granted after it was released or expired, and it cannot have expired
-// before its SDK deadline unless a lease clock jumped forward (then the
-// overlap is excused and only fencing protects the resource).
+// before its SDK deadline (moved by confirmed renewals) unless a lease
+// clock jumped forward (then the overlap is excused and only fencing
+// protects the resource).
 func checkExclusion(key string, ops []Op, jt jumpTimeline, slack int64) ([]Violation, []string) {
 	vals := validities(ops)
 	sort.Slice(vals, func(i, j int) bool { return vals[i].op.Token < vals[j].op.Token })
@@ -386,15 +439,15 @@ func checkExclusion(key string, ops []Op, jt jumpTimeline, slack int64) ([]Viola
 			if !(b.start < a.end && a.start < b.end) {
 				continue
 			}
-			if cutShort(a.op, b.start, jt, slack) {
+			if cutShort(a.promises, b.start, jt, slack) {
 				excused = append(excused, fmt.Sprintf("key %s: token %d valid until %s overlapped token %d from %s (lease cut short by a forward clock jump of %v)",
 					key, a.op.Token, ms(a.end), b.op.Token, ms(b.start), time.Duration(jt.forward(a.op.Since(), b.start))))
 				continue
 			}
 			vs = append(vs, Violation{Checker: "mutual-exclusion", Key: key,
-				Message: fmt.Sprintf("holders of tokens %d and %d were both valid by their SDK deadlines between %s and %s",
-					a.op.Token, b.op.Token, ms(max(a.start, b.start)), ms(min(a.end, b.end))),
-				Ops: []Op{a.op, b.op}})
+				Message: fmt.Sprintf("holders of tokens %d and %d were both valid by their SDK deadlines (renewed: %v) between %s and %s",
+					a.op.Token, b.op.Token, len(a.promises) > 1, ms(max(a.start, b.start)), ms(min(a.end, b.end))),
+				Ops: append([]Op{a.op, b.op}, lastRenewal(ops, a.op)...)})
 		}
 	}
 	return vs, excused
@@ -407,6 +460,7 @@ func checkExclusion(key string, ops []Op, jt jumpTimeline, slack int64) ([]Viola
 // key must carry non-decreasing tokens (the resource's own invariant).
 func checkWrites(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Violation, int, int) {
 	grants := map[string]map[uint64]Op{}
+	byKey := map[string][]Op{}
 	for _, o := range ops {
 		if o.Kind == OpAcquire && o.Result == OutOK {
 			if grants[o.Key] == nil {
@@ -414,6 +468,13 @@ func checkWrites(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Viol
 			}
 			grants[o.Key][o.Token] = o
 		}
+		if o.Kind == OpRenew {
+			byKey[o.Key] = append(byKey[o.Key], o)
+		}
+	}
+	renews := map[string]map[uint64][]Op{}
+	for k, kops := range byKey {
+		renews[k] = confirmedRenewals(kops)
 	}
 	var vs []Violation
 	fenced, accepted := 0, 0
@@ -436,7 +497,7 @@ func checkWrites(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Viol
 			vs = append(vs, Violation{Checker: "fencing", Key: w.Key, Message: fmt.Sprintf("a write with token %d that no acquire returned", w.Token)})
 			continue
 		}
-		if cutShort(a, w.At, jt, slack) {
+		if cutShort(promisesOf(a, renews[w.Key][w.Token]), w.At, jt, slack) {
 			continue
 		}
 		id := fmt.Sprintf("%s/%d", w.Key, w.Token)
@@ -444,13 +505,13 @@ func checkWrites(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Viol
 			continue
 		}
 		reported[id] = true
-		var higher []Op
+		higher := lastRenewal(ops, a)
 		if b, ok := grants[w.Key][w.Highest]; ok {
 			higher = append(higher, b)
 		}
 		vs = append(vs, Violation{Checker: "fenced-resource", Key: w.Key,
-			Message: fmt.Sprintf("the holder of token %d, valid until %s, was fenced at %s by token %d: two holders were valid at once",
-				w.Token, ms(a.Deadline), ms(w.At), w.Highest),
+			Message: fmt.Sprintf("the holder of token %d, valid by its SDK deadline at %s, was fenced by token %d: two holders were valid at once",
+				w.Token, ms(w.At), w.Highest),
 			Ops: append([]Op{a}, higher...)})
 	}
 	return vs, fenced, accepted

@@ -13,11 +13,12 @@ import (
 // OpKind is a client operation.
 type OpKind string
 
-// The three lock operations the workload issues.
+// The lock operations the workload issues.
 const (
 	OpAcquire OpKind = "acquire"
 	OpRelease OpKind = "release"
 	OpGet     OpKind = "get"
+	OpRenew   OpKind = "renew"
 )
 
 // Outcome classifies what a client learned from one operation.
@@ -28,10 +29,10 @@ type Outcome string
 // an indeterminate outcome (the operation may or may not have taken
 // effect, at any time after its call).
 const (
-	OutOK       Outcome = "ok"        // acquire granted, release released, get answered
+	OutOK       Outcome = "ok"        // acquire granted, release released, get answered, renew renewed
 	OutHeld     Outcome = "held"      // try-only acquire: the key is held
 	OutTimeout  Outcome = "timeout"   // waiting acquire: the wait ran out
-	OutNotFound Outcome = "not_found" // release: no lock with that token
+	OutNotFound Outcome = "not_found" // release, renew: no lock with that token
 	OutFail     Outcome = "fail"      // definite failure, no effect
 	OutUnknown  Outcome = "unknown"   // indeterminate
 )
@@ -39,22 +40,30 @@ const (
 // Op is one client operation as recorded by the workload. Times are
 // nanoseconds on the harness's monotonic clock since the run started.
 type Op struct {
-	ID     int     `json:"id"`
-	Round  int     `json:"round"`
-	Client int     `json:"client"`
-	Kind   OpKind  `json:"kind"`
-	Key    string  `json:"key"`
-	Lease  int64   `json:"lease_ns,omitempty"` // acquire: requested lease
-	Wait   int64   `json:"wait_ns,omitempty"`  // acquire: requested queue wait
+	ID     int    `json:"id"`
+	Round  int    `json:"round"`
+	Client int    `json:"client"`
+	Kind   OpKind `json:"kind"`
+	Key    string `json:"key"`
+	// Lease is the requested lease: of an acquire, or of a renew (0:
+	// keep the lock's lease).
+	Lease  int64   `json:"lease_ns,omitempty"`
+	Wait   int64   `json:"wait_ns,omitempty"` // acquire: requested queue wait
 	Call   int64   `json:"call_ns"`
 	Return int64   `json:"return_ns"`
 	Result Outcome `json:"outcome"`
 	// Token is the granted token (acquire ok), the token released
-	// (release), or the holder's token (get ok, 0 when free).
+	// (release) or renewed (renew), or the holder's token (get ok, 0 when
+	// free).
 	Token uint64 `json:"token,omitempty"`
 	Held  bool   `json:"held,omitempty"` // get ok: the key was held
 	// Granted is the granted lease and Deadline the SDK's Lock.Deadline()
 	// (send time of the successful attempt + granted lease), acquire ok.
+	// Renew ok: Deadline is the holder's new local deadline (the
+	// Lock.Deadline() after Lock.Renew, or Renewal.Deadline of a
+	// Client.Renew asking for a longer lease: send time + the lease in
+	// the reply), and Granted the lease in the reply when the SDK
+	// returned it (Client.Renew; 0 after Lock.Renew).
 	Granted  int64  `json:"granted_ns,omitempty"`
 	Deadline int64  `json:"deadline_ns,omitempty"`
 	Code     string `json:"code,omitempty"`
@@ -64,6 +73,21 @@ type Op struct {
 // Since is the earliest moment the lease of a granted acquire can have
 // started on the leader: the SDK's send time of the successful attempt.
 func (o Op) Since() int64 { return o.Deadline - o.Granted }
+
+// promise is what a confirmed grant or renewal lets the holder assume:
+// the lock is its until End on the holder's clock, less every forward
+// jump of a lease clock since From (the lease was armed no earlier).
+type promise struct{ From, End int64 }
+
+// promised is the promise of an acquire ok or a renew ok. A renewal's
+// jumps are counted from its call, before its send: the lease was re-armed
+// after that, and the earlier start only counts more jumps.
+func (o Op) promised() promise {
+	if o.Kind == OpRenew {
+		return promise{From: o.Call, End: o.Deadline}
+	}
+	return promise{From: o.Since(), End: o.Deadline}
+}
 
 func (o Op) String() string {
 	var s string
@@ -77,6 +101,16 @@ func (o Op) String() string {
 		}
 	case OpRelease:
 		s = fmt.Sprintf("release(%s token=%d) -> %s", o.Key, o.Token, o.Result)
+	case OpRenew:
+		s = fmt.Sprintf("renew(%s token=%d lease=%v)", o.Key, o.Token, time.Duration(o.Lease))
+		if o.Result == OutOK {
+			s += fmt.Sprintf(" -> ok deadline=%s", ms(o.Deadline))
+			if o.Granted > 0 {
+				s += fmt.Sprintf(" lease=%v", time.Duration(o.Granted))
+			}
+		} else {
+			s += " -> " + string(o.Result)
+		}
 	case OpGet:
 		s = fmt.Sprintf("get(%s) -> %s", o.Key, o.Result)
 		if o.Result == OutOK {

@@ -42,7 +42,7 @@ func (jt jumpTimeline) forward(a, b int64) int64 {
 
 type lockInput struct {
 	Kind  OpKind
-	Token uint64 // release: the token released
+	Token uint64 // release, renew: the lock's token
 	Call  int64
 	// Return is math.MaxInt64 for an unknown outcome: the operation may
 	// take effect at any time after its call.
@@ -53,8 +53,8 @@ type lockOutput struct {
 	Result Outcome
 	Token  uint64 // acquire ok: granted; get ok: holder (0 free)
 	Held   bool   // get ok
-	Since  int64  // acquire ok: earliest lease start (SDK send time)
-	Lease  int64  // acquire ok: granted lease
+	Since  int64  // acquire ok: earliest lease start (SDK send time); renew ok: its call
+	Lease  int64  // acquire ok: granted lease; renew ok: new local deadline - Since
 }
 
 type stateKind uint8
@@ -75,6 +75,9 @@ type lockState struct {
 	// Since and Lease of a known lock: its lease cannot end before
 	// Since+Lease on the leader's clock (the SDK's Lock.Deadline).
 	Since, Lease int64
+	// RSince and RLease: the same promise of the last confirmed renewal
+	// linearized (0: none). The lock cannot end before either.
+	RSince, RLease int64
 	// NotBefore is a lower bound on the linearization time of every
 	// later operation, set when a known lock is assumed to have expired
 	// (the expiry happened no earlier than its deadline). 0: none.
@@ -95,14 +98,23 @@ type lockState struct {
 //     effect or frees a key held by T;
 //   - get free needs a free key; get held(T) needs the key held by T, or
 //     a phantom whose token is not yet known and T is a token no acquire
-//     returned (the phantom's token is then T).
+//     returned (the phantom's token is then T);
+//   - renew ok(T) needs the key held by T (known: only holders renew) and
+//     leaves it held with the renewal's promise: it cannot end before the
+//     holder's new local deadline (renew send time + the lease in the
+//     reply) minus the forward jumps since the renew call; renew
+//     not_found needs the key not held by T. A renewal never makes a
+//     freed key held again. Unknown renewals are left out (see
+//     porcupineOps): each may have lengthened the lease or not, and a
+//     lease that lives longer is always allowed, so they constrain
+//     nothing.
 //
 // Spontaneous transitions: before any operation, a phantom may vanish
 // (lost-reply release or expiry, at any time), and a known lock T may
 // expire if the operation may linearize at or after T's SDK deadline
-// minus every forward clock jump in between: the expiry happens no earlier
-// than that, so every later operation must be able to linearize after it
-// (NotBefore).
+// (the later of the grant's and its last renewal's) minus every forward
+// clock jump in between: the expiry happens no earlier than that, so
+// every later operation must be able to linearize after it (NotBefore).
 type lockModel struct {
 	known map[uint64]bool // tokens some acquire of this key returned
 	jumps jumpTimeline
@@ -125,7 +137,7 @@ func (m *lockModel) step(s lockState, in lockInput, out lockOutput) []lockState 
 	case stPhantom:
 		pre = append(pre, lockState{Kind: stFree, NotBefore: s.NotBefore})
 	case stKnown:
-		nb := s.Since + s.Lease - m.jumps.forward(s.Since, in.Return) - m.slack
+		nb := m.endsNotBefore(s, in.Return)
 		if in.Return >= nb {
 			v := lockState{Kind: stFree, NotBefore: max(s.NotBefore, nb)}
 			if in.Call >= v.NotBefore {
@@ -139,6 +151,17 @@ func (m *lockModel) step(s lockState, in lockInput, out lockOutput) []lockState 
 		next = append(next, m.apply(p, in, out)...)
 	}
 	return next
+}
+
+// endsNotBefore is the earliest time a known lock can have ended, as seen
+// from an operation returning at t: the later of its grant's and its last
+// renewal's promise, each shortened by the forward jumps since it.
+func (m *lockModel) endsNotBefore(s lockState, t int64) int64 {
+	nb := s.Since + s.Lease - m.jumps.forward(s.Since, t)
+	if s.RLease > 0 {
+		nb = max(nb, s.RSince+s.RLease-m.jumps.forward(s.RSince, t))
+	}
+	return nb - m.slack
 }
 
 func (m *lockModel) apply(p lockState, in lockInput, out lockOutput) []lockState {
@@ -184,6 +207,22 @@ func (m *lockModel) apply(p lockState, in lockInput, out lockOutput) []lockState
 			}
 			return []lockState{p}
 		}
+	case OpRenew:
+		held := p.Kind == stKnown && p.Token == in.Token
+		switch out.Result {
+		case OutOK:
+			if held {
+				r := p
+				if out.Since+out.Lease > r.RSince+r.RLease {
+					r.RSince, r.RLease = out.Since, out.Lease
+				}
+				return []lockState{r}
+			}
+		case OutNotFound:
+			if !held {
+				return []lockState{p}
+			}
+		}
 	case OpGet:
 		if out.Result != OutOK {
 			return nil
@@ -228,6 +267,11 @@ func (m *lockModel) porcupine() porcupine.Model {
 				return "acquire -> " + string(out.Result)
 			case OpRelease:
 				return fmt.Sprintf("release(%d) -> %s", in.Token, out.Result)
+			case OpRenew:
+				if out.Result == OutOK {
+					return fmt.Sprintf("renew(%d) -> until %s", in.Token, ms(out.Since+out.Lease))
+				}
+				return fmt.Sprintf("renew(%d) -> %s", in.Token, out.Result)
 			default:
 				if out.Held {
 					return fmt.Sprintf("get -> %d", out.Token)
@@ -242,7 +286,7 @@ func (m *lockModel) porcupine() porcupine.Model {
 			case stFree:
 				d = "free"
 			case stKnown:
-				d = fmt.Sprintf("held %d until %s", s.Token, ms(s.Since+s.Lease))
+				d = fmt.Sprintf("held %d until %s", s.Token, ms(max(s.Since+s.Lease, s.RSince+s.RLease)))
 			case stPhantom:
 				if s.Token == 0 {
 					d = "held by an unknown grant"
@@ -301,7 +345,9 @@ func reservedHeld(ops []Op) map[int]bool {
 // porcupineOps converts one key's operations. Failed operations (definite
 // no effect) and failed gets are left out, and with lenient so are the
 // held answers a reservation may explain; unknown outcomes return at
-// infinity.
+// infinity, except unknown renewals, which are left out: in the model
+// they change nothing (a lease that lasts longer is always allowed, and
+// no checker may count on the extension), so they only cost search.
 func porcupineOps(ops []Op, lenient bool) []porcupine.Operation {
 	var out []porcupine.Operation
 	skip := map[int]bool{}
@@ -309,7 +355,7 @@ func porcupineOps(ops []Op, lenient bool) []porcupine.Operation {
 		skip = reservedHeld(ops)
 	}
 	for _, o := range ops {
-		if o.Result == OutFail || skip[o.ID] {
+		if o.Result == OutFail || skip[o.ID] || (o.Kind == OpRenew && o.Result == OutUnknown) {
 			continue
 		}
 		in := lockInput{Kind: o.Kind, Call: o.Call, Return: o.Return}
@@ -321,6 +367,12 @@ func porcupineOps(ops []Op, lenient bool) []porcupine.Operation {
 			}
 		case OpRelease:
 			in.Token = o.Token
+		case OpRenew:
+			in.Token = o.Token
+			if o.Result == OutOK {
+				p := o.promised()
+				res.Since, res.Lease = p.From, p.End-p.From
+			}
 		case OpGet:
 			res.Token, res.Held = o.Token, o.Held
 		}

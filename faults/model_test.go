@@ -280,3 +280,112 @@ func TestReservedHeldIsLeftOut(t *testing.T) {
 		t.Fatalf("violations %q, reserved keys %v", checkers(res), res.ReservedKeys)
 	}
 }
+
+// ren: a renewal of token [call, ret] with outcome out; on ok the
+// holder's new deadline is call+lease (all ms).
+func (b *hb) ren(client int, call, ret int64, token uint64, lease int64, out Outcome) *hb {
+	o := Op{Client: client, Kind: OpRenew, Call: call * msec, Return: ret * msec, Token: token, Result: out}
+	if out == OutOK {
+		o.Deadline = (call + lease) * msec
+	}
+	return b.add(o)
+}
+
+// Renewals: a confirmed renewal extends what the holder may assume to
+// (renew call + lease) minus forward jumps; an unknown one extends
+// nothing; a refused one while the lock cannot have ended, or a confirmed
+// one after the lock ended, is a violation.
+func TestModelRenewals(t *testing.T) {
+	jump := func(at, d int64) []Jump { return []Jump{{At: at * msec, Node: 1, Delta: d * msec}} }
+	cases := map[string]struct {
+		b     *hb
+		jumps []Jump
+		want  string // checkers that must fire; "" for a legal history
+	}{
+		"renewed lock held past the grant's deadline": {
+			b: new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 1000, OutOK).
+				get(1, 1500, 1510, 1).acqOut(2, 1600, 1610, OutHeld).get(1, 1900, 1910, 0).acq(2, 1920, 1930, 2, 500),
+		},
+		"grant to another token after the renewed deadline": {
+			b: new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 1000, OutOK).acq(1, 1850, 1860, 2, 500),
+		},
+		"grant to another token before the renewed deadline": {
+			b:    new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 1000, OutOK).acq(1, 1500, 1510, 2, 500),
+			want: "mutual-exclusion,linearizability",
+		},
+		"grant before the renewed deadline excused by a forward jump after the renewal": {
+			b:     new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 1000, OutOK).acq(1, 1500, 1510, 2, 500),
+			jumps: jump(900, 400),
+		},
+		// Jumps before the renewal do not cut the renewed lease: it was
+		// re-armed after them.
+		"a forward jump before the renewal excuses nothing": {
+			b:     new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 1000, OutOK).acq(1, 1500, 1510, 2, 500),
+			jumps: jump(100, 900),
+			want:  "mutual-exclusion,linearizability",
+		},
+		"a get shows a renewed lock free before its deadline": {
+			b:    new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 1000, OutOK).get(1, 1200, 1210, 0),
+			want: "acked-grant,linearizability",
+		},
+		"an unknown renewal extends nothing": {
+			b: new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 0, OutUnknown).acq(1, 1100, 1110, 2, 500),
+		},
+		"an unknown renewal may have extended the lease": {
+			b: new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 0, OutUnknown).get(1, 1500, 1510, 1).get(1, 2000, 2010, 0),
+		},
+		"renewal refused after the lease ran out": {
+			b: new(hb).acq(0, 0, 10, 1, 1000).ren(0, 1100, 1110, 1, 0, OutNotFound),
+		},
+		"renewal refused while the lock cannot have ended": {
+			b:    new(hb).acq(0, 0, 10, 1, 1000).ren(0, 500, 510, 1, 0, OutNotFound),
+			want: "renew-refused,linearizability",
+		},
+		"renewal refused before the renewed deadline": {
+			b:    new(hb).acq(0, 0, 10, 1, 1000).ren(0, 800, 810, 1, 1000, OutOK).ren(0, 1200, 1210, 1, 0, OutNotFound),
+			want: "renew-refused,linearizability",
+		},
+		"renewal refused early, explained by a forward jump": {
+			b:     new(hb).acq(0, 0, 10, 1, 1000).ren(0, 500, 510, 1, 0, OutNotFound),
+			jumps: jump(100, 600),
+		},
+		"renewal confirmed after a release": {
+			b:    new(hb).acq(0, 0, 10, 1, 5000).rel(0, 100, 110, 1, OutOK).ren(0, 200, 210, 1, 5000, OutOK),
+			want: "acked-release,linearizability",
+		},
+		"renewal confirmed after a get saw the lock expired": {
+			b:    new(hb).acq(0, 0, 10, 1, 1000).get(1, 1100, 1110, 0).ren(0, 1200, 1210, 1, 1000, OutOK),
+			want: "renew-after-end,linearizability",
+		},
+		"renewal confirmed after another token was granted": {
+			b:    new(hb).acq(0, 0, 10, 1, 300).acq(1, 400, 410, 2, 1000).ren(0, 500, 510, 1, 1000, OutOK),
+			want: "tokens,mutual-exclusion,linearizability",
+		},
+		"renewal confirmed after the holder's deadline, lock still held": {
+			b: new(hb).acq(0, 0, 10, 1, 300).ren(0, 280, 400, 1, 300, OutOK).get(1, 450, 460, 1).acq(1, 700, 710, 2, 300),
+		},
+	}
+	for name, c := range cases {
+		t.Run(name, func(t *testing.T) {
+			res := check(c.b, c.jumps...)
+			got := checkers(res)
+			if c.want == "" {
+				if got != "" {
+					for _, v := range res.Violations {
+						t.Log(v.String())
+					}
+					t.Fatalf("legal history rejected: %q", got)
+				}
+				return
+			}
+			for _, w := range strings.Split(c.want, ",") {
+				if !strings.Contains(","+got+",", ","+w+",") {
+					for _, v := range res.Violations {
+						t.Log(v.String())
+					}
+					t.Fatalf("checker %s did not fire (got %q)", w, got)
+				}
+			}
+		})
+	}
+}

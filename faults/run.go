@@ -77,13 +77,13 @@ func (r *Report) summary() string {
 		fmt.Fprintf(&b, " %s=%d", k, r.Faults[k])
 	}
 	b.WriteString("\n")
-	for _, k := range []OpKind{OpAcquire, OpRelease, OpGet} {
+	for _, k := range []OpKind{OpAcquire, OpRelease, OpRenew, OpGet} {
 		m := r.Ops[k]
 		fmt.Fprintf(&b, "  %-8s ok=%d", k, m["ok"])
 		switch k {
 		case OpAcquire:
 			fmt.Fprintf(&b, " held=%d timeout=%d", m["held"], m["timeout"])
-		case OpRelease:
+		case OpRelease, OpRenew:
 			fmt.Fprintf(&b, " not_found=%d", m["not_found"])
 		}
 		fmt.Fprintf(&b, " fail=%d indeterminate=%d", m["fail"], m["indeterminate"])

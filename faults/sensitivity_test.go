@@ -95,3 +95,103 @@ func TestCheckersCatchAnUnrecordedClockJump(t *testing.T) {
 		t.Errorf("recorded jump: excused %v fenced %d, want an excused overlap and one fenced write", recorded.Excused, recorded.Fenced)
 	}
 }
+
+// TestCheckersCatchAnUnhonouredRenewal: the same on a renewed lock. A
+// 300ms lock is renewed for 3s (Client.Renew, then Lock.Renew moves the
+// holder's deadline), its grant's own deadline passes, and the leader's
+// lease clock jumps 5s forward unrecorded: the leader expires the renewed
+// lease early and a second client takes the key while the first holder is
+// valid only by its renewal. The checkers must call that a violation, and
+// only because of the renewal: without the renew operations in the
+// history the grant came after the first lease ended. Recorded, the jump
+// excuses the overlap and fencing holds.
+func TestCheckersCatchAnUnhonouredRenewal(t *testing.T) {
+	c, err := startInProcess(t, 1, testkit.QuietLogger(), 20, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.close()
+	if !waitLeader(c, 10*time.Second) {
+		t.Fatal("single node did not lead")
+	}
+	h := NewHistory()
+	res := newResource(h)
+	wl := &workload{h: h, res: res, opTimeout: 2 * time.Second}
+	var ws []*worker
+	for i := 0; i < 2; i++ {
+		cl, err := connectClient(c.clientURLs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer cl.Close()
+		ws = append(ws, &worker{id: i, cl: cl, w: wl})
+	}
+	a := ws[0].acquire("k", 300*time.Millisecond, 0)
+	if a == nil {
+		t.Fatal("first acquire failed")
+	}
+	granted := a.Deadline()
+	if r := ws[0].renew(a, 3*time.Second); r != OutOK {
+		t.Fatalf("renew with a 3s lease: %s", r)
+	}
+	if r := ws[0].renew(a, 0); r != OutOK || !a.Deadline().After(granted.Add(2*time.Second)) {
+		t.Fatalf("Lock.Renew: %s, deadline %v after the grant's", r, a.Deadline().Sub(granted))
+	}
+	// Wait out the grant's own deadline (a fixed instant, not a
+	// condition): from then on only the renewal makes the lock a's.
+	time.Sleep(time.Until(granted))
+	if ok, _ := res.write(0, a); !ok {
+		t.Fatal("the renewed holder could not write")
+	}
+	jumpAt := h.Now()
+	if err := c.jump(0, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	if l := ws[1].acquire("other", time.Second, 0); l == nil {
+		t.Fatal("acquire of another key failed")
+	}
+	var b *sdk.Lock
+	deadline := time.Now().Add(2 * time.Second)
+	for b == nil && time.Now().Before(deadline) {
+		b = ws[1].acquire("k", time.Second, 100*time.Millisecond)
+	}
+	if b == nil {
+		t.Fatal("the renewed lease did not end early: the jumped clock had no effect")
+	}
+	if !a.Valid() {
+		t.Fatalf("the first holder's renewed deadline passed already (%v): the scenario needs it valid", a.Deadline())
+	}
+	if _, acc := res.write(1, b); !acc {
+		t.Fatal("the second holder's write was rejected")
+	}
+	if _, acc := res.write(0, a); acc {
+		t.Fatal("the resource accepted a stale token")
+	}
+	ops, writes, _, _ := h.snapshot(-1)
+	opt := CheckOptions{Slack: time.Millisecond, LinearizabilityTimeout: 10 * time.Second}
+	names := checkers(Check(0, ops, writes, nil, opt))
+	for _, want := range []string{"mutual-exclusion", "linearizability", "fenced-resource"} {
+		if !strings.Contains(names, want) {
+			t.Errorf("unrecorded jump: checker %s did not fire (got %q)", want, names)
+		}
+	}
+	var unrenewed []Op
+	for _, o := range ops {
+		if o.Kind != OpRenew {
+			unrenewed = append(unrenewed, o)
+		}
+	}
+	if names := checkers(Check(0, unrenewed, writes, nil, opt)); strings.Contains(names, "mutual-exclusion") || strings.Contains(names, "linearizability") {
+		t.Errorf("without the renewals the second grant came after the first lease, yet %q fired", names)
+	}
+	recorded := Check(0, ops, writes, []Jump{{At: jumpAt, Node: 1, Delta: int64(5 * time.Second)}}, opt)
+	if len(recorded.Violations) > 0 {
+		for _, v := range recorded.Violations {
+			t.Log(v.String())
+		}
+		t.Errorf("recorded jump: %d violations, want none", len(recorded.Violations))
+	}
+	if len(recorded.Excused) == 0 || recorded.Fenced != 1 {
+		t.Errorf("recorded jump: excused %v fenced %d, want an excused overlap and one fenced write", recorded.Excused, recorded.Fenced)
+	}
+}

@@ -111,7 +111,7 @@ func classify(kind OpKind, err error) (Outcome, string) {
 		return OutHeld, string(code)
 	case errors.Is(err, sdk.ErrTimeout) && kind == OpAcquire:
 		return OutTimeout, string(code)
-	case errors.Is(err, sdk.ErrNotFound) && kind == OpRelease:
+	case errors.Is(err, sdk.ErrNotFound) && (kind == OpRelease || kind == OpRenew):
 		return OutNotFound, string(code)
 	case errors.Is(err, sdk.ErrInvalidArgument), errors.Is(err, sdk.ErrMalformed), errors.Is(err, sdk.ErrTooLarge),
 		errors.Is(err, sdk.ErrDenied), errors.Is(err, sdk.ErrControlRefused), errors.Is(err, sdk.ErrPermissionDenied):
@@ -121,7 +121,7 @@ func classify(kind OpKind, err error) (Outcome, string) {
 		return OutFail, string(code)
 	}
 	// indeterminate, internal, an unknown code, or a code the operation
-	// does not document (a release answered "timeout"): unknown.
+	// does not document (a release or renew answered "timeout"): unknown.
 	return OutUnknown, string(code)
 }
 
@@ -152,7 +152,8 @@ func (wk *worker) dur(lo, hi time.Duration) time.Duration {
 }
 
 // cycle: acquire (try or wait), write while valid, sometimes get, then
-// release (or let the lease run out).
+// release (or let the lease run out). A third of the cycles hold the lock
+// for longer than its lease, renewing it (renewing).
 func (wk *worker) cycle(key string, until time.Time) {
 	lease := wk.dur(wk.w.leaseMin, wk.w.leaseMax).Truncate(time.Millisecond)
 	var wait time.Duration
@@ -163,6 +164,10 @@ func (wk *worker) cycle(key string, until time.Time) {
 	if l == nil {
 		// Do not spin on a held key.
 		pace(wk.dur(10*time.Millisecond, 60*time.Millisecond), until)
+		return
+	}
+	if wk.rng.IntN(3) == 0 {
+		wk.renewing(l, until)
 		return
 	}
 	var hold time.Duration
@@ -189,15 +194,102 @@ func (wk *worker) cycle(key string, until time.Time) {
 		}
 	}
 	pace(time.Until(end), until.Add(wk.w.leaseMax))
-	if !release {
-		return
+	if release {
+		wk.releaseRetried(key, l.Token)
 	}
+}
+
+// releaseRetried releases once more if the first outcome is unknown:
+// releasing again with the same token is harmless.
+func (wk *worker) releaseRetried(key string, token uint64) {
 	for i := 0; i < 2; i++ {
-		if r := wk.release(key, l.Token); r != OutUnknown {
+		if r := wk.release(key, token); r != OutUnknown {
 			break
 		}
-		// Releasing again with the same token is harmless.
 	}
+}
+
+// renewing holds l for 1.5 to 3 of its leases (but not past the round's
+// end), renewing it every third of its lease and writing to the resource
+// while l.Valid() (the SDK deadline, which only a confirmed renewal
+// moves). It keeps renewing after its deadline has passed (a confirmed
+// renewal then shows the lock was still held, and writes resume) and
+// stops once a renewal is refused (not_found). Then it releases, or, one
+// time in five, lets the lease run out.
+func (wk *worker) renewing(l *sdk.Lock, until time.Time) {
+	end := time.Now().Add(wk.dur(l.Lease*3/2, l.Lease*3))
+	if end.After(until) {
+		end = until
+	}
+	every := l.Lease / 3
+	next := time.Now().Add(every)
+	live := true
+	for i := 0; i < 1000 && time.Now().Before(end); i++ {
+		if live && !time.Now().Before(next) {
+			live = wk.renew(l, wk.renewLease(l)) != OutNotFound
+			next = time.Now().Add(every)
+		}
+		wk.w.res.write(wk.id, l)
+		wait := wk.dur(5*time.Millisecond, 40*time.Millisecond)
+		if live {
+			wait = min(wait, time.Until(next))
+		}
+		pace(wait, end)
+	}
+	if wk.rng.IntN(5) > 0 {
+		wk.releaseRetried(l.Key, l.Token)
+	}
+}
+
+// renewLease is the lease a renewal asks for: usually 0 (keep the lock's
+// lease), one time in four up to twice the granted lease.
+func (wk *worker) renewLease(l *sdk.Lock) time.Duration {
+	if wk.rng.IntN(4) > 0 {
+		return 0
+	}
+	return wk.dur(l.Lease*5/4, l.Lease*2).Truncate(time.Millisecond)
+}
+
+// renew renews l and records it. Lease 0 goes through Lock.Renew, which
+// moves l's deadline on a confirmed renewal; a longer lease goes through
+// Client.Renew (Lock.Renew always asks for the lock's lease), which does
+// not move l's deadline, so the writes keep to the old one until the next
+// Lock.Renew, whose reply carries the longer lease. The recorded deadline
+// is what the renewal promised the holder.
+func (wk *worker) renew(l *sdk.Lock, lease time.Duration) Outcome {
+	h := wk.w.h
+	ctx, cancel := context.WithTimeout(context.Background(), wk.w.opTimeout)
+	defer cancel()
+	o := Op{Client: wk.id, Kind: OpRenew, Key: l.Key, Token: l.Token, Lease: int64(lease)}
+	prev := l.Deadline()
+	o.Call = h.Now()
+	var err error
+	if lease == 0 {
+		err = l.Renew(ctx)
+	} else {
+		var rn sdk.Renewal
+		if rn, err = wk.cl.Renew(ctx, l.Key, l.Token, lease); err == nil {
+			o.Granted, o.Deadline = int64(rn.Lease), h.Rel(rn.Deadline)
+		}
+	}
+	o.Return = h.Now()
+	o.Result, o.Code = classify(OpRenew, err)
+	switch {
+	case err != nil:
+		o.Err = err.Error()
+	case lease == 0:
+		// The send time and lease of the renewal are not returned, only
+		// the deadline they make; it always moves (a later send, a lease
+		// never shorter). Were it not to, the renewal promised nothing
+		// the model could count on (the old deadline's jumps count from
+		// an earlier time).
+		o.Deadline = o.Call
+		if d := l.Deadline(); d.After(prev) {
+			o.Deadline = h.Rel(d)
+		}
+	}
+	h.addOp(o)
+	return o.Result
 }
 
 // pace sleeps d but not past limit. It paces the workload; it never
