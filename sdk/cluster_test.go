@@ -173,3 +173,43 @@ func TestKeepAliveClusterGone(t *testing.T) {
 	}
 	t.Logf("cluster gone: Lost %v before the local deadline: %v", l.Deadline().Sub(lostAt), l.Err())
 }
+
+// TestListAllPages: ListAll yields exactly the held keys under a prefix,
+// in byte order, across pages of every size.
+func TestListAllPages(t *testing.T) {
+	c, lead := cluster(t, 3)
+	cl := client(t, c, c.Follower(lead))
+	ctx := t.Context()
+	var want []string
+	for _, k := range []string{"p/x/1", "p/x/10", "p/x/2", "p/x/a", "p/x/\u00e9", "p/y/1", "p/x", "q/x/1"} {
+		if _, err := cl.Acquire(ctx, k, sdk.WithLease(time.Minute)); err != nil {
+			t.Fatal(err)
+		}
+		if strings.HasPrefix(k, "p/x/") {
+			want = append(want, k)
+		}
+	}
+	slices.Sort(want)
+	for _, size := range []int{0, 1, 2, 3, 5, 1000} {
+		var got []string
+		for h, err := range cl.ListAll(ctx, "p/x/", size) {
+			if err != nil {
+				t.Fatalf("page size %d: %v", size, err)
+			}
+			if !h.Held || h.Token == 0 || h.Lease != time.Minute {
+				t.Fatalf("page size %d: %+v", size, h)
+			}
+			got = append(got, h.Key)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("page size %d: %q, want %q", size, got, want)
+		}
+	}
+	p, err := cl.List(ctx, "p/x/", "p/x/2", 2)
+	if err != nil || len(p.Locks) != 2 || p.Locks[0].Key != "p/x/a" || p.More || p.Index == 0 {
+		t.Fatalf("page after p/x/2: %+v %v", p, err)
+	}
+	if _, err := cl.List(ctx, "", "", 1001); !errors.Is(err, sdk.ErrInvalidArgument) {
+		t.Fatalf("limit 1001: %v", err)
+	}
+}

@@ -359,3 +359,40 @@ func TestAbandonedWaitIsWithdrawn(t *testing.T) {
 		})
 	}
 }
+
+// TestListRefusesBrokenPages: a page that breaks the protocol's promises
+// (order, prefix, limit, progress) is ErrMalformed, so ListAll cannot
+// loop on it.
+func TestListRefusesBrokenPages(t *testing.T) {
+	page := func(more bool, keys ...string) protocol.ListReply {
+		lr := protocol.ListReply{More: more, Index: 9}
+		for _, k := range keys {
+			lr.Locks = append(lr.Locks, protocol.GetReply{Key: k, Held: true, Token: 1, LeaseMS: 1000})
+		}
+		return lr
+	}
+	for _, tc := range []struct {
+		name  string
+		reply protocol.ListReply
+		ok    bool
+	}{
+		{"fine", page(true, "a/1", "a/2"), true},
+		{"empty but more", page(true), false},
+		{"out of order", page(false, "a/2", "a/1"), false},
+		{"repeated", page(false, "a/1", "a/1"), false},
+		{"outside the prefix", page(false, "b/1"), false},
+		{"over the limit", page(false, "a/1", "a/2", "a/3"), false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testkit.NATSServer(t)
+			startFake(t, s, func(subject string, n int, data []byte) action {
+				return action{body: mustJSON(t, tc.reply)}
+			})
+			c, _ := newClient(t, s)
+			_, err := c.List(context.Background(), "a/", "", 2)
+			if tc.ok != (err == nil) || (!tc.ok && !errors.Is(err, ErrMalformed)) {
+				t.Fatalf("err = %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+}
