@@ -78,6 +78,7 @@ func (s *Service) OnLeaderReady(term uint64) {
 	}
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
+	s.resetWaits()
 	s.lead.epoch++
 	s.lead.ready = true
 	s.signalTimersChanged()
@@ -104,6 +105,7 @@ func (s *Service) OnLeadershipLost() {
 	}
 	s.lead.waiters = 0
 	s.cfg.Metrics.Waiters.Set(0)
+	s.resetWaits()
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
 	s.lead.leases.reset()

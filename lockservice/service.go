@@ -85,6 +85,9 @@ type AcquireParams struct {
 	// Timeout how long its requester waits for the reply from sending it.
 	Received time.Time
 	Timeout  time.Duration
+	// WaitID, if set, names the request so that its requester can
+	// withdraw it (Withdraw) while it waits or just after its grant.
+	WaitID string
 }
 
 // Grant is an issued lock.
@@ -93,6 +96,11 @@ type Grant struct {
 	Token uint64
 	Lease time.Duration
 	Index uint64
+	// Queued is set when the request waited in the key's queue before its
+	// Grant: its requester may have left meanwhile, so the transport
+	// delivers such a grant in a way that tells it whether anyone
+	// listened (natsapi delivery.go).
+	Queued bool
 }
 
 // Holder is the current holder of a key.
@@ -138,6 +146,11 @@ type leaderState struct {
 	reservedBy map[string]int
 	queues     map[string]*waitQueue
 	waiters    int
+	// waits are the acquires with a wait id in progress (queued or with
+	// their Grant in flight); recent the grants of such acquires that
+	// completed lately (withdraw.go).
+	waits  map[waitRef]*waiter
+	recent recentGrants
 }
 
 var _ raftstore.Observer = (*Service)(nil)
@@ -185,6 +198,7 @@ func New(cfg Config) *Service {
 			reserved:   make(map[string]reservation),
 			reservedBy: make(map[string]int),
 			queues:     make(map[string]*waitQueue),
+			waits:      make(map[waitRef]*waiter),
 		},
 	}
 }
@@ -252,6 +266,11 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		s.lead.mu.Unlock()
 		return Grant{}, s.notLeader()
 	}
+	ref := waitRef{key: p.Key, identity: identity, waitID: p.WaitID}
+	if p.WaitID != "" && s.lead.waits[ref] != nil {
+		s.lead.mu.Unlock()
+		return Grant{}, &core.Error{Code: core.CodeInvalidArgument, Detail: fmt.Sprintf("wait_id %q is already in use for %q", p.WaitID, p.Key)}
+	}
 	if !s.busy(p.Key) {
 		if err := s.admitGrant(identity); err != nil {
 			s.lead.mu.Unlock()
@@ -259,8 +278,10 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		}
 		epoch := s.lead.epoch
 		s.reserve(p.Key, epoch, identity)
+		w := s.trackWait(ref, &waiter{handedOff: true, epoch: epoch, identity: identity})
 		s.lead.mu.Unlock()
-		return s.grant(p, cmd, deadline, epoch)
+		g, err := s.grant(p, cmd, deadline, epoch)
+		return s.endWait(w, g, err)
 	}
 	if p.Wait <= 0 {
 		s.lead.mu.Unlock()
@@ -270,14 +291,20 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		s.lead.mu.Unlock()
 		return Grant{}, err
 	}
-	w := s.enqueue(p.Key, identity)
+	w := s.trackWait(ref, s.enqueue(p.Key, identity))
 	s.lead.mu.Unlock()
 	if err := s.await(ctx, p, w, deadline); err != nil {
-		return Grant{}, err
+		return s.endWait(w, Grant{}, err)
 	}
 	// The key is reserved for us now, in the epoch that handed it over
-	// (written before the turn was sent).
-	return s.grant(p, cmd, deadline, w.epoch)
+	// (written before the turn was sent), unless the wait was withdrawn
+	// meanwhile.
+	if err := s.unlessWithdrawn(w); err != nil {
+		return s.endWait(w, Grant{}, err)
+	}
+	g, err := s.grant(p, cmd, deadline, w.epoch)
+	g.Queued = err == nil
+	return s.endWait(w, g, err)
 }
 
 // checkPolicy asks the Grant policy; a failing policy denies (fail closed).

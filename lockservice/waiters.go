@@ -22,6 +22,16 @@ type waiter struct {
 	refused  error
 	identity string // who its Grant counts against
 	elem     *list.Element
+	// ref names the wait when its request carried a wait id (withdraw.go);
+	// withdrawn is set by Withdraw, gone closed when it took the waiter
+	// out of its queue, done when its acquire finished; token is the
+	// grant a withdrawal overtook, released when its release applied.
+	ref       waitRef
+	withdrawn bool
+	gone      chan struct{}
+	done      chan struct{}
+	token     uint64
+	released  bool
 }
 
 // waitQueue is the FIFO of waiters for one key.
@@ -52,7 +62,7 @@ func (q *waitQueue) len() int { return q.l.Len() }
 // enqueue adds a waiter for identity at the back of key's queue (the
 // caller checked admitWaiter). s.lead.mu held.
 func (s *Service) enqueue(key, identity string) *waiter {
-	w := &waiter{turn: make(chan struct{}, 1), lost: make(chan struct{}), identity: identity}
+	w := &waiter{turn: make(chan struct{}, 1), lost: make(chan struct{}), gone: make(chan struct{}), identity: identity}
 	q := s.lead.queues[key]
 	if q == nil {
 		q = &waitQueue{}
@@ -79,6 +89,8 @@ func (s *Service) await(ctx context.Context, p AcquireParams, w *waiter, deadlin
 		return w.refused
 	case <-w.lost:
 		return s.notLeader()
+	case <-w.gone:
+		return fmt.Errorf("%w: the wait for %q was withdrawn", ErrTimeout, p.Key)
 	case <-timer.C:
 		cause = fmt.Errorf("%w: key %q still held after waiting %v", ErrTimeout, p.Key, p.Wait)
 	case <-ctx.Done():

@@ -50,3 +50,21 @@ func (s *Service) list(req *request) {
 	}
 	s.reply(req, out)
 }
+
+// withdraw takes the requester's own wait out of its key's queue, or
+// releases the grant that raced it (lockservice.Service.Withdraw).
+func (s *Service) withdraw(req *request) {
+	wr, err := protocol.DecodeWithdraw(req.data)
+	if err != nil {
+		s.replyErr(req, toProtocolError(err))
+		return
+	}
+	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
+	defer cancel()
+	w, err := s.cfg.Locks.Withdraw(ctx, wr.Key, wr.WaitID)
+	if err != nil {
+		s.replyErr(req, toProtocolError(err))
+		return
+	}
+	s.reply(req, protocol.WithdrawReply{Key: wr.Key, Withdrawn: w.Withdrawn, ReleasedToken: w.ReleasedToken})
+}

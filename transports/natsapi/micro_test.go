@@ -89,7 +89,17 @@ func TestMicroStatsCountWhatTheServiceDid(t *testing.T) {
 		t.Skip("three-node cluster skipped in -short mode")
 	}
 	c := testcluster.New(t, 3)
-	c.Leader(10 * time.Second)
+	lead := c.Leader(10 * time.Second)
+	// Renew needs the cluster version the new leader raises first.
+	// Every node knows the leader, so none answers "no leader known".
+	testkit.Eventually(t, 10*time.Second, "cluster version raised, leader known", func() bool {
+		for _, d := range c.Nodes() {
+			if d.Node().Leader() != uint64(lead+1) {
+				return false
+			}
+		}
+		return testcluster.Settled(c.Node(lead))
+	})
 	nc := testkit.Connect(t, c.ClientURL(0))
 
 	req := func(subj, body string) (*nats.Msg, string) {
@@ -125,6 +135,7 @@ func TestMicroStatsCountWhatTheServiceDid(t *testing.T) {
 	expect(get, `{"key":"b"}`, "")
 	expect(protocol.SubjectRenew, `{"key":"b","token":999999}`, "not_found")
 	expect(protocol.SubjectList, `{"prefix":"b"}`, "")
+	expect(protocol.SubjectWithdraw, `{"key":"b","wait_id":"w1"}`, "")
 	expect(protocol.SubjectStatus, `{}`, "")
 	expect(protocol.SubjectPrefix+".control.bootstrap", `{}`, "control_refused")
 	// A publish without a reply subject asks nothing; micro counts it as
@@ -134,7 +145,7 @@ func TestMicroStatsCountWhatTheServiceDid(t *testing.T) {
 	}
 
 	want := map[string][2]int{ // requests, errors
-		"acquire": {6, 4}, "release": {2, 1}, "get": {1, 0}, "renew": {1, 1}, "list": {1, 0}, "status": {1, 0}, "control_refused": {1, 1},
+		"acquire": {6, 4}, "release": {2, 1}, "get": {1, 0}, "renew": {1, 1}, "list": {1, 0}, "withdraw": {1, 0}, "status": {1, 0}, "control_refused": {1, 1},
 	} // node_status also serves the leader's version probes
 	var got map[string]*micro.EndpointStats
 	// A reply reaches the client just before its figures are recorded.

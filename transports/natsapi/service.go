@@ -57,6 +57,8 @@ type Service struct {
 	log *slog.Logger
 	svc *microService
 	fwd *nats.Subscription
+	// delivery publishes grants to requesters that waited (delivery.go).
+	delivery *deliveryWatch
 	// acqSem bounds acquires (which may wait in a queue); sem bounds the
 	// rest, so waiting acquires can never starve the releases that would
 	// free their keys.
@@ -83,6 +85,8 @@ type request struct {
 	// release (HeaderLostReply, forward subject only).
 	identity      string
 	nodeAuthority bool
+	// forwarded: a follower sent it on the forward subject.
+	forwarded bool
 	// received is when the request arrived on the real clock, for context
 	// deadlines; receivedLease is the same moment on the lock service's lease
 	// clock (Config.Now), which may be skewed or jumped in tests.
@@ -90,7 +94,12 @@ type request struct {
 	receivedLease time.Time
 	ok            func(body []byte) error
 	fail          func(e *protocol.Error) error
-	relay         func(body []byte, hdr nats.Header) error
+	// okWatched is ok with a delivery watch: onLost runs if NATS reports
+	// that nobody received the reply (delivery.go).
+	okWatched func(body []byte, hdr nats.Header, onLost func()) error
+	// relay copies the leader's reply; onLost, if set, is a delivery
+	// watch as for okWatched.
+	relay func(body []byte, hdr nats.Header, onLost func()) error
 }
 
 // answered records, once, that req's reply went out (or could not): the
@@ -130,7 +139,7 @@ func Start(cfg Config) (*Service, error) {
 		cancel()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "release", "get", "renew", "list"} {
+	for _, op := range []string{"acquire", "release", "get", "renew", "list", "withdraw"} {
 		if err := s.svc.addEndpoint(op, protocol.SubjectPrefix+".lock."+op, protocol.QueueGroup, s.microHandler(op)); err != nil {
 			return fail(err)
 		}
@@ -150,6 +159,11 @@ func Start(cfg Config) (*Service, error) {
 	if err := s.svc.startVerbs(); err != nil {
 		return fail(err)
 	}
+	d, err := newDeliveryWatch(cfg.Conn, s.log, s.background)
+	if err != nil {
+		return fail(err)
+	}
+	s.delivery = d
 	fwd, err := cfg.Conn.Subscribe(protocol.ForwardSubject(id, "*"), s.forwardHandler)
 	if err != nil {
 		return fail(fmt.Errorf("natsapi: subscribe forward subject: %w", err))
@@ -165,6 +179,7 @@ func (s *Service) Stop() error {
 	if uerr := s.fwd.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) {
 		err = errors.Join(err, uerr)
 	}
+	err = errors.Join(err, s.delivery.stop())
 	s.mu.Lock()
 	s.stopped = true
 	s.mu.Unlock()
@@ -193,6 +208,7 @@ func (s *Service) forwardHandler(m *nats.Msg) {
 	req := s.newRequest(nil, op, m.Data, m.Reply, m.Header)
 	req.identity = m.Header.Get(HeaderIdentity)
 	req.nodeAuthority = op == "release" && m.Header.Get(HeaderLostReply) != ""
+	req.forwarded = true
 	s.dispatch(req, true)
 }
 
@@ -209,8 +225,12 @@ func (req *request) context(parent context.Context) context.Context {
 // newRequest wraps one received message. Its reply functions publish to
 // the reply subject and record the answer on ep (nil: forwarded).
 func (s *Service) newRequest(ep *endpoint, op string, data []byte, reply string, hdr nats.Header) *request {
-	publish := func(body []byte, h nats.Header) error {
-		return s.cfg.Conn.PublishMsg(&nats.Msg{Subject: reply, Data: body, Header: h})
+	publish := func(body []byte, h nats.Header, onLost func()) error {
+		m := &nats.Msg{Subject: reply, Data: body, Header: h}
+		if onLost != nil {
+			return s.delivery.publish(m, onLost)
+		}
+		return s.cfg.Conn.PublishMsg(m)
 	}
 	req := &request{
 		op:            op,
@@ -221,7 +241,12 @@ func (s *Service) newRequest(ep *endpoint, op string, data []byte, reply string,
 		receivedLease: s.cfg.Now(),
 	}
 	req.ok = func(body []byte) error {
-		err := publish(body, nil)
+		err := publish(body, nil, nil)
+		s.answered(ep, req, err, "")
+		return err
+	}
+	req.okWatched = func(body []byte, h nats.Header, onLost func()) error {
+		err := publish(body, h, onLost)
 		s.answered(ep, req, err, "")
 		return err
 	}
@@ -229,12 +254,12 @@ func (s *Service) newRequest(ep *endpoint, op string, data []byte, reply string,
 		h := nats.Header{}
 		h.Set(micro.ErrorHeader, oneLine(e.Message))
 		h.Set(micro.ErrorCodeHeader, string(e.Code))
-		err := publish(errorBody(e), h)
+		err := publish(errorBody(e), h, nil)
 		s.answered(ep, req, err, serviceErrorText(string(e.Code), oneLine(e.Message)))
 		return err
 	}
-	req.relay = func(body []byte, h nats.Header) error {
-		err := publish(body, h)
+	req.relay = func(body []byte, h nats.Header, onLost func()) error {
+		err := publish(body, h, onLost)
 		errText := ""
 		if code := h.Get(micro.ErrorCodeHeader); code != "" {
 			errText = serviceErrorText(code, h.Get(micro.ErrorHeader))
@@ -307,6 +332,8 @@ func (s *Service) handle(req *request, forwarded bool) {
 		s.renew(req)
 	case "list":
 		s.list(req)
+	case "withdraw":
+		s.withdraw(req)
 	default:
 		s.replyErr(req, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", req.op))
 	}
@@ -347,12 +374,33 @@ func (s *Service) forward(req *request) {
 		s.replyErr(req, protocol.Errorf(protocol.CodeIndeterminate, "leader %d did not answer in time: %v", leader, err))
 		return
 	}
-	if err := req.relay(m.Data, m.Header); err != nil {
+	var onLost func()
+	if req.op == "acquire" && m.Header.Get(HeaderQueued) != "" {
+		// The requester waited: it may be gone (delivery.go).
+		m.Header.Del(HeaderQueued)
+		onLost = func() { s.releaseUndelivered(leader, req.identity, m.Data) }
+	}
+	if err := req.relay(m.Data, m.Header, onLost); err != nil {
 		s.log.Debug("relayed reply not written", "op", req.op, "err", err)
 		if req.op == "acquire" {
 			s.releaseUndelivered(leader, req.identity, m.Data)
 		}
 	}
+}
+
+// background runs f on its own goroutine until Stop (which waits for it);
+// after Stop it does nothing.
+func (s *Service) background(f func()) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.stopped {
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		f()
+	}()
 }
 
 // releaseUndelivered asks the leader to release a grant whose reply this
@@ -384,13 +432,30 @@ func (s *Service) acquire(req *request) {
 	ctx, cancel := context.WithDeadline(req.context(s.ctx), req.received.Add(timeout))
 	defer cancel()
 	g, err := s.cfg.Locks.Acquire(ctx, lockservice.AcquireParams{
-		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout,
+		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout, WaitID: ar.WaitID,
 	})
 	if err != nil {
 		s.replyErr(req, toProtocolError(err))
 		return
 	}
 	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index})
+	if g.Queued {
+		// Its requester waited and may have left: learn it for certain
+		// and release at once (delivery.go). Immediate grants skip this.
+		var h nats.Header
+		if req.forwarded {
+			h = nats.Header{HeaderQueued: []string{"1"}}
+		}
+		onLost := func() {
+			s.log.Info("the requester of a queued grant is gone; releasing", "key", g.Key, "token", g.Token)
+			s.cfg.Locks.ReleaseUndelivered(g.Key, g.Token)
+		}
+		if err := req.okWatched(body, h, onLost); err != nil {
+			s.log.Warn("acquire reply could not be written; releasing", "key", g.Key, "token", g.Token, "err", err)
+			s.cfg.Locks.ReleaseUndelivered(g.Key, g.Token)
+		}
+		return
+	}
 	if err := req.ok(body); err != nil {
 		// The reply never left this node: nobody can hold this token.
 		s.log.Warn("acquire reply could not be written; releasing", "key", g.Key, "token", g.Token, "err", err)
