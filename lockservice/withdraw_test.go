@@ -109,7 +109,7 @@ func TestRecentGrantsBounded(t *testing.T) {
 	var r recentGrants
 	t0 := time.Unix(1000, 0)
 	for i := 0; i < MaxRecentGrants+10; i++ {
-		r.add(waitRef{key: "k", waitID: string(rune('a' + i%26)) + string(rune(i))}, uint64(i+1), t0)
+		r.add(waitRef{key: "k", waitID: string(rune('a'+i%26)) + string(rune(i))}, uint64(i+1), t0)
 	}
 	if len(r.byRef) > MaxRecentGrants || len(r.order) > MaxRecentGrants {
 		t.Fatalf("%d/%d entries, bound %d", len(r.byRef), len(r.order), MaxRecentGrants)
