@@ -44,14 +44,12 @@ func (c *Client) Watch(ctx context.Context, key string) (<-chan WatchEvent, erro
 	if err := core.ValidateKey(key); err != nil {
 		return nil, &Error{Code: protocol.CodeInvalidArgument, Message: detail(err), Op: "watch", Key: key}
 	}
+	// NATS drops what does not fit in msgs (a slow consumer), which
+	// bounds the memory a watch holds.
 	msgs := make(chan *nats.Msg, WatchBuffer)
 	sub, err := c.nc.ChanSubscribe(protocol.WatchSubject(key), msgs)
 	if err != nil {
 		return nil, &Error{Code: protocol.CodeUnavailable, Message: "cannot subscribe", Op: "watch", Key: key, Err: err}
-	}
-	if err := sub.SetPendingLimits(WatchBuffer, WatchBuffer*maxEventSize); err != nil {
-		_ = sub.Unsubscribe()
-		return nil, &Error{Code: protocol.CodeInternal, Message: "cannot bound the subscription", Op: "watch", Key: key, Err: err}
 	}
 	// Once the server has the subscription, every event published after
 	// Watch returns reaches it.
