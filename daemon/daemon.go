@@ -72,6 +72,9 @@ type Daemon struct {
 	ns    *natsserver.Server
 	nc    *nats.Conn
 	api   *natsapi.Service
+	// watch publishes every applied lock change on its key's watch
+	// subject (natsapi/watch.go).
+	watch *natsapi.WatchPublisher
 	http  *http.Server
 	reg   *prometheus.Registry
 
@@ -255,7 +258,9 @@ func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raft
 		// waits behind the lock service.
 		observers = append(observers, raftstore.ObserverFuncs{Applied: d.audit.Offer})
 	}
-	observers = append(observers, d.locks)
+	// So does the watch publisher; it starts publishing once NATS is up.
+	d.watch = natsapi.NewWatchPublisher(natsapi.WatchConfig{Node: d.cfg.ID, Logger: d.log.With("component", "watch"), Registerer: d.reg})
+	observers = append(observers, d.watch.Observer(), d.locks)
 	var err error
 	d.node, err = raftstore.NewNode(raftstore.Config{
 		ID:              d.cfg.ID,
@@ -363,6 +368,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	if d.audit != nil {
 		d.audit.Start(d.nc)
 	}
+	d.watch.Start(d.nc)
 	var err error
 	d.api, err = natsapi.Start(natsapi.Config{
 		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins, Disk: d.store.Disk(),
@@ -690,6 +696,9 @@ func (d *Daemon) Close() {
 		}
 		if d.audit != nil {
 			d.audit.Close()
+		}
+		if d.watch != nil {
+			d.watch.Stop()
 		}
 		if d.plugins != nil {
 			_ = d.plugins.Close(context.Background())

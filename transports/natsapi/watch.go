@@ -1,0 +1,156 @@
+package natsapi
+
+import (
+	"encoding/json"
+	"log/slog"
+	"sync"
+
+	"github.com/nats-io/nats.go"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/raftstore"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// Watch events (docs/protocol.md, watch): every node publishes a
+// protocol.WatchEvent on protocol.WatchSubject(key) for each Grant,
+// Release, Expire that removed a lock, and Renew it applies, after the
+// apply, with the entry's index and the lock's token. A watcher therefore
+// sees each event up to once per node and drops repeats by index.
+//
+// The raft loop never waits for NATS: the observer only offers each event
+// to a bounded buffer, and one goroutine publishes them. When the buffer
+// is full (NATS slower than the apply rate, or disconnected) events are
+// dropped and counted in ticketd_watch_events_dropped_total; watchers
+// detect the gap by index and read the key again with get.
+
+// WatchBufferDefault bounds the events waiting to be published.
+const WatchBufferDefault = 8192
+
+// WatchConfig configures a WatchPublisher.
+type WatchConfig struct {
+	// Node is this node's raft id, carried in every event.
+	Node   uint64
+	Logger *slog.Logger
+	// Registerer, if set, receives the publisher's counters.
+	Registerer prometheus.Registerer
+	// Buffer bounds the events waiting to be published
+	// (WatchBufferDefault).
+	Buffer int
+}
+
+// WatchPublisher publishes the watch events of one node.
+type WatchPublisher struct {
+	node      uint64
+	log       *slog.Logger
+	events    chan protocol.WatchEvent
+	published prometheus.Counter
+	dropped   prometheus.Counter
+
+	startOnce, stopOnce sync.Once
+	stop                chan struct{}
+	done                chan struct{}
+}
+
+// NewWatchPublisher creates a publisher; register Observer on the raft
+// node, then Start it once NATS is connected. Events applied before Start
+// wait in the buffer.
+func NewWatchPublisher(cfg WatchConfig) *WatchPublisher {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Buffer <= 0 {
+		cfg.Buffer = WatchBufferDefault
+	}
+	w := &WatchPublisher{
+		node:      cfg.Node,
+		log:       cfg.Logger,
+		events:    make(chan protocol.WatchEvent, cfg.Buffer),
+		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_watch_events_published_total", Help: "Watch events this node published."}),
+		dropped:   prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_watch_events_dropped_total", Help: "Watch events dropped because the publish buffer was full or the publish failed."}),
+		stop:      make(chan struct{}),
+		done:      make(chan struct{}),
+	}
+	if cfg.Registerer != nil {
+		cfg.Registerer.MustRegister(w.published, w.dropped)
+	}
+	return w
+}
+
+// Observer is the raft observer that feeds the publisher.
+func (w *WatchPublisher) Observer() raftstore.Observer {
+	return raftstore.ObserverFuncs{Applied: w.offer}
+}
+
+// offer queues a's event, if it has one, without blocking (called
+// serially, from the raft loop).
+func (w *WatchPublisher) offer(a raftstore.Applied) {
+	ev, ok := watchEvent(a)
+	if !ok {
+		return
+	}
+	ev.Node = w.node
+	select {
+	case w.events <- ev:
+	default:
+		w.dropped.Inc()
+	}
+}
+
+// watchEvent is the event of an applied command; ok is false for a
+// command that changed no lock.
+func watchEvent(a raftstore.Applied) (protocol.WatchEvent, bool) {
+	c := a.Command
+	ev := protocol.WatchEvent{Key: c.Key, Index: a.Index, Token: c.Token}
+	switch a.Result.Kind {
+	case core.ResultGranted:
+		ev.Type, ev.Token, ev.Owner, ev.LeaseMS = protocol.EventGrant, a.Result.Token, c.Owner, int64(a.LeaseMS)
+	case core.ResultRenewed:
+		ev.Type, ev.LeaseMS = protocol.EventRenew, int64(a.LeaseMS)
+	case core.ResultReleased:
+		ev.Type = protocol.EventRelease
+	case core.ResultExpired:
+		if !a.Result.Existed {
+			return ev, false
+		}
+		ev.Type = protocol.EventExpire
+	default:
+		return ev, false
+	}
+	return ev, true
+}
+
+// Start publishes the queued events on nc until Stop.
+func (w *WatchPublisher) Start(nc *nats.Conn) {
+	w.startOnce.Do(func() { go w.run(nc) })
+}
+
+func (w *WatchPublisher) run(nc *nats.Conn) {
+	defer close(w.done)
+	for {
+		select {
+		case <-w.stop:
+			return
+		case ev := <-w.events:
+			body, _ := json.Marshal(ev)
+			if err := nc.Publish(protocol.WatchSubject(ev.Key), body); err != nil {
+				w.dropped.Inc()
+				w.log.Debug("watch event not published", "key", ev.Key, "index", ev.Index, "err", err)
+				continue
+			}
+			w.published.Inc()
+		}
+	}
+}
+
+// Stop ends publishing (events still queued are dropped) and waits for
+// the publisher if it was started.
+func (w *WatchPublisher) Stop() {
+	w.stopOnce.Do(func() { close(w.stop) })
+	started := true
+	w.startOnce.Do(func() { started = false })
+	if started {
+		<-w.done
+	}
+}
