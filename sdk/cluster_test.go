@@ -213,3 +213,75 @@ func TestListAllPages(t *testing.T) {
 		t.Fatalf("limit 1001: %v", err)
 	}
 }
+
+// TestCancelledWaitTakesNothing: B waits behind A and gives up (its
+// context is cancelled); the SDK withdraws B's wait, so the error is
+// definite (not indeterminate), and when A releases, C, waiting behind B,
+// is granted at once rather than after B's lease.
+func TestCancelledWaitTakesNothing(t *testing.T) {
+	c, lead := cluster(t, 3)
+	clA := client(t, c, lead)
+	clB := client(t, c, c.Follower(lead))
+	clC := client(t, c, c.Follower(lead))
+	ctx := t.Context()
+	a, err := clA.Acquire(ctx, "queue", sdk.WithLease(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	bctx, cancelB := context.WithCancel(ctx)
+	bDone := make(chan error, 1)
+	go func() {
+		_, err := clB.Acquire(bctx, "queue", sdk.WithLease(time.Minute), sdk.WithWait(time.Minute))
+		bDone <- err
+	}()
+	type result struct {
+		l   *sdk.Lock
+		err error
+		at  time.Time
+	}
+	cDone := make(chan result, 1)
+	// C queues behind B: wait until B's request is surely in the queue.
+	testkit.Eventually(t, 5*time.Second, "B queued", func() bool {
+		return waiters(t, c, lead) >= 1
+	})
+	go func() {
+		l, err := clC.Acquire(ctx, "queue", sdk.WithLease(time.Minute), sdk.WithWait(time.Minute))
+		cDone <- result{l, err, time.Now()}
+	}()
+	testkit.Eventually(t, 5*time.Second, "C queued", func() bool {
+		return waiters(t, c, lead) >= 2
+	})
+	cancelB()
+	err = <-bDone
+	if !errors.Is(err, context.Canceled) || sdk.IsIndeterminate(err) {
+		t.Fatalf("B: %v, want a definite context.Canceled", err)
+	}
+	released := time.Now()
+	if err := a.Release(ctx); err != nil {
+		t.Fatal(err)
+	}
+	r := <-cDone
+	if r.err != nil {
+		t.Fatalf("C: %v", r.err)
+	}
+	took := r.at.Sub(released)
+	t.Logf("B withdrawn (%v); C granted token %d %v after A released", err, r.l.Token, took)
+	if took > time.Second {
+		t.Fatalf("C waited %v after A released, want under a second", took)
+	}
+}
+
+// waiters reads the ticketd_waiters gauge of node i (the leader's queues).
+func waiters(t *testing.T, c *testcluster.Cluster, i int) float64 {
+	t.Helper()
+	mfs, err := c.Node(i).Registry().Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "ticketd_waiters" && len(mf.Metric) > 0 {
+			return mf.Metric[0].GetGauge().GetValue()
+		}
+	}
+	return 0
+}

@@ -153,6 +153,9 @@ func (w *waiter) abandon(ctx context.Context, sub *nats.Subscription) (*nats.Msg
 	switch {
 	case late != nil && isNoResponders(late):
 		return nil, gaveUp("no node had received the request")
+	case late != nil && definiteFailure(late):
+		// Typically the server's answer to the withdrawn wait.
+		return nil, gaveUp("the server answered that nothing was granted")
 	case late != nil:
 		return late, nil
 	case freed:
@@ -165,6 +168,13 @@ func (w *waiter) abandon(ctx context.Context, sub *nats.Subscription) (*nats.Msg
 		return nil, fmt.Errorf("%w (withdraw failed: %v)", why, werr)
 	}
 	return nil, fmt.Errorf("%w (the wait was not found to withdraw; a grant may still be on its way)", why)
+}
+
+// definiteFailure reports whether m is an error reply that says the
+// request changed nothing.
+func definiteFailure(m *nats.Msg) bool {
+	perr, bad := parseReply(m)
+	return bad == nil && perr != nil && perr.Code != protocol.CodeIndeterminate && perr.Code != protocol.CodeInternal
 }
 
 // grantToken is the token of a grant reply, or 0 if m is not one.
