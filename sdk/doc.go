@@ -4,15 +4,50 @@
 //
 // The client side of the NATS request-reply protocol of package
 // transports/protocol (described for every language in docs/protocol.md):
-// Acquire (try once, or wait in the key's FIFO queue), Release, Get (the
-// current holder) and Status, typed errors with the protocol's stable
-// codes, and the retry rules below. It holds no lock state of its own and
-// never renews a lease behind the caller's back.
+// Acquire (try once, or wait in the key's FIFO queue), Release, Renew,
+// Get (the current holder), List, Watch and Status, typed errors with the
+// protocol's stable codes, and the retry rules below; on top of them the
+// lock lifecycle (keepalive.go: KeepAlive, WithAutoRenew, Lost, Context)
+// and leader election (election.go). It renews a lease only when asked
+// to (Renew, KeepAlive, WithAutoRenew), and holds no lock state beyond
+// each Lock's own deadline.
 //
 //	c, err := sdk.Connect("nats://127.0.0.1:4222")
 //	lock, err := c.Acquire(ctx, "orders/42", sdk.WithLease(10*time.Second), sdk.WithOwner("worker-1"))
 //	// ... use lock.Token as the fencing token, stop before lock.Deadline() ...
 //	err = lock.Release(ctx)
+//
+// # Keeping a lock as long as the work
+//
+//	lock, err := c.Acquire(ctx, "jobs/nightly", sdk.WithLease(10*time.Second), sdk.WithAutoRenew())
+//	defer lock.Release(context.WithoutCancel(ctx))
+//	err = job(lock.Context(), lock.Token) // stops when the lock is lost
+//
+// KeepAlive (or WithAutoRenew) renews every (lease - margin)/3. Each
+// confirmed renewal moves Deadline to its send time plus the lease in the
+// reply; a failed or indeterminate one moves nothing. Failures that leave
+// the lock in place are retried; when a renewal is refused (not_found:
+// the lock is gone) or none got through by Deadline minus the safety
+// margin (WithSafetyMargin; default a tenth of the lease within
+// [20ms, 1s]), Lost is closed and Context cancelled, always before
+// Deadline. A lost lock stays lost. Release stops the keepalive.
+//
+// # Waiting and giving up
+//
+// An Acquire with WithWait names its wait (wait_id). If the caller's
+// context ends, or no reply comes in time, the SDK withdraws the wait
+// (within its own 2 s), and releases, with its exact token, a grant that
+// raced the withdrawal. When that settles the outcome, the error is the
+// context's with no code: nothing is held, and the next waiter is not
+// kept waiting for a lease.
+//
+// # Listing, watching, electing
+//
+// List and ListAll page through the held locks under a prefix. Watch
+// delivers a key's grant, release, expire and renew events, without
+// repeats; it may miss events (see Watch), so read with Get when it
+// matters. NewElection / Campaign / Resign / Leader / Observe run a
+// leader election on one key, the lock's token numbering the terms.
 //
 // # Connecting securely
 //
@@ -101,7 +136,9 @@
 // monotonic clock. The server's lease cannot have started before that
 // send, so until Deadline the lock is still yours (only a committed Expire
 // or Release removes a lock, and the leader never expires a lock before
-// its lease has passed on its own clock). After Deadline the holder must
+// its lease has passed on its own clock). A confirmed renewal moves
+// Deadline the same way: its send time plus the lease it returned.
+// After Deadline the holder must
 // assume it has lost the lock: stop writing to the protected resource.
 // Check Lock.Valid or Lock.Remaining before each protected step, and
 // always pass Lock.Token to the resource, which must reject any token

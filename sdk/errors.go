@@ -10,7 +10,7 @@ import (
 
 // Error is every error the SDK returns about a request. Code is the
 // stable protocol code (from the server's reply, or chosen by the SDK when
-// no usable reply arrived); Op is "acquire", "release", "get" or "status";
+// no usable reply arrived); Op is "acquire", "release", "renew", "withdraw", "get", "list", "watch", "campaign" or "status";
 // Key is the lock key when there is one; Err is the underlying cause (a
 // NATS or context error), if any, and is reachable through errors.Is and
 // errors.As.
