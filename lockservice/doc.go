@@ -19,6 +19,18 @@
 //     requester's deadline, or whose reply cannot be delivered, is released
 //     with its exact token. An outcome the leader cannot know is reported
 //     as ErrIndeterminate; it never guesses a token or re-acquires.
+//   - Renewal (renew.go): Renew proposes the replicated Renew command and
+//     re-arms the lock's timer at apply time + the resulting lease; a Renew
+//     and an Expire of one lock are never in flight together, which is
+//     what makes an acknowledged renewal safe (the argument is in renew.go
+//     and docs/protocol.md).
+//   - Listing (list.go): a linearizable page of held locks under a prefix,
+//     read from the store's sorted rows after ReadIndex.
+//   - Withdrawal (withdraw.go): waits named by (key, identity, wait id)
+//     can be taken out of their queue, and a grant that raced the
+//     withdrawal is released with its exact token (a small bounded memory
+//     of recent grants). Grant.Queued tells the transport which grants went
+//     to requesters that waited, so it can check their delivery.
 //   - Grant policy: an optional plugins.Policy is asked before a Grant is
 //     proposed; a denied request never enters the log.
 //   - Access control (acl.go): an optional access list (identity → key

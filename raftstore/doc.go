@@ -13,7 +13,9 @@
 //     row codecs, snapfile.go the snapshot data files (format 2: outside
 //     Pebble, written and renamed like etcd's .snap files). seed.go creates
 //     a store that starts from a snapshot (a node restored from a backup),
-//     through the same Write a received snapshot takes.
+//     through the same Write a received snapshot takes. scan.go reads a
+//     page of lock rows in key order (the list operation) from the store's
+//     durable view, without the state machine's lock.
 //   - Disk (disk.go): the DiskGuard's low-space alarm (metric, status, one
 //     log line; the lock service refuses Grants while it is on), the
 //     ballast released through Pebble's OnDiskFull when a write still

@@ -43,6 +43,16 @@
 // the node's NATS connection with nats.ReconnectBufSize(-1) so a reply
 // during a disconnect fails at once instead of sitting in a buffer.
 //
+// # Lifecycle endpoints and events
+//
+// lifecycle.go serves renew, list and withdraw (forwarded like release and
+// get). delivery.go publishes a grant to a requester that waited with a
+// reply subject on one per-node inbox, so that NATS's "no responders"
+// answer tells the node for certain that the requester is gone; it then
+// releases that grant with its exact token (on a follower: asks the
+// leader to). watch.go publishes every applied lock change on its key's
+// watch subject from a bounded buffer the raft loop never waits for.
+//
 // # Identity
 //
 // identity.go reads who is asking from the Nats-Request-Info header that
