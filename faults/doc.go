@@ -109,8 +109,22 @@
 // time: a get (25%), or a cycle of acquire (try-only or waiting up to 1s,
 // lease 300ms to 2s) and, if granted, writes to the fenced resource while
 // the lock is valid, sometimes a get, then a release (retried once if
-// indeterminate), or holding past the lease and letting it expire. Every
-// operation has a context deadline (its wait plus 1.5s). A run is a
+// indeterminate), or holding past the lease and letting it expire. A
+// third of the granted cycles renew instead: they hold the lock for 1.5
+// to 3 of its leases (never past the round's end), renew every third of
+// the lease (three times in four Lock.Renew, keeping the lock's lease and
+// moving Lock.Deadline on a confirmed renewal; once in four
+// Client.Renew asking for 1.25 to 2 times the granted lease, which does
+// not move Lock.Deadline until the next Lock.Renew brings the longer
+// lease back), write to the fenced resource between renewals only while
+// Lock.Valid(), keep renewing after that deadline passed (a confirmed
+// renewal then shows the lock was still held, and writes resume), stop
+// renewing once a renewal is refused (not_found), and then release, or
+// once in five let the lease run out. Each renewal is recorded (call,
+// return, token, requested lease, outcome, and on ok the deadline it
+// promised the holder: the Lock.Deadline it moved to, or the
+// Renewal.Deadline of a Client.Renew). Every operation has a context
+// deadline (its wait plus 1.5s). A run is a
 // number of rounds; after each round every fault is healed, a get of every
 // key is recorded at once, the keys are drained (polled until free), and
 // the replicas must converge to the same applied index and lock-table
@@ -121,19 +135,37 @@
 //
 // # Checkers
 //
-// Outcomes: success, held, timeout and not_found are definite answers; a
-// retryable code after the SDK gave up (or nothing sent) is "fail" and
-// certainly changed nothing (left out of the model); indeterminate,
-// internal, unknown codes and codes an operation does not document (a
-// release answered "timeout") are unknown: the operation may take effect
-// at any time after its call (porcupine: return time infinity). A failed
-// get is left out.
+// Outcomes: success, held, timeout and not_found (of a release or a
+// renew) are definite answers; a retryable code after the SDK gave up (or
+// nothing sent) is "fail" and certainly changed nothing (left out of the
+// model); indeterminate, internal, unknown codes and codes an operation
+// does not document (a release or renew answered "timeout") are unknown:
+// the operation may take effect at any time after its call (porcupine:
+// return time infinity). A failed get is left out. A waiting acquire
+// abandoned by its context ends without a code after the SDK withdrew it
+// and released any grant that raced the withdrawal; it is modelled as a
+// timeout (a grant may have existed meanwhile), code gave_up.
+//
+// Renewals: a confirmed renewal promises the holder the lock until its
+// new deadline (the renew request's send time plus the lease in the
+// reply; the server re-arms the lease no earlier), less every forward
+// clock jump since the renew call. The grant's promise stands beside it,
+// and every checker below that bounds a lease uses the later of the two.
+// An unknown renewal promises nothing: it may or may not have lengthened
+// the lease (a longer-lived lock is always allowed), no checker counts on
+// it, and the SDK does not move the holder's deadline for it, so the
+// resource writes stay within what was confirmed. A renewal never makes a
+// released or expired lock held again (core refuses a Renew of a missing
+// or different token).
 //
 // Linearizability (porcupine, per key): a nondeterministic lock model whose
 // state is free, held by a known token with the holder's lease window, or
 // held by a "phantom" grant nobody received. acquire ok needs a free key;
 // held needs a held key (but see reservations below); release ok(T) needs T held; release not_found
-// needs T not held; get shows exactly the holder. An unknown acquire may
+// needs T not held; get shows exactly the holder; renew ok(T) needs T
+// held (by a known grant) and records its promise; renew not_found needs
+// T not held; unknown renewals are left out of the porcupine history (in
+// the model they change nothing, so they would only cost search). An unknown acquire may
 // leave a phantom; so may an acquire answered "timeout", because the
 // server answers timeout for a grant applied after the requester's
 // deadline, which it then releases itself. A phantom may vanish at any time
@@ -142,8 +174,9 @@
 // Expire at a time nobody observes, so expiry is a spontaneous transition:
 // a known lock may expire only if the operation being linearized can be
 // placed at or after its SDK deadline (send time of the successful
-// attempt + lease, Lock.Deadline) minus every forward clock jump since it
-// was sent; the expiry then constrains every later operation to that
+// attempt + lease, Lock.Deadline; or the promise of its last confirmed
+// renewal linearized before, if later) minus every forward clock jump
+// since it was sent; the expiry then constrains every later operation to that
 // time, so an indeterminate operation (which may linearize arbitrarily
 // late) cannot be used to expire a lease early.
 //
@@ -161,16 +194,31 @@
 // Tokens: tokens of granted acquires are unique per key; an acquire's
 // token is above every token observed (granted or shown by a get) by
 // operations that completed before it was invoked; a get never shows a
-// token older than one observed before it started.
+// token older than one observed before it started, and no renewal of such
+// an older token is confirmed.
 //
 // Acknowledged operations are not lost: after a release is acknowledged,
-// no get invoked later shows its token; a grant is visible to every get
-// invoked after its acknowledgement that completes before its lease can
-// have ended, unless a release of its token was invoked.
+// no get invoked later shows its token and no renewal invoked later is
+// confirmed; a grant is visible to every get invoked after its
+// acknowledgement that completes before its lease can have ended (by the
+// grant and the renewals confirmed before the get was invoked, less
+// forward jumps), unless a release of its token was invoked.
+//
+// Renewals on their own (renew-refused, renew-after-end; the
+// linearizability check covers both as well, but these cannot time out):
+// a renewal answered not_found while the lock cannot have ended (as
+// above, and no release of it invoked) is a lost lock; a renewal
+// confirmed after an operation that completed before it showed the lock
+// ended (a get invoked after the grant that saw the key free or held by
+// another token, a renewal of it refused) revived an ended lock.
 //
 // Mutual exclusion and the fenced resource: a holder may act from its
-// acquire's acknowledgement to Lock.Deadline (or its release call). Two
-// such windows of different tokens on one key must not overlap. The
+// acquire's acknowledgement to the latest deadline it was promised (its
+// grant's, or a confirmed renewal's; or its release call if earlier). Two
+// such windows of different tokens on one key must not overlap: the other
+// grant must come after every confirmed renewal's promise ended. (A
+// confirmed renewal counts whenever it was invoked: one applied after
+// another grant would have found the lock gone.) The
 // resource remembers the highest token that wrote to a key and rejects
 // lower ones; holders write only while valid, checked under the resource's
 // mutex. A rejected write of a valid holder means a higher token was
@@ -183,13 +231,24 @@
 // speed). So an early expiry, an overlap of validity windows, or a fenced
 // write is accepted when, and only when, the forward jumps between the
 // lock's send time and the observation add up to at least the time cut
-// from its lease; the overlap is then reported as excused, and fencing is
+// from its lease (from the grant's and from every confirmed renewal's,
+// each counting only the jumps after it: a renewal re-arms the lease on
+// the leader's clock, so earlier jumps do not shorten it); the overlap is
+// then reported as excused, and fencing is
 // what must still hold: tokens keep increasing (the token checker does not
 // excuse anything), so the newer holder's writes win and the stale
 // holder's are rejected (counted as fenced). Backward jumps lengthen
 // leases, which no checker minds (the drain waits for them).
 // TestCheckersCatchAnUnrecordedClockJump shows the checkers catch the
-// same overlap when the jump is not recorded.
+// same overlap when the jump is not recorded, and
+// TestCheckersCatchAnUnhonouredRenewal the same for a lock kept only by
+// its renewal (a grant of the key to another client before the renewed
+// deadline, with the jump unrecorded, is a violation; with the renew
+// operations taken out of the history it is not). TestModelRenewals
+// holds hand-made renewal histories: a grant before the renewed deadline
+// is caught, after it (or excused by a later forward jump) it is not,
+// jumps before the renewal excuse nothing, an unknown renewal extends
+// nothing, refusals and revivals are caught.
 //
 // Liveness is checked loosely: a leader within 30s of healing, every key
 // free within the longest lease plus all backward jumps plus 15s, replicas
@@ -226,7 +285,11 @@
 // or shrinking the cluster, aborted replacements, retiring), and wipes in
 // the process-level driver; clock jumps of real processes (there is
 // no clock hook in the binary, and the kernel's monotonic clock cannot be
-// stepped per process); disk faults (fsync loss, corruption, full disk);
-// NATS-level partitions between clients and nodes or between the embedded
-// NATS servers; plugins.
+// stepped per process); disk faults beyond the storage faults above
+// (silently lost fsyncs, corruption); NATS-level partitions between
+// clients and nodes or between the embedded NATS servers; plugins. Of
+// issue 12 only renewals are exercised: the SDK's KeepAlive, Lost and
+// Context, withdrawn waits, lock exec, list, watch and Election are not
+// (the workload calls Lock.Renew and Client.Renew itself, so the checker
+// sees every renewal).
 package faults

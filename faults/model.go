@@ -103,8 +103,10 @@ type lockState struct {
 //     leaves it held with the renewal's promise: it cannot end before the
 //     holder's new local deadline (renew send time + the lease in the
 //     reply) minus the forward jumps since the renew call; renew
-//     not_found needs the key not held by T. A renewal never makes a
-//     freed key held again. Unknown renewals are left out (see
+//     not_found needs the key not held by T, or held by T with a lease
+//     that can have ended (the leader refuses a renewal once the lease
+//     ran out on its clock, before its Expire applies; a new leader may
+//     even re-arm it). A renewal never makes a freed key held again. Unknown renewals are left out (see
 //     porcupineOps): each may have lengthened the lease or not, and a
 //     lease that lives longer is always allowed, so they constrain
 //     nothing.
@@ -219,7 +221,10 @@ func (m *lockModel) apply(p lockState, in lockInput, out lockOutput) []lockState
 				return []lockState{r}
 			}
 		case OutNotFound:
-			if !held {
+			// The leader also refuses a renewal of a lease that ran
+			// out on its clock before the Expire applied, so T may
+			// still be held if its lease can have ended.
+			if !held || m.endsNotBefore(p, in.Return) <= in.Return {
 				return []lockState{p}
 			}
 		}

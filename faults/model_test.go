@@ -337,6 +337,20 @@ func TestModelRenewals(t *testing.T) {
 		"renewal refused after the lease ran out": {
 			b: new(hb).acq(0, 0, 10, 1, 1000).ren(0, 1100, 1110, 1, 0, OutNotFound),
 		},
+		// The leader refuses a lease that ran out on its clock before its
+		// Expire applied; a new leader may re-arm it in full.
+		"renewal refused after the lease ran out, the lock still there": {
+			b: new(hb).acq(0, 0, 10, 1, 1000).ren(0, 1100, 1110, 1, 0, OutNotFound).get(1, 1150, 1160, 1).
+				ren(0, 1200, 1210, 1, 1000, OutOK).get(1, 2000, 2010, 1),
+		},
+		// Seen in the process driver: a leader paused (SIGSTOP) while a
+		// new leader granted token 15 and renewed it answered a renewal
+		// of 15 from its stale lease timers when it resumed.
+		"renewal refused while the lock was renewed and a get shows it": {
+			b: new(hb).acq(4, 9360, 9491, 15, 1589).ren(4, 10022, 10050, 15, 1590, OutOK).
+				get(2, 10540, 10913, 15).ren(4, 10581, 10892, 15, 0, OutNotFound),
+			want: "renew-refused,linearizability",
+		},
 		"renewal refused while the lock cannot have ended": {
 			b:    new(hb).acq(0, 0, 10, 1, 1000).ren(0, 500, 510, 1, 0, OutNotFound),
 			want: "renew-refused,linearizability",

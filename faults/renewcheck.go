@@ -79,13 +79,15 @@ func lastRenewal(ops []Op, a Op) []Op {
 // jumps; no release of it invoked) is a lost lock ("renew-refused"); a
 // renewal confirmed after an operation that completed before it showed
 // the lock ended (a get invoked after the grant showing the key free or
-// held by another token, or a renewal answered not_found) revived an ended
-// lock ("renew-after-end"). The linearizability check covers both too;
-// these name them directly and cannot time out.
+// held by another token) revived an ended lock ("renew-after-end"). A
+// refused renewal does not show that: the leader refuses a lease that ran
+// out on its clock before the Expire applies, and a new leader may re-arm
+// that lock in full. The linearizability check covers both too; these
+// name them directly and cannot time out.
 func checkRenewals(key string, ops []Op, jt jumpTimeline, slack int64) []Violation {
 	grants := map[uint64]Op{}
 	releaseCalled := map[uint64]int64{}
-	var ends []Op // operations showing some lock ended
+	var gets []Op
 	for _, o := range ops {
 		switch {
 		case o.Kind == OpAcquire && o.Result == OutOK:
@@ -94,8 +96,8 @@ func checkRenewals(key string, ops []Op, jt jumpTimeline, slack int64) []Violati
 			if c, ok := releaseCalled[o.Token]; !ok || o.Call < c {
 				releaseCalled[o.Token] = o.Call
 			}
-		case o.Kind == OpGet && o.Result == OutOK, o.Kind == OpRenew && o.Result == OutNotFound:
-			ends = append(ends, o)
+		case o.Kind == OpGet && o.Result == OutOK:
+			gets = append(gets, o)
 		}
 	}
 	renews := confirmedRenewals(ops)
@@ -118,7 +120,7 @@ func checkRenewals(key string, ops []Op, jt jumpTimeline, slack int64) []Violati
 					Ops: append(append([]Op{a}, lastRenewalBefore(renews[r.Token], r.Call)...), r)})
 			}
 		case OutOK:
-			if e, ok := endedBefore(a, r, ends); ok {
+			if e, ok := endedBefore(a, r, gets); ok {
 				vs = append(vs, Violation{Checker: "renew-after-end", Key: key,
 					Message: fmt.Sprintf("a renewal of token %d was confirmed after an operation had shown the lock ended", r.Token),
 					Ops:     []Op{a, e, r}})
@@ -128,24 +130,13 @@ func checkRenewals(key string, ops []Op, jt jumpTimeline, slack int64) []Violati
 	return vs
 }
 
-// endedBefore finds an operation that completed before renewal r of a's
-// lock was invoked and showed that lock ended: a get invoked after the
-// grant was acknowledged that saw the key free or held by another token,
-// or a renewal of the same token answered not_found.
-func endedBefore(a, r Op, ends []Op) (Op, bool) {
-	for _, e := range ends {
-		if e.Return >= r.Call {
-			continue
-		}
-		switch e.Kind {
-		case OpGet:
-			if e.Call > a.Return && (!e.Held || e.Token != a.Token) {
-				return e, true
-			}
-		case OpRenew:
-			if e.Token == a.Token {
-				return e, true
-			}
+// endedBefore finds a get that completed before renewal r of a's lock was
+// invoked, was invoked after the grant was acknowledged, and saw the key
+// free or held by another token.
+func endedBefore(a, r Op, gets []Op) (Op, bool) {
+	for _, g := range gets {
+		if g.Return < r.Call && g.Call > a.Return && (!g.Held || g.Token != a.Token) {
+			return g, true
 		}
 	}
 	return Op{}, false
