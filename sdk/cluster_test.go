@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"strings"
 	"sync/atomic"
@@ -284,4 +285,106 @@ func waiters(t *testing.T, c *testcluster.Cluster, i int) float64 {
 		}
 	}
 	return 0
+}
+
+// TestWatchAndObserve: Watch delivers a key's grant, renew and release
+// once each (three nodes publish every event), in index order, and none
+// of another key; an Election's Observe follows the leader through a
+// resignation.
+func TestWatchAndObserve(t *testing.T) {
+	c, lead := cluster(t, 3)
+	cl := client(t, c, c.Follower(lead))
+	ctx, cancel := context.WithCancel(t.Context())
+	defer cancel()
+	for _, key := range []string{"watch/plain", "watch/with space"} { // a plain and a hashed subject
+		events, err := cl.Watch(ctx, key)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if _, err := cl.Acquire(ctx, key+"/other"); err != nil {
+			t.Fatal(err)
+		}
+		l, err := cl.Acquire(ctx, key, sdk.WithLease(time.Minute))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Renew(ctx); err != nil {
+			t.Fatal(err)
+		}
+		if err := l.Release(ctx); err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		var last uint64
+		for len(got) < 3 {
+			select {
+			case ev := <-events:
+				if ev.Key != key || ev.Token != l.Token || ev.Index <= last {
+					t.Fatalf("%q: event %+v after index %d", key, ev, last)
+				}
+				last = ev.Index
+				got = append(got, ev.Type)
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%q: events so far %v", key, got)
+			}
+		}
+		if fmt.Sprint(got) != "[grant renew release]" {
+			t.Fatalf("%q: events %v", key, got)
+		}
+	}
+
+	a, err := sdk.NewElection(cl, "elect", "a", time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := sdk.NewElection(client(t, c, lead), "elect", "b", time.Second)
+	leaders, err := b.Observe(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	next := func() sdk.Holder {
+		select {
+		case h := <-leaders:
+			return h
+		case <-time.After(10 * time.Second):
+			t.Fatal("no leader change observed")
+		}
+		return sdk.Holder{}
+	}
+	if h := next(); h.Held {
+		t.Fatalf("first observation %+v, want no leader", h)
+	}
+	if err := a.Campaign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if h := next(); !h.Held || h.Owner != "a" || h.Token != a.Token() {
+		t.Fatalf("observed %+v, want a with token %d", h, a.Token())
+	}
+	bDone := make(chan error, 1)
+	go func() { bDone <- b.Campaign(ctx) }()
+	if err := a.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	if err := <-bDone; err != nil {
+		t.Fatal(err)
+	}
+	if b.Token() <= a.Token() {
+		t.Fatalf("b's term %d not above a's %d", b.Token(), a.Token())
+	}
+	for h := next(); !h.Held || h.Owner != "b"; h = next() {
+		if h.Held && h.Owner != "a" {
+			t.Fatalf("observed %+v", h)
+		}
+	}
+	if l, err := a.Leader(ctx); err != nil || l.Owner != "b" || l.Token != b.Token() {
+		t.Fatalf("Leader %+v %v", l, err)
+	}
+	select {
+	case <-a.Lost():
+	default:
+		t.Fatal("a's Lost open after Resign")
+	}
+	if err := b.Resign(ctx); err != nil {
+		t.Fatal(err)
+	}
 }
