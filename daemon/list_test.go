@@ -11,8 +11,10 @@ import (
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
-// TestListPagesThroughFollower: held keys under a prefix, paged through a
-// follower in byte order, exactly once each, with keys outside the prefix
+// TestListPagesThroughFollower: held keys under a prefix, paged (from a
+// client of a follower's NATS server, so most requests are served by a
+// follower that forwards them) in byte order, exactly once each, with keys
+// outside the prefix
 // left out; a release is seen by the very next list (linearizable); bad
 // limits change nothing.
 func TestListPagesThroughFollower(t *testing.T) {

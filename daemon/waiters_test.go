@@ -54,6 +54,8 @@ func acquireReply(t testing.TB, sub *nats.Subscription, within time.Duration) (p
 // waitersNext runs the scenario of a waiter that leaves: A holds the key,
 // B waits on its own connection (to node bNode) which then closes, C
 // waits; A releases. It returns the time from A's release to C's grant.
+// When bNode is not the leader, B's request is made to go through that
+// follower.
 func waitersNext(t *testing.T, nodes []*daemon.Daemon, leader, bNode int) time.Duration {
 	ncA := testkit.Connect(t, nodes[leader].ClientURL())
 	ncB := testkit.Connect(t, nodes[bNode].ClientURL())
@@ -65,8 +67,7 @@ func waitersNext(t *testing.T, nodes []*daemon.Daemon, leader, bNode int) time.D
 	if e := rawRequest(t, ncA, protocol.SubjectAcquire, `{"key":"k","lease_ms":60000}`, &a); e != nil {
 		t.Fatal(e)
 	}
-	subB := sendAcquire(t, ncB, "k", "")
-	testkit.Eventually(t, 5*time.Second, "B queued", waiters(1))
+	subB := queueB(t, nodes, leader, bNode, ncB, ncX, waiters)
 	ncB.Close() // B's process is gone; the leader still has it queued
 	testkit.Eventually(t, 5*time.Second, "B's inbox without interest", func() bool {
 		_, err := ncX.Request(subB.Subject, nil, time.Second)
@@ -93,6 +94,44 @@ func waitersNext(t *testing.T, nodes []*daemon.Daemon, leader, bNode int) time.D
 	return took
 }
 
+// queueB queues B's waiting acquire. Through a follower: the queue group
+// picks any node's subscriber (nats-server has no local preference for
+// clients), so an attempt the leader received itself is withdrawn and
+// made again until the follower forwarded one (seen on its forward
+// subject).
+func queueB(t *testing.T, nodes []*daemon.Daemon, leader, bNode int, ncB, ncX *nats.Conn, waiters func(float64) func() bool) *nats.Subscription {
+	t.Helper()
+	var fwd *nats.Subscription
+	if bNode != leader {
+		var err error
+		if fwd, err = ncX.SubscribeSync(protocol.ForwardSubject(uint64(leader+1), "acquire")); err != nil {
+			t.Fatal(err)
+		}
+		defer fwd.Unsubscribe()
+		if err := ncX.Flush(); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for attempt := 0; attempt < 30; attempt++ {
+		waitID := fmt.Sprintf("b%d", attempt)
+		sub := sendAcquire(t, ncB, "k", waitID)
+		testkit.Eventually(t, 5*time.Second, "B queued", waiters(1))
+		if fwd == nil {
+			return sub
+		}
+		if _, err := fwd.NextMsg(500 * time.Millisecond); err == nil {
+			return sub
+		}
+		if e := rawRequest(t, ncB, protocol.SubjectWithdraw, fmt.Sprintf(`{"key":"k","wait_id":%q}`, waitID), &protocol.WithdrawReply{}); e != nil {
+			t.Fatal(e)
+		}
+		testkit.Eventually(t, 5*time.Second, "B's direct attempt withdrawn", waiters(0))
+		_ = sub.Unsubscribe()
+	}
+	t.Fatal("30 attempts never went through the follower")
+	return nil
+}
+
 // TestLeftWaiterReleasedAtOnce: a waiting client whose connection died is
 // still granted the key in its turn; NATS answers the grant with "no
 // responders", the leader releases it with its exact token at once, and
@@ -107,9 +146,8 @@ func TestLeftWaiterReleasedAtOnce(t *testing.T) {
 	t.Logf("killed waiting client: next waiter granted %v after the holder's release", took)
 }
 
-// TestLeftWaiterThroughFollower: the same with B's request sent to a
-// follower (the queue group prefers a subscriber on the client's own
-// server): the follower relays the leader's grant, sees "no responders"
+// TestLeftWaiterThroughFollower: the same with B's request served by a
+// follower: the follower relays the leader's grant, sees "no responders"
 // and asks the leader to release it.
 func TestLeftWaiterThroughFollower(t *testing.T) {
 	c := testcluster.New(t, 3)
