@@ -118,7 +118,9 @@
 // twice is harmless (the second yields ErrNotFound).
 //
 // Get and Status are read-only, so a lost reply is retried like the
-// rest.
+// rest. Renew follows the release column (a lost reply is
+// ErrIndeterminate and keeps the earlier deadline; renewing again is
+// harmless), List the get column.
 //
 // # Timeouts
 //
