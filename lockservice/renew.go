@@ -2,6 +2,7 @@ package lockservice
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
@@ -60,6 +61,15 @@ func (s *Service) Renew(ctx context.Context, key string, token uint64, lease tim
 			ErrUnavailable, need, have)
 	}
 	epoch, err := s.beginRenew(key, token)
+	if errors.Is(err, ErrNotFound) {
+		// Answer not_found only as the current leader: a deposed leader's
+		// timers may be stale. After ReadIndex the timers include every
+		// write committed before this request.
+		if rerr := s.node.ReadIndex(ctx); rerr != nil {
+			return Renewal{}, s.nodeErr(rerr)
+		}
+		epoch, err = s.beginRenew(key, token)
+	}
 	if err != nil {
 		return Renewal{}, err
 	}
