@@ -279,16 +279,15 @@
 // change applies; a 90 s control-mode run then completed 5 wipes in
 // 0.2-1.2 s each.
 //
-// Open, found by the process driver's pause-leader fault once renewals
-// ran: lockservice.Renew answers its refusals (not held with that token,
+// Fix committed in 49d3b9b (not yet re-verified by a long run), found by
+// the process driver's pause-leader fault once renewals ran: lockservice.Renew answers its refusals (not held with that token,
 // lease ran out) from the leader's local lease timers without confirming
 // leadership, so a leader resumed after SIGSTOP, before it learned of the
 // new term, answered not_found for a lock the new leader had granted to
 // exactly that token and renewed (checkers renew-refused and
 // linearizability; the history is a case of TestModelRenewals). Not
 // unsafe, the holder only stops early, but a definite wrong answer. The
-// fix belongs in lockservice: confirm leadership (ReadIndex) before a
-// refusal, or propose the Renew and let the apply refuse it.
+// fix (lockservice) confirms leadership with a ReadIndex before a refusal.
 //
 // # Not covered
 //
