@@ -153,6 +153,17 @@ func TestLeftWaiterThroughFollower(t *testing.T) {
 	c := testcluster.New(t, 3)
 	lead := c.Leader(10 * time.Second)
 	testkit.Eventually(t, 10*time.Second, "cluster settled", func() bool { return testcluster.Settled(c.Node(lead)) })
+	// Requests go to any node of the queue group: every one must know the
+	// leader, or a follower answers unavailable.
+	leaderID := c.Node(lead).Node().ID()
+	testkit.Eventually(t, 10*time.Second, "every node knows the leader", func() bool {
+		for _, d := range c.Nodes() {
+			if d.Node().Leader() != leaderID {
+				return false
+			}
+		}
+		return true
+	})
 	took := waitersNext(t, c.Nodes(), lead, c.Follower(lead))
 	// The follower detected it: the leader itself saw every one of its
 	// replies delivered (to the follower).
