@@ -7,16 +7,12 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
-	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
-	"slices"
 	"strings"
 	"testing"
 	"time"
-
-	"github.com/nats-io/nats.go"
 
 	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/internal/testkit/testcluster"
@@ -61,30 +57,16 @@ func install(t *testing.T) string {
 	return dir
 }
 
-// renewServed asks the cluster for a renewal of a lock nobody holds: a
-// node that serves renew answers not_found; before renewal existed nobody
-// is subscribed.
-func renewServed(t *testing.T, url string) bool {
-	nc := testkit.Connect(t, url)
-	_, err := nc.Request("ticketd.v1.lock.renew", []byte(`{"key":"js/none","token":1}`), 5*time.Second)
-	return !errors.Is(err, nats.ErrNoResponders)
-}
-
 // TestJavaScriptClient runs demo.mjs against a three-node cluster: it
-// takes a lock, is refused a second try, reads the holder, renews it
-// (when the cluster serves renew), queues a waiter that gets the key with
+// takes a lock, is refused a second try, reads the holder, renews it,
+// queues a waiter that gets the key with
 // a larger token once the first holder releases, and releases twice.
 func TestJavaScriptClient(t *testing.T) {
 	dir := install(t)
 	c := testcluster.New(t, 3)
 	lead := c.Leader(10 * time.Second)
 	url := c.ClientURL(c.Follower(lead)) // requests go through a follower too
-	args := []string{"demo.mjs", url, "--key", "js/demo"}
-	if renewServed(t, url) {
-		args = append(args, "--renew")
-	} else {
-		t.Log("this cluster does not serve ticketd.v1.lock.renew yet: the example runs without renewing")
-	}
+	args := []string{"demo.mjs", url, "--key", "js/demo", "--renew"}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "node", args...)
@@ -108,10 +90,7 @@ func TestJavaScriptClient(t *testing.T) {
 		steps[name] = v
 		order = append(order, name)
 	}
-	want := []string{"acquired", "held", "get", "released", "waited", "done"}
-	if slices.Contains(args, "--renew") {
-		want = []string{"acquired", "held", "get", "renewed", "released", "waited", "done"}
-	}
+	want := []string{"acquired", "held", "get", "renewed", "released", "waited", "done"}
 	if strings.Join(order, ",") != strings.Join(want, ",") {
 		t.Fatalf("steps %v, want %v", order, want)
 	}
