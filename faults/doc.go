@@ -279,7 +279,7 @@
 // change applies; a 90 s control-mode run then completed 5 wipes in
 // 0.2-1.2 s each.
 //
-// Fix committed in 49d3b9b (not yet re-verified by a long run), found by
+// Fixed in 49d3b9b and re-verified by the same long run, found by
 // the process driver's pause-leader fault once renewals ran: lockservice.Renew answers its refusals (not held with that token,
 // lease ran out) from the leader's local lease timers without confirming
 // leadership, so a leader resumed after SIGSTOP, before it learned of the
