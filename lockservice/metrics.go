@@ -1,6 +1,8 @@
 package lockservice
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -23,6 +25,8 @@ type Metrics struct {
 	LeaderChanges    prometheus.Counter
 	IsLeader         prometheus.Gauge
 	ProposeTime      *prometheus.HistogramVec
+
+	kinds [256]atomic.Pointer[kindMetrics] // by core.Kind (kindmetrics.go)
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not
