@@ -148,5 +148,7 @@ func TestLockRequestsSurviveFailover(t *testing.T) {
 			d.Peers().SetFilter(nil)
 		}
 	}
+	// Two of three nodes run: a leader again once they agree.
+	c.Leader(20 * c.ElectionTimeout())
 	cycle("healed")
 }

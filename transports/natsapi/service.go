@@ -60,6 +60,8 @@ type Service struct {
 	// lead holds the lock subscriptions, served only by the leader
 	// (leadersubs.go).
 	lead *leaderSubs
+	// workers run requests, reusing idle goroutines (workers.go).
+	workers *workers
 	// acqSem bounds acquires (which may wait in a queue); sem bounds the
 	// rest, so waiting acquires can never starve the releases that would
 	// free their keys.
@@ -125,7 +127,7 @@ func Start(cfg Config) (*Service, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel,
-		lead: newLeaderSubs(cfg.Conn)}
+		lead: newLeaderSubs(cfg.Conn), workers: newWorkers(ctx)}
 	id := cfg.Locks.ID()
 	s.svc = newMicroService(cfg.Conn, protocol.ServiceName, protocol.ServiceVersion, "ticketd distributed lock service",
 		map[string]string{"node_id": fmt.Sprint(id)})
@@ -282,11 +284,11 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	go func() {
+	s.workers.spawn(func() {
 		defer s.wg.Done()
 		defer func() { <-sem }()
 		s.handle(req, forwarded)
-	}()
+	})
 }
 
 func (s *Service) handle(req *request, forwarded bool) {
