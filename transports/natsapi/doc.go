@@ -27,6 +27,12 @@
 // answer in time the follower answers `indeterminate` for acquire and
 // release: the leader may have applied it.
 //
+// # Goroutines
+//
+// Each request runs on its own goroutine, as acquires may wait in a key's
+// queue; workers.go reuses idle ones (with their grown stacks) instead of
+// starting a fresh one per request. Nothing queues behind a busy worker.
+//
 // # Errors
 //
 // The lock service returns domain errors (lockservice.ErrHeld,
