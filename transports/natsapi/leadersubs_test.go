@@ -14,6 +14,7 @@ import (
 	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/sdk"
+	"github.com/ticketd/ticketd/transports/natsapi"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
@@ -151,4 +152,56 @@ func TestLockRequestsSurviveFailover(t *testing.T) {
 	// Two of three nodes run: a leader again once they agree.
 	c.Leader(20 * c.ElectionTimeout())
 	cycle("healed")
+}
+
+// TestHandOverWindowForwards: a node still subscribed to the lock
+// subjects while not the leader (a deposed leader before its next check)
+// forwards what it receives to the leader and relays the answer: the
+// request is served once, by the leader, and the client cannot tell.
+func TestHandOverWindowForwards(t *testing.T) {
+	if testing.Short() {
+		t.Skip("three-node cluster skipped in -short mode")
+	}
+	c := testcluster.New(t, 3)
+	lead := c.Leader(10 * time.Second)
+	fol := c.Follower(lead)
+	api := c.Node(fol).API()
+	// Through the follower's own NATS server, whose local queue
+	// subscriber NATS prefers.
+	nc := testkit.Connect(t, c.ClientURL(fol))
+	untilServed(t, nc)
+	var tokens []uint64
+	testkit.Eventually(t, 20*time.Second, "a request forwarded by the stale subscriber", func() bool {
+		if err := natsapi.SubscribeLockSubjects(api); err != nil {
+			t.Fatal(err)
+		}
+		key := fmt.Sprintf("handover-%d", len(tokens))
+		m, err := nc.Request(protocol.SubjectPrefix+".lock.acquire", []byte(`{"key":"`+key+`","lease_ms":60000}`), 5*time.Second)
+		if err != nil || m.Header.Get(micro.ErrorCodeHeader) != "" {
+			t.Fatalf("acquire %s: %v", key, err)
+		}
+		var ar protocol.AcquireReply
+		if err := json.Unmarshal(m.Data, &ar); err != nil || ar.Token == 0 {
+			t.Fatalf("acquire %s: %s %v", key, m.Data, err)
+		}
+		tokens = append(tokens, ar.Token)
+		return api.Forwarded() > 0
+	})
+	// Every grant, forwarded or not, is the leader's: distinct, increasing
+	// tokens, and the leader's table holds each key.
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] <= tokens[i-1] {
+			t.Fatalf("tokens %v not increasing", tokens)
+		}
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	for i, tok := range tokens {
+		h, err := c.Node(lead).Locks().Get(ctx, fmt.Sprintf("handover-%d", i))
+		if err != nil || !h.Held || h.Lock.Token != tok {
+			t.Fatalf("handover-%d on the leader: %+v %v, want token %d", i, h, err, tok)
+		}
+	}
+	// The follower's next check unsubscribes it again.
+	testkit.Eventually(t, 5*time.Second, "the follower to stop serving", func() bool { return !api.Serving() })
 }
