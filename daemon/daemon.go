@@ -15,6 +15,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -75,8 +76,11 @@ type Daemon struct {
 	// watch publishes every applied lock change on its key's watch
 	// subject (natsapi/watch.go).
 	watch *natsapi.WatchPublisher
-	http  *http.Server
-	reg   *prometheus.Registry
+	// apiKick is api once it runs, for the raft loop's leadership
+	// observer, which starts before it.
+	apiKick atomic.Pointer[natsapi.Service]
+	http    *http.Server
+	reg     *prometheus.Registry
 
 	plugins *plugins.Set
 	audit   *audit.Publisher
@@ -260,7 +264,15 @@ func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raft
 	}
 	// So does the watch publisher; it starts publishing once NATS is up.
 	d.watch = natsapi.NewWatchPublisher(natsapi.WatchConfig{Node: d.cfg.ID, Logger: d.log.With("component", "watch"), Registerer: d.reg})
-	observers = append(observers, d.watch.Observer(), d.locks)
+	// The leadership kick comes after the lock service, so it is ready
+	// (or not) when the client service re-checks which subjects to serve.
+	kick := func() {
+		if api := d.apiKick.Load(); api != nil {
+			api.LeadershipChanged()
+		}
+	}
+	observers = append(observers, d.watch.Observer(), d.locks, raftstore.ObserverFuncs{
+		LeaderReady: func(uint64) { kick() }, LeadershipLost: kick})
 	var err error
 	d.node, err = raftstore.NewNode(raftstore.Config{
 		ID:              d.cfg.ID,
@@ -377,6 +389,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	if err != nil {
 		return fmt.Errorf("daemon: start client service: %w", err)
 	}
+	d.apiKick.Store(d.api)
 	return nil
 }
 
@@ -623,6 +636,8 @@ func (d *Daemon) Ready() error {
 		return errors.New("no leader known")
 	case d.node.IsLeader() && !d.node.LeaderReady():
 		return errors.New("leader still applying earlier terms")
+	case d.node.IsLeader() && !d.api.Serving():
+		return errors.New("leader not yet serving the lock subjects")
 	case !d.nc.IsConnected():
 		return errors.New("NATS not connected")
 	}
@@ -657,11 +672,12 @@ func (d *Daemon) PeerAddr() string {
 // created before cluster IDs).
 func (d *Daemon) ClusterID() uint64 { return d.clusterID }
 
-// Node, Store, Locks, Peers and Registry expose the parts for tests and
+// Node, Store, Locks, API, Peers and Registry expose the parts for tests and
 // tools.
 func (d *Daemon) Node() *raftstore.Node          { return d.node }
 func (d *Daemon) Store() *raftstore.Store        { return d.store }
 func (d *Daemon) Locks() *lockservice.Service    { return d.locks }
+func (d *Daemon) API() *natsapi.Service          { return d.api }
 func (d *Daemon) Peers() *peer.Transport         { return d.peers }
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
 

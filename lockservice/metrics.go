@@ -1,6 +1,8 @@
 package lockservice
 
 import (
+	"sync/atomic"
+
 	"github.com/prometheus/client_golang/prometheus"
 )
 
@@ -26,6 +28,8 @@ type Metrics struct {
 	ProposeTime      *prometheus.HistogramVec
 	// quota exports use and limit of the bounded resources (quotametrics.go).
 	quota *quotaCollector
+
+	kinds [256]atomic.Pointer[kindMetrics] // by core.Kind (kindmetrics.go)
 }
 
 // NewMetrics creates the collectors and registers them on reg (nil: not

@@ -435,16 +435,16 @@ func (s *Service) Get(ctx context.Context, key string) (Holder, error) {
 }
 
 func (s *Service) propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error) {
-	kind := cmd.Kind.String()
-	s.cfg.Metrics.Proposals.WithLabelValues(kind).Inc()
+	km := s.cfg.Metrics.forKind(cmd.Kind)
+	km.proposals.Inc()
 	start := time.Now()
 	a, err := s.node.Propose(ctx, cmd)
 	if err != nil {
 		err = s.nodeErr(err)
-		s.cfg.Metrics.ProposalFails.WithLabelValues(kind, failureClass(err)).Inc()
+		s.cfg.Metrics.ProposalFails.WithLabelValues(cmd.Kind.String(), failureClass(err)).Inc()
 		return a, err
 	}
-	s.cfg.Metrics.ProposeTime.WithLabelValues(kind).Observe(time.Since(start).Seconds())
+	km.time.Observe(time.Since(start).Seconds())
 	return a, nil
 }
 

@@ -51,7 +51,9 @@
 //     of entries already durable in the log). A committed entry this
 //     binary cannot decode stops the node (UndecodableEntryError): it is
 //     never skipped, so replicas never diverge during an upgrade.
-//  4. send: only then hand the messages to the Transport.
+//  4. send: only then hand the messages to the Transport (a leader sends
+//     before its persist, see ready.go), consecutive appends and
+//     acknowledgments to one peer merged into one message (coalesce.go).
 //  5. notify: tell the Observers, in list order, then waiting proposers,
 //     ReadIndex callers and applied-index waiters, then a lost or ready
 //     leadership.

@@ -259,10 +259,11 @@ func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
 }
 
 // send hands rd's messages to the transport: after persist, except on a
-// leader (see handleReady).
+// leader (see handleReady); consecutive appends and acknowledgments to one
+// peer go as one message (coalesce.go).
 func (n *Node) send(msgs []raftpb.Message) {
 	if n.cfg.Transport != nil && len(msgs) > 0 {
-		n.cfg.Transport.Send(msgs)
+		n.cfg.Transport.Send(coalesce(msgs, n.cfg.ID, MaxSizePerMsgDefault))
 	}
 }
 

@@ -7,6 +7,7 @@ import (
 	"io"
 	"math/rand/v2"
 	"sort"
+	"strings"
 	"sync"
 	"time"
 
@@ -16,19 +17,33 @@ import (
 // maxSamples bounds the latency samples one bench run keeps.
 const maxSamples = 4 << 20
 
-// BenchResult is what `ticketd bench` reports.
+// BenchResult is what `ticketd bench` reports for one mode: the figures
+// of the peer harness (../shared/peers, lockbench): cycles/s and the
+// acquire and release latencies, plus, against local nodes, the CPU time
+// they used per cycle.
 type BenchResult struct {
+	Mode         string  `json:"mode"` // try or wait
 	Clients      int     `json:"clients"`
 	Keys         int     `json:"keys"`
 	DurationS    float64 `json:"duration_s"`
 	Cycles       int     `json:"cycles"`
 	CyclesPerSec float64 `json:"cycles_per_s"`
-	Held         int     `json:"held"`
-	Errors       int     `json:"errors"`
+	// Held counts acquires that did not get the key: held (try) or
+	// timed out waiting (wait); the harness's "conflicts".
+	Held   int `json:"held"`
+	Errors int `json:"errors"`
 	// ErrorCodes counts the errors by stable code.
 	ErrorCodes map[string]int `json:"error_codes,omitempty"`
 	Acquire    Latencies      `json:"acquire_ms"`
 	Release    Latencies      `json:"release_ms"`
+	// NodePids are the local node processes whose CPU time (user+system,
+	// from /proc during the measured run, warm-up excluded) NodeCPUUSPerCycle
+	// divides by Cycles; empty when none were found or asked for.
+	NodePids          []int   `json:"node_pids,omitempty"`
+	NodeCPUS          float64 `json:"node_cpu_s,omitempty"`
+	NodeCPUUSPerCycle float64 `json:"node_cpu_us_per_cycle,omitempty"`
+	// ClientCPUS is the CPU time of this load generator in the run.
+	ClientCPUS float64 `json:"client_cpu_s"`
 }
 
 // Latencies are percentiles in milliseconds.
@@ -39,46 +54,118 @@ type Latencies struct {
 	Max float64 `json:"max"`
 }
 
+// benchConfig is one run's shape.
+type benchConfig struct {
+	url      string
+	mode     string // try or wait
+	clients  int
+	keys     int
+	duration time.Duration
+	warmup   time.Duration
+	lease    time.Duration
+	wait     time.Duration // how long a wait-mode acquire queues
+	cpu      nodeCPU
+	opts     []sdk.Option
+}
+
 func bench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cf := newClientFlags("bench", stderr)
 	clients := cf.fs.Int("clients", 16, "concurrent clients (each its own NATS connection)")
 	keys := cf.fs.Int("keys", 1000, "distinct keys")
-	duration := cf.fs.Duration("duration", 10*time.Second, "how long to run (at most 10m)")
+	duration := cf.fs.Duration("duration", 10*time.Second, "how long to measure each mode (at most 10m)")
+	warmup := cf.fs.Duration("warmup", time.Second, "unmeasured run before each mode, as the peer harness does")
 	lease := cf.fs.Duration("lease", 10*time.Second, "lease of each acquire")
-	asJSON := cf.fs.Bool("json", false, "print JSON")
+	modes := cf.fs.String("mode", "try,wait", "try (acquire once, held counts as a conflict), wait (queue up to --wait), or both")
+	wait := cf.fs.Duration("wait", 5*time.Second, "how long a wait-mode acquire queues for its key")
+	pids := cf.fs.String("cpu-pids", "auto", "node processes to charge CPU to: auto (every local `ticketd serve` process, from /proc), none, or pid,pid,...")
+	asJSON := cf.fs.Bool("json", false, "print JSON (one result per mode)")
 	if _, code, ok := cf.parse(args, 0, stderr); !ok {
 		return code
 	}
-	if *clients < 1 || *clients > 1024 || *keys < 1 || *duration <= 0 || *duration > 10*time.Minute {
-		fmt.Fprintln(stderr, "ticketd bench: need 1..1024 clients, >=1 key, duration in (0, 10m]")
+	if *clients < 1 || *clients > 1024 || *keys < 1 || *duration <= 0 || *duration > 10*time.Minute || *warmup < 0 || *wait <= 0 {
+		fmt.Fprintln(stderr, "ticketd bench: need 1..1024 clients, >=1 key, duration in (0, 10m], warmup >= 0, wait > 0")
 		return exitUsage
 	}
-	opts, err := cf.sdkOptions()
+	ms, err := parseModes(*modes)
 	if err != nil {
+		fmt.Fprintln(stderr, "ticketd bench:", err)
+		return exitUsage
+	}
+	cfg := benchConfig{url: *cf.url, clients: *clients, keys: *keys, duration: *duration, warmup: *warmup, lease: *lease, wait: *wait}
+	if cfg.cpu.pids, err = parsePids(*pids); err != nil {
+		fmt.Fprintln(stderr, "ticketd bench:", err)
+		return exitUsage
+	}
+	if cfg.opts, err = cf.sdkOptions(); err != nil {
 		return fail(stderr, err)
 	}
-	res, err := runBench(ctx, *cf.url, *clients, *keys, *duration, *lease, opts...)
-	if err != nil {
-		return fail(stderr, err)
+	var results []BenchResult
+	for _, m := range ms {
+		cfg.mode = m
+		res, err := runBench(ctx, cfg)
+		if err != nil {
+			return fail(stderr, err)
+		}
+		results = append(results, res)
+		if !*asJSON {
+			printBench(stdout, res)
+		}
 	}
 	if *asJSON {
-		printJSON(stdout, res)
-		return 0
+		printJSON(stdout, results)
 	}
-	fmt.Fprintf(stdout, "clients=%d keys=%d duration=%.1fs cycles=%d (%.0f cycles/s) held=%d errors=%d\n",
-		res.Clients, res.Keys, res.DurationS, res.Cycles, res.CyclesPerSec, res.Held, res.Errors)
-	if len(res.ErrorCodes) > 0 {
-		fmt.Fprintf(stdout, "errors by code: %v\n", res.ErrorCodes)
-	}
-	fmt.Fprintf(stdout, "acquire ms: p50=%.2f p90=%.2f p99=%.2f max=%.2f\n", res.Acquire.P50, res.Acquire.P90, res.Acquire.P99, res.Acquire.Max)
-	fmt.Fprintf(stdout, "release ms: p50=%.2f p90=%.2f p99=%.2f max=%.2f\n", res.Release.P50, res.Release.P90, res.Release.P99, res.Release.Max)
 	return 0
 }
 
-func runBench(ctx context.Context, url string, clients, keys int, duration, lease time.Duration, opts ...sdk.Option) (BenchResult, error) {
-	conns := make([]*sdk.Client, clients)
+func parseModes(spec string) ([]string, error) {
+	var out []string
+	for _, m := range strings.Split(spec, ",") {
+		if m != "try" && m != "wait" {
+			return nil, fmt.Errorf("--mode: %q is neither try nor wait", m)
+		}
+		out = append(out, m)
+	}
+	return out, nil
+}
+
+func printBench(w io.Writer, res BenchResult) {
+	fmt.Fprintf(w, "mode=%s clients=%d keys=%d duration=%.1fs cycles=%d (%.0f cycles/s) held=%d errors=%d\n",
+		res.Mode, res.Clients, res.Keys, res.DurationS, res.Cycles, res.CyclesPerSec, res.Held, res.Errors)
+	if len(res.ErrorCodes) > 0 {
+		fmt.Fprintf(w, "  errors by code: %v\n", res.ErrorCodes)
+	}
+	fmt.Fprintf(w, "  acquire ms: p50=%.2f p90=%.2f p99=%.2f max=%.2f\n", res.Acquire.P50, res.Acquire.P90, res.Acquire.P99, res.Acquire.Max)
+	fmt.Fprintf(w, "  release ms: p50=%.2f p90=%.2f p99=%.2f max=%.2f\n", res.Release.P50, res.Release.P90, res.Release.P99, res.Release.Max)
+	if len(res.NodePids) > 0 {
+		fmt.Fprintf(w, "  node cpu: %.2fs over pids %v = %.0f us/cycle (client cpu %.2fs)\n", res.NodeCPUS, res.NodePids, res.NodeCPUUSPerCycle, res.ClientCPUS)
+	} else {
+		fmt.Fprintf(w, "  node cpu: no local node processes (--cpu-pids); client cpu %.2fs\n", res.ClientCPUS)
+	}
+}
+
+// benchStats are one run's figures, guarded by mu.
+type benchStats struct {
+	mu                 sync.Mutex
+	acq, rel           []time.Duration
+	cycles, held, errs int
+	codes              map[string]int
+}
+
+func (b *benchStats) countErr(err error) { // mu held
+	b.errs++
+	code := string(sdk.CodeOf(err))
+	if code == "" {
+		code = err.Error()
+	}
+	b.codes[code]++
+}
+
+// runBench runs cfg.warmup unmeasured, then cfg.duration measured, of
+// acquire+release cycles on random keys from cfg.clients connections.
+func runBench(ctx context.Context, cfg benchConfig) (BenchResult, error) {
+	conns := make([]*sdk.Client, cfg.clients)
 	for i := range conns {
-		c, err := sdk.Connect(url, opts...)
+		c, err := sdk.Connect(cfg.url, cfg.opts...)
 		if err != nil {
 			for _, c := range conns[:i] {
 				_ = c.Close()
@@ -92,81 +179,95 @@ func runBench(ctx context.Context, url string, clients, keys int, duration, leas
 			_ = c.Close()
 		}
 	}()
-	end := time.Now().Add(duration)
-	var (
-		mu                 sync.Mutex
-		acq, rel           []time.Duration
-		cycles, held, errs int
-		codes              = map[string]int{}
-		wg                 sync.WaitGroup
-	)
-	countErr := func(err error) { // mu held
-		errs++
-		code := string(sdk.CodeOf(err))
-		if code == "" {
-			code = err.Error()
-		}
-		codes[code]++
+	if cfg.warmup > 0 {
+		runCycles(ctx, cfg, conns, cfg.warmup)
 	}
+	cpu0, err := cfg.cpu.total()
+	if err != nil {
+		return BenchResult{}, err
+	}
+	self0 := selfCPU()
 	start := time.Now()
+	st := runCycles(ctx, cfg, conns, cfg.duration)
+	elapsed := time.Since(start)
+	cpu1, err := cfg.cpu.total()
+	if err != nil {
+		return BenchResult{}, err
+	}
+	res := BenchResult{
+		Mode: cfg.mode, Clients: cfg.clients, Keys: cfg.keys, DurationS: elapsed.Seconds(),
+		Cycles: st.cycles, CyclesPerSec: float64(st.cycles) / elapsed.Seconds(), Held: st.held, Errors: st.errs,
+		ErrorCodes: st.codes, Acquire: percentiles(st.acq), Release: percentiles(st.rel),
+		ClientCPUS: (selfCPU() - self0).Seconds(),
+	}
+	if len(cfg.cpu.pids) > 0 {
+		res.NodePids = cfg.cpu.pids
+		res.NodeCPUS = (cpu1 - cpu0).Seconds()
+		if st.cycles > 0 {
+			res.NodeCPUUSPerCycle = float64((cpu1 - cpu0).Microseconds()) / float64(st.cycles)
+		}
+	}
+	return res, nil
+}
+
+// runCycles runs acquire+release cycles on every connection for d.
+func runCycles(ctx context.Context, cfg benchConfig, conns []*sdk.Client, d time.Duration) *benchStats {
+	st := &benchStats{codes: map[string]int{}}
+	end := time.Now().Add(d)
+	var wg sync.WaitGroup
 	for i, c := range conns {
 		wg.Add(1)
-		go func(i int, c *sdk.Client) {
+		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(i), 42))
 			owner := fmt.Sprintf("bench-%d", i)
-			// Each operation has its own deadline, not the run's: a request
-			// must not be cut short (and turned indeterminate) by the end of
-			// the run.
 			for ctx.Err() == nil && time.Now().Before(end) {
-				key := fmt.Sprintf("bench/%d", rng.IntN(keys))
-				t0 := time.Now()
-				actx, acancel := context.WithTimeout(ctx, 10*time.Second)
-				l, err := c.Acquire(actx, key, sdk.WithLease(lease), sdk.WithOwner(owner))
-				acancel()
-				t1 := time.Now()
-				if err != nil {
-					mu.Lock()
-					if errors.Is(err, sdk.ErrHeld) {
-						held++
-					} else {
-						countErr(err)
-					}
-					mu.Unlock()
-					continue
-				}
-				rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
-				err = c.Release(rctx, key, l.Token)
-				rcancel()
-				t2 := time.Now()
-				mu.Lock()
-				if err != nil {
-					countErr(err)
-				} else {
-					cycles++
-					if len(acq) < maxSamples {
-						acq = append(acq, t1.Sub(t0))
-						rel = append(rel, t2.Sub(t1))
-					}
-				}
-				mu.Unlock()
+				cycle(ctx, cfg, c, st, fmt.Sprintf("bench/%d", rng.IntN(cfg.keys)), owner)
 			}
-		}(i, c)
+		}()
 	}
 	wg.Wait()
-	elapsed := time.Since(start)
-	return BenchResult{
-		Clients:      clients,
-		Keys:         keys,
-		DurationS:    elapsed.Seconds(),
-		Cycles:       cycles,
-		CyclesPerSec: float64(cycles) / elapsed.Seconds(),
-		Held:         held,
-		Errors:       errs,
-		ErrorCodes:   codes,
-		Acquire:      percentiles(acq),
-		Release:      percentiles(rel),
-	}, nil
+	return st
+}
+
+// cycle is one acquire and, if granted, its release. Each operation has
+// its own deadline, not the run's: a request must not be cut short (and
+// turned indeterminate) by the end of the run.
+func cycle(ctx context.Context, cfg benchConfig, c *sdk.Client, st *benchStats, key, owner string) {
+	opts := []sdk.AcquireOption{sdk.WithLease(cfg.lease), sdk.WithOwner(owner)}
+	if cfg.mode == "wait" {
+		opts = append(opts, sdk.WithWait(cfg.wait))
+	}
+	t0 := time.Now()
+	actx, acancel := context.WithTimeout(ctx, cfg.wait+10*time.Second)
+	l, err := c.Acquire(actx, key, opts...)
+	acancel()
+	t1 := time.Now()
+	if err != nil {
+		st.mu.Lock()
+		if errors.Is(err, sdk.ErrHeld) || errors.Is(err, sdk.ErrTimeout) {
+			st.held++
+		} else {
+			st.countErr(err)
+		}
+		st.mu.Unlock()
+		return
+	}
+	rctx, rcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	err = c.Release(rctx, key, l.Token)
+	rcancel()
+	t2 := time.Now()
+	st.mu.Lock()
+	defer st.mu.Unlock()
+	if err != nil {
+		st.countErr(err)
+		return
+	}
+	st.cycles++
+	if len(st.acq) < maxSamples {
+		st.acq = append(st.acq, t1.Sub(t0))
+		st.rel = append(st.rel, t2.Sub(t1))
+	}
 }
 
 func percentiles(d []time.Duration) Latencies {

@@ -1,19 +1,60 @@
 package testkit
 
 import (
+	"fmt"
+	"math/rand/v2"
 	"net"
+	"os"
+	"strconv"
+	"strings"
 	"testing"
+)
+
+// Ports below the kernel's ephemeral range are never given to outgoing
+// connections, so a port picked there and bound a moment later cannot
+// have been taken by one of the test's own client or route connections
+// (which a port from ":0" can). Picked at random, two picks (in this
+// process or another test binary) rarely meet.
+const (
+	lowestPort = 10000
+	pickTries  = 200
 )
 
 // PickFreeAddr returns a 127.0.0.1 address whose port was free a moment
 // ago. It is FreeAddr for callers without a testing.TB.
 func PickFreeAddr() (string, error) {
+	if hi := ephemeralLow() - 1; hi > lowestPort+1000 {
+		for range pickTries {
+			port := lowestPort + rand.IntN(hi-lowestPort)
+			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
+			if err == nil {
+				addr := ln.Addr().String()
+				ln.Close()
+				return addr, nil
+			}
+		}
+	}
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		return "", err
 	}
 	defer ln.Close()
 	return ln.Addr().String(), nil
+}
+
+// ephemeralLow is the lowest port of the kernel's ephemeral range (0 when
+// it cannot be read).
+func ephemeralLow() int {
+	b, err := os.ReadFile("/proc/sys/net/ipv4/ip_local_port_range")
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b))
+	if len(f) == 0 {
+		return 0
+	}
+	n, _ := strconv.Atoi(f[0])
+	return n
 }
 
 // FreeAddr returns a 127.0.0.1 address whose port was free a moment ago;

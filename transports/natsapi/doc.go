@@ -14,15 +14,24 @@
 //
 // # Routing
 //
-// Every node registers the lock endpoints in one queue group, so each
-// request reaches exactly one node. The leader serves it; a follower
-// proxies the untouched request to the leader's forward subject and
-// relays the leader's reply, so a follower never answers a lock request
-// from its own, possibly stale, state. When the leader is unknown, or the
+// The lock endpoints are in one queue group, so each request reaches at
+// most one node, and only the ready leader subscribes to them
+// (leadersubs.go): in steady state every lock request lands on the leader
+// without an extra hop, and during an election clients see NATS "no
+// responders" and retry. A node that receives one while not the leader
+// (the hand-over window) proxies the untouched request to the leader's
+// forward subject and relays the leader's reply, so a follower never
+// answers a lock request from its own, possibly stale, state. When the leader is unknown, or the
 // forward finds nobody subscribed (NATS "no responders"), the follower
 // answers `unavailable`: nothing happened, retry. When the leader does not
 // answer in time the follower answers `indeterminate` for acquire and
 // release: the leader may have applied it.
+//
+// # Goroutines
+//
+// Each request runs on its own goroutine, as acquires may wait in a key's
+// queue; workers.go reuses idle ones (with their grown stacks) instead of
+// starting a fresh one per request. Nothing queues behind a busy worker.
 //
 // # Errors
 //

@@ -59,6 +59,11 @@ type Service struct {
 	fwd *nats.Subscription
 	// delivery publishes grants to requesters that waited (delivery.go).
 	delivery *deliveryWatch
+	// lead holds the lock subscriptions, served only by the leader
+	// (leadersubs.go).
+	lead *leaderSubs
+	// workers run requests, reusing idle goroutines (workers.go).
+	workers *workers
 	// acqSem bounds acquires (which may wait in a queue); sem bounds the
 	// rest, so waiting acquires can never starve the releases that would
 	// free their keys.
@@ -130,7 +135,8 @@ func Start(cfg Config) (*Service, error) {
 		cfg.Now = time.Now
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel}
+	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel,
+		lead: newLeaderSubs(cfg.Conn), workers: newWorkers(ctx)}
 	id := cfg.Locks.ID()
 	s.svc = newMicroService(cfg.Conn, protocol.ServiceName, protocol.ServiceVersion, "ticketd distributed lock service",
 		map[string]string{"node_id": fmt.Sprint(id)})
@@ -140,9 +146,8 @@ func Start(cfg Config) (*Service, error) {
 		return nil, err
 	}
 	for _, op := range []string{"acquire", "release", "get", "renew", "list", "withdraw"} {
-		if err := s.svc.addEndpoint(op, protocol.SubjectPrefix+".lock."+op, protocol.QueueGroup, s.microHandler(op)); err != nil {
-			return fail(err)
-		}
+		// Subscribed only while this node is the ready leader (leadersubs.go).
+		s.addLockEndpoint(op, protocol.SubjectPrefix+".lock."+op, protocol.QueueGroup, s.microHandler(op))
 	}
 	if err := s.svc.addEndpoint("status", protocol.SubjectStatus, protocol.QueueGroup, s.microHandler("status")); err != nil {
 		return fail(err)
@@ -169,13 +174,18 @@ func Start(cfg Config) (*Service, error) {
 		return fail(fmt.Errorf("natsapi: subscribe forward subject: %w", err))
 	}
 	s.fwd = fwd
+	if err := s.reconcileLeaderSubs(cfg.Locks.IsLeader()); err != nil {
+		return fail(err)
+	}
+	s.wg.Add(1)
+	go s.runLeaderSubs()
 	return s, nil
 }
 
 // Stop unregisters the endpoints and waits for in-flight requests; a
 // message that still arrives is answered shutting_down.
 func (s *Service) Stop() error {
-	err := s.svc.stop()
+	err := errors.Join(s.stopLeaderSubs(), s.svc.stop())
 	if uerr := s.fwd.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) {
 		err = errors.Join(err, uerr)
 	}
@@ -299,11 +309,11 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 	}
 	s.wg.Add(1)
 	s.mu.Unlock()
-	go func() {
+	s.workers.spawn(func() {
 		defer s.wg.Done()
 		defer func() { <-sem }()
 		s.handle(req, forwarded)
-	}()
+	})
 }
 
 func (s *Service) handle(req *request, forwarded bool) {
@@ -349,6 +359,7 @@ func (s *Service) forward(req *request) {
 		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "no leader is known; retry"))
 		return
 	}
+	s.lead.forwarded.Add(1)
 	timeout := ForwardTimeoutDefault
 	if req.op == "acquire" {
 		ar, err := protocol.DecodeAcquire(req.data)

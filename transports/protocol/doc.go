@@ -13,5 +13,8 @@
 //
 // Decoders reject payloads over MaxRequestSize, unknown fields, trailing
 // data, wrong JSON types and values outside the limits of package core,
-// each with an *Error carrying a stable Code.
+// each with an *Error carrying a stable Code. Acquire, release and get
+// bodies in plain JSON take a fast path (fastdecode.go) that accepts
+// exactly what the strict decoder accepts, with the same values, and
+// hands everything else to it.
 package protocol

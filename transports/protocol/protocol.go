@@ -293,7 +293,7 @@ func Decode(data []byte, v any) error {
 // DecodeAcquire decodes and validates an acquire request.
 func DecodeAcquire(data []byte) (AcquireRequest, error) {
 	var r AcquireRequest
-	if err := Decode(data, &r); err != nil {
+	if err := decodeAcquireBody(data, &r); err != nil {
 		return AcquireRequest{}, err
 	}
 	if _, _, _, err := r.Validate(); err != nil {
@@ -305,7 +305,7 @@ func DecodeAcquire(data []byte) (AcquireRequest, error) {
 // DecodeRelease decodes and validates a release request.
 func DecodeRelease(data []byte) (ReleaseRequest, error) {
 	var r ReleaseRequest
-	if err := Decode(data, &r); err != nil {
+	if err := decodeReleaseBody(data, &r); err != nil {
 		return ReleaseRequest{}, err
 	}
 	return r, r.Validate()
@@ -314,7 +314,7 @@ func DecodeRelease(data []byte) (ReleaseRequest, error) {
 // DecodeGet decodes and validates a get request.
 func DecodeGet(data []byte) (GetRequest, error) {
 	var r GetRequest
-	if err := Decode(data, &r); err != nil {
+	if err := decodeGetBody(data, &r); err != nil {
 		return GetRequest{}, err
 	}
 	return r, r.Validate()

@@ -207,15 +207,15 @@ func (c *Cluster) Close() {
 	wg.Wait()
 }
 
-// Leader waits until exactly one running node is a ready leader and
-// returns its index.
+// Leader waits until exactly one running node is a ready leader serving
+// the lock subjects and returns its index.
 func (c *Cluster) Leader(within time.Duration) int {
 	c.t.Helper()
 	idx := -1
 	testkit.Eventually(c.t, within, "a ready leader", func() bool {
 		idx = -1
 		for i, d := range c.Nodes() {
-			if d != nil && d.Locks().IsLeader() {
+			if d != nil && d.Locks().IsLeader() && d.API().Serving() {
 				if idx >= 0 {
 					return false
 				}
@@ -298,12 +298,13 @@ func StateOf(d *daemon.Daemon) State {
 	return st
 }
 
-// Settled reports whether d is the ready leader and has raised the
+// Settled reports whether d is the ready leader, serves the lock
+// subjects (natsapi: only the leader subscribes to them) and has raised the
 // cluster version to the newest its binary reads, which a new leader does
 // by itself shortly after it is elected: tests that count applied indexes
 // wait for it so that entry does not land in their middle.
 func Settled(d *daemon.Daemon) bool {
 	var v uint64
 	d.Node().View(func(m *core.Machine) { v = m.ClusterVersion() })
-	return d.Locks().IsLeader() && v == core.MaxClusterVersion
+	return d.Locks().IsLeader() && d.API().Serving() && v == core.MaxClusterVersion
 }

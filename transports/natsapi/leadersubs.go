@@ -1,0 +1,165 @@
+package natsapi
+
+import (
+	"errors"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/nats-io/nats.go"
+)
+
+// LeaderCheckInterval is how often a node re-checks whether it should
+// serve the lock subjects, besides being told at once (LeadershipChanged).
+const LeaderCheckInterval = 100 * time.Millisecond
+
+// Leader-only lock subjects.
+//
+// Only the ready leader subscribes to the lock subjects (acquire, release,
+// get, ...): a request sent to a follower would only be forwarded to the
+// leader over one more NATS hop, which cost a third of the cluster's CPU
+// under load. Status, node status and the control refusal stay on every
+// node, and so does each node's forward subject: the forward path is the
+// fallback for the hand-over window.
+//
+// Why this is safe:
+//   - The lock subjects are in one queue group: NATS gives each request to
+//     at most one subscribed node, whoever is subscribed.
+//   - Whether a node answers is still decided per request, in handle, by
+//     lockservice.IsLeader, never by the subscription. A deposed leader
+//     still subscribed (until reconcile runs) forwards a client request
+//     to the leader it knows, or answers unavailable, and answers a
+//     forwarded one not_leader — exactly what every follower did before.
+//   - A node subscribes only after the lock service is ready, i.e. this
+//     node leads and has applied every entry before its term; until then
+//     nobody may be subscribed, and clients get NATS "no responders",
+//     which says nobody received the request: retryable, nothing happened
+//     (the SDK retries it within its budget; docs/protocol.md §4 tells
+//     plain clients to).
+//   - Subscribing and unsubscribing never touch the Ready loop: the
+//     leadership observer only kicks reconcile, which runs on its own
+//     goroutine and reads the lock service's state afresh each time, so
+//     a missed or reordered kick is corrected by the next check.
+
+// leaderSubs are the lock endpoints this node serves only while it is the
+// ready leader, and their subscriptions while it does.
+type leaderSubs struct {
+	nc   *nats.Conn
+	kick chan struct{}
+
+	mu        sync.Mutex // guards eps, subs and closed
+	eps       []leaderEndpoint
+	subs      []*nats.Subscription // nil while not serving
+	closed    bool                 // Stop ran: never subscribe again
+	serving   atomic.Bool
+	forwarded atomic.Uint64 // client lock requests this node forwarded
+}
+
+type leaderEndpoint struct {
+	ep      *endpoint
+	subject string
+	queue   string
+	cb      nats.MsgHandler
+}
+
+func newLeaderSubs(nc *nats.Conn) *leaderSubs {
+	return &leaderSubs{nc: nc, kick: make(chan struct{}, 1)}
+}
+
+// addLockEndpoint lists a lock endpoint in the micro service (INFO and
+// STATS show it on every node) and leaves its subscription to reconcile.
+func (s *Service) addLockEndpoint(op, subject, queue string, h func(*endpoint, *nats.Msg)) {
+	e := &endpoint{}
+	e.info.Name, e.info.Subject, e.info.QueueGroup = op, subject, queue
+	s.svc.mu.Lock()
+	s.svc.endpoints = append(s.svc.endpoints, e)
+	s.svc.mu.Unlock()
+	s.lead.mu.Lock()
+	s.lead.eps = append(s.lead.eps, leaderEndpoint{ep: e, subject: subject, queue: queue, cb: func(m *nats.Msg) { h(e, m) }})
+	s.lead.mu.Unlock()
+}
+
+// LeadershipChanged tells the service that this node may have become, or
+// stopped being, the ready leader; it never blocks (raftstore calls it
+// from its Ready loop through an Observer).
+func (s *Service) LeadershipChanged() {
+	select {
+	case s.lead.kick <- struct{}{}:
+	default:
+	}
+}
+
+// Serving reports whether this node is subscribed to the lock subjects.
+func (s *Service) Serving() bool { return s.lead.serving.Load() }
+
+// Forwarded counts the client lock requests this node forwarded to the
+// leader; in steady state, with leader-only subscriptions, it stays 0.
+func (s *Service) Forwarded() uint64 { return s.lead.forwarded.Load() }
+
+// runLeaderSubs keeps the lock subscriptions in step with leadership
+// until the service stops.
+func (s *Service) runLeaderSubs() {
+	defer s.wg.Done()
+	t := time.NewTicker(LeaderCheckInterval)
+	defer t.Stop()
+	for {
+		if err := s.reconcileLeaderSubs(s.cfg.Locks.IsLeader()); err != nil {
+			s.log.Warn("lock subscriptions not updated; retrying", "err", err)
+		}
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-s.lead.kick:
+		case <-t.C:
+		}
+	}
+}
+
+// reconcileLeaderSubs subscribes the lock endpoints when lead and they
+// are not, and unsubscribes them when not lead and they are.
+func (s *Service) reconcileLeaderSubs(lead bool) error {
+	l := s.lead
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	switch {
+	case lead && l.subs == nil && !l.closed:
+		subs := make([]*nats.Subscription, 0, len(l.eps))
+		for _, e := range l.eps {
+			sub, err := l.nc.QueueSubscribe(e.subject, e.queue, e.cb)
+			if err != nil {
+				err = fmt.Errorf("natsapi: subscribe %s: %w", e.subject, err)
+				return errors.Join(err, unsubscribeAll(subs))
+			}
+			subs = append(subs, sub)
+		}
+		l.subs = subs
+		l.serving.Store(true)
+		s.log.Info("serving the lock subjects as leader", "subjects", len(subs))
+	case !lead && l.subs != nil:
+		err := unsubscribeAll(l.subs)
+		l.subs = nil
+		l.serving.Store(false)
+		s.log.Info("stopped serving the lock subjects: not the leader")
+		return err
+	}
+	return nil
+}
+
+// stopLeaderSubs unsubscribes for good (Stop).
+func (s *Service) stopLeaderSubs() error {
+	s.lead.mu.Lock()
+	s.lead.closed = true
+	s.lead.mu.Unlock()
+	return s.reconcileLeaderSubs(false)
+}
+
+func unsubscribeAll(subs []*nats.Subscription) error {
+	var err error
+	for _, sub := range subs {
+		if uerr := sub.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) && !errors.Is(uerr, nats.ErrBadSubscription) {
+			err = errors.Join(err, uerr)
+		}
+	}
+	return err
+}
