@@ -203,6 +203,8 @@ func (g *DiskGuard) check(remake bool) {
 	if full || int64(free) < g.opts.AlarmBytes {
 		alarm = &NoSpaceError{Dir: g.dir, FreeBytes: free, AlarmBytes: g.opts.AlarmBytes, Full: full}
 	}
+	// The metric first, so whoever sees the alarm sees the gauge too.
+	g.metrics.observeDisk(free, alarm != nil)
 	prev := g.alarm.Swap(alarm)
 	switch {
 	case prev == nil && alarm != nil:
@@ -210,7 +212,6 @@ func (g *DiskGuard) check(remake bool) {
 	case prev != nil && alarm == nil:
 		g.log.Info("storage space recovered: grants are accepted again", "free_mib", free>>20)
 	}
-	g.metrics.observeDisk(free, alarm != nil)
 }
 
 func (g *DiskGuard) hasBallast() bool {
