@@ -7,25 +7,34 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"testing"
 )
 
 // Ports below the kernel's ephemeral range are never given to outgoing
 // connections, so a port picked there and bound a moment later cannot
 // have been taken by one of the test's own client or route connections
-// (which a port from ":0" can). Picked at random, two picks (in this
-// process or another test binary) rarely meet.
+// (which a port from ":0" can). Each test process takes its ports from
+// its own block of that range (chosen by its pid) and walks through the
+// block, so test binaries running side by side (go test -p) and the
+// successive picks of one binary do not hand out the same port.
 const (
 	lowestPort = 10000
-	pickTries  = 200
+	blockPorts = 256
 )
+
+// nextPort walks this process's block; it is shared by every test of the
+// process (a test helper's only package-level state: an allocator).
+var nextPort atomic.Uint32
 
 // PickFreeAddr returns a 127.0.0.1 address whose port was free a moment
 // ago. It is FreeAddr for callers without a testing.TB.
 func PickFreeAddr() (string, error) {
-	if hi := ephemeralLow() - 1; hi > lowestPort+1000 {
-		for range pickTries {
-			port := lowestPort + rand.IntN(hi-lowestPort)
+	if blocks := (ephemeralLow() - lowestPort) / blockPorts; blocks > 0 {
+		base := lowestPort + (os.Getpid()%blocks)*blockPorts
+		nextPort.CompareAndSwap(0, uint32(rand.IntN(blockPorts))+1)
+		for range blockPorts {
+			port := base + int(nextPort.Add(1)%blockPorts)
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 			if err == nil {
 				addr := ln.Addr().String()
