@@ -175,6 +175,6 @@ func ResolveIdentity(ctx context.Context, cfg StartConfig) (Resolved, error) {
 	if err := WriteIdentity(cfg.DataDir, Identity{NodeID: rep.NodeID, Incarnation: rep.Incarnation, ControlURLs: cfg.JoinURLs}); err != nil {
 		return Resolved{}, err
 	}
-	log.With("node", rep.NodeID).Info("joined the cluster as a learner", "node_id", rep.NodeID, "incarnation", rep.Incarnation)
+	log.Info("joined the cluster as a learner", "node_id", rep.NodeID, "incarnation", rep.Incarnation)
 	return Resolved{NodeID: rep.NodeID, Join: &rep}, nil
 }

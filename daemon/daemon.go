@@ -64,6 +64,8 @@ type Options struct {
 
 // Daemon is one running node.
 type Daemon struct {
+	// baseLog is the logger as given; log adds this node's id.
+	baseLog *slog.Logger
 	cfg   Config
 	log   *slog.Logger
 	store *raftstore.Store
@@ -109,8 +111,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if log == nil {
 		log = slog.Default()
 	}
-	log = log.With("node", cfg.ID)
-	d := &Daemon{cfg: cfg, log: log, reg: prometheus.NewRegistry()}
+	d := &Daemon{cfg: cfg, baseLog: log, log: log.With("node", cfg.ID), reg: prometheus.NewRegistry()}
 	// Every error return below leaves through here: undo what started.
 	defer func() {
 		if err != nil {
@@ -214,11 +215,11 @@ func (d *Daemon) resolveMembership(ctx context.Context) (membership, error) {
 	if err != nil {
 		return membership{}, err
 	}
-	if ident.NodeID != 0 {
+	if ident.NodeID != 0 && ident.NodeID != d.cfg.ID {
+		// A control-plane identity names the node: log under it, not
+		// under the configured id.
 		d.cfg.ID = ident.NodeID
-	}
-	if ident.Join != nil {
-		d.log = d.log.With("node", ident.NodeID)
+		d.log = d.baseLog.With("node", ident.NodeID)
 	}
 	m := membership{joining: ident.Join != nil, addrs: map[uint64]string{}}
 	if m.joining {

@@ -166,7 +166,7 @@ func NewNode(cfg Config) (*Node, error) {
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: load state: %w", err)
 	}
-	cfg.Logger.Info("state loaded", "node", cfg.ID, "applied", applied, "locks", machine.Len(), "took", time.Since(loadStart))
+	cfg.Logger.Info("state loaded", "applied", applied, "locks", machine.Len(), "took", time.Since(loadStart))
 	var seed [8]byte
 	if _, err := rand.Read(seed[:]); err != nil {
 		return nil, fmt.Errorf("raftstore: request id seed: %w", err)
