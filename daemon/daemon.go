@@ -66,15 +66,15 @@ type Options struct {
 type Daemon struct {
 	// baseLog is the logger as given; log adds this node's id.
 	baseLog *slog.Logger
-	cfg   Config
-	log   *slog.Logger
-	store *raftstore.Store
-	node  *raftstore.Node
-	locks *lockservice.Service
-	peers *peer.Transport
-	ns    *natsserver.Server
-	nc    *nats.Conn
-	api   *natsapi.Service
+	cfg     Config
+	log     *slog.Logger
+	store   *raftstore.Store
+	node    *raftstore.Node
+	locks   *lockservice.Service
+	peers   *peer.Transport
+	ns      *natsserver.Server
+	nc      *nats.Conn
+	api     *natsapi.Service
 	// watch publishes every applied lock change on its key's watch
 	// subject (natsapi/watch.go).
 	watch *natsapi.WatchPublisher
