@@ -1,10 +1,11 @@
 package natsapi
 
 import (
+	"crypto/rand"
+	"encoding/hex"
 	"errors"
 	"fmt"
 	"log/slog"
-	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -31,9 +32,11 @@ import (
 // a 503, so a grant a client may hold is never released this way. The
 // converse is not promised: a requester that vanished on another server
 // whose interest had not yet left the routes gets no 503; its grant
-// expires with its lease, as before. Only the recipient of a grant sees
-// this reply subject (a random inbox), so only the holder itself could
-// forge a 503, and it may release its own lock anyway.
+// expires with its lease, as before. The last token of each reply subject
+// is random (crypto/rand, 128 bits), so a client that saw one grant's
+// reply subject cannot guess another's and forge a 503 for it; only the
+// recipient of a grant sees its subject, and it may release its own lock
+// anyway.
 //
 // Cost: one map entry and one timer per grant to a requester that waited,
 // for DeliveryWatchDefault; immediate grants keep the plain publish.
@@ -66,15 +69,14 @@ type deliveryWatch struct {
 	// lost runs each callback (not on the subscription's goroutine).
 	lost func(f func())
 
-	mu      sync.Mutex // guards seq and pending
-	seq     uint64
-	pending map[uint64]*time.Timer
-	onLost  map[uint64]func()
+	mu      sync.Mutex // guards pending and onLost
+	pending map[string]*time.Timer
+	onLost  map[string]func()
 }
 
 func newDeliveryWatch(nc *nats.Conn, log *slog.Logger, lost func(func())) (*deliveryWatch, error) {
 	d := &deliveryWatch{nc: nc, log: log, prefix: nc.NewInbox(), timeout: DeliveryWatchDefault, lost: lost,
-		pending: make(map[uint64]*time.Timer), onLost: make(map[uint64]func())}
+		pending: make(map[string]*time.Timer), onLost: make(map[string]func())}
 	sub, err := nc.Subscribe(d.prefix+".*", d.handle)
 	if err != nil {
 		return nil, fmt.Errorf("natsapi: subscribe delivery inbox: %w", err)
@@ -92,12 +94,11 @@ func (d *deliveryWatch) publish(m *nats.Msg, onLost func()) error {
 		d.mu.Unlock()
 		return d.nc.PublishMsg(m)
 	}
-	d.seq++
-	id := d.seq
+	id := deliveryID()
 	d.onLost[id] = onLost
 	d.pending[id] = time.AfterFunc(d.timeout, func() { d.take(id) })
 	d.mu.Unlock()
-	m.Reply = d.prefix + "." + strconv.FormatUint(id, 10)
+	m.Reply = d.prefix + "." + id
 	err := d.nc.PublishMsg(m)
 	if err != nil {
 		d.take(id)
@@ -106,7 +107,7 @@ func (d *deliveryWatch) publish(m *nats.Msg, onLost func()) error {
 }
 
 // take removes id's watch and returns its callback (nil if gone).
-func (d *deliveryWatch) take(id uint64) func() {
+func (d *deliveryWatch) take(id string) func() {
 	d.mu.Lock()
 	defer d.mu.Unlock()
 	f := d.onLost[id]
@@ -124,11 +125,7 @@ func (d *deliveryWatch) handle(m *nats.Msg) {
 	if len(m.Data) != 0 || m.Header.Get("Status") != "503" {
 		return
 	}
-	id, err := strconv.ParseUint(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:], 10, 64)
-	if err != nil {
-		return
-	}
-	if f := d.take(id); f != nil {
+	if f := d.take(m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]); f != nil {
 		d.log.Debug("no responders for a delivered grant", "to", m.Header.Get("Nats-Subject"))
 		d.lost(f)
 	}
@@ -148,4 +145,11 @@ func (d *deliveryWatch) stop() error {
 		return nil
 	}
 	return err
+}
+
+// deliveryID is a fresh unguessable id for one watched delivery.
+func deliveryID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
 }

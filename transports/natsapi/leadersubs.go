@@ -136,6 +136,16 @@ func (s *Service) reconcileLeaderSubs(lead bool) error {
 		l.subs = subs
 		l.serving.Store(true)
 		s.log.Info("serving the lock subjects as leader", "subjects", len(subs))
+	case !lead && l.subs != nil && !l.closed:
+		// Drain, not unsubscribe: requests NATS already handed to this
+		// node are still handled (forwarded to the new leader, or
+		// answered not_leader), instead of vanishing without a reply
+		// that the client would have to call indeterminate.
+		err := drainAll(l.subs)
+		l.subs = nil
+		l.serving.Store(false)
+		s.log.Info("stopped serving the lock subjects: not the leader")
+		return err
 	case !lead && l.subs != nil:
 		err := unsubscribeAll(l.subs)
 		l.subs = nil
@@ -152,6 +162,16 @@ func (s *Service) stopLeaderSubs() error {
 	s.lead.closed = true
 	s.lead.mu.Unlock()
 	return s.reconcileLeaderSubs(false)
+}
+
+func drainAll(subs []*nats.Subscription) error {
+	var err error
+	for _, sub := range subs {
+		if derr := sub.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) && !errors.Is(derr, nats.ErrBadSubscription) {
+			err = errors.Join(err, fmt.Errorf("natsapi: drain %s: %w", sub.Subject, derr))
+		}
+	}
+	return err
 }
 
 func unsubscribeAll(subs []*nats.Subscription) error {
