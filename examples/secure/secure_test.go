@@ -188,6 +188,19 @@ func (n *node) lockUser(t *testing.T) {
 	if err != nil {
 		t.Fatalf("alice acquire: %v", err)
 	}
+	// Renew and list are allowed to lock users too (renew counts as
+	// acquire in the access list).
+	before := l.Deadline()
+	if err := l.Renew(ctx(t)); err != nil || !l.Deadline().After(before) {
+		t.Fatalf("alice renew: %v (deadline %v -> %v)", err, before, l.Deadline())
+	}
+	page, err := c.List(ctx(t), "a/", "", 10)
+	if err != nil || len(page.Locks) != 1 || page.Locks[0].Token != l.Token {
+		t.Fatalf("alice list a/: %+v, %v", page, err)
+	}
+	if _, err := c.List(ctx(t), "b/", "", 10); !errors.Is(err, sdk.ErrPermissionDenied) {
+		t.Fatalf("alice list b/: %v, want permission_denied", err)
+	}
 	if err := l.Release(ctx(t)); err != nil {
 		t.Fatalf("alice release: %v", err)
 	}
