@@ -49,7 +49,8 @@ const (
 //	the group is dead by                       D - execKillMargin + (timer lateness + kill delivery) < D
 //
 // so nothing it started runs past D, as long as timers and kill delivery
-// take under execKillMargin. The command runs in its own process group
+// take under execKillMargin. When the command exits (lock lost or not),
+// whatever it left running in its group is killed before the release. The command runs in its own process group
 // (so that whatever it starts is stopped too); ticketd forwards SIGINT
 // and SIGTERM to that group.
 func lockExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
@@ -93,7 +94,7 @@ func lockExec(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	if err != nil {
 		return fail(stderr, err)
 	}
-	status := runLocked(l, argv, *grace, stdout, stderr)
+	status := runLocked(l, argv, stdout, stderr)
 	// The command is gone: give the lock back (it may still exist even if
 	// it was "lost" locally; the token makes this safe either way).
 	// A lost lock is usually unreachable: do not hold the exit for long.
@@ -110,7 +111,7 @@ func lockExec(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 }
 
 // runLocked runs argv while l is held and returns its exit status.
-func runLocked(l *sdk.Lock, argv []string, grace time.Duration, stdout, stderr io.Writer) int {
+func runLocked(l *sdk.Lock, argv []string, stdout, stderr io.Writer) int {
 	cmd := exec.Command(argv[0], argv[1:]...)
 	cmd.Env = append(environ(), "TICKETD_KEY="+l.Key, "TICKETD_TOKEN="+strconv.FormatUint(l.Token, 10))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
@@ -119,6 +120,12 @@ func runLocked(l *sdk.Lock, argv []string, grace time.Duration, stdout, stderr i
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 	defer signal.Stop(sigs)
+	if err := l.Err(); err != nil {
+		// Lost between the grant and now (a slow first renewal): the
+		// command must not start on a lock that may be gone.
+		fmt.Fprintf(stderr, "ticketd lock exec: not starting the command: %v\n", err)
+		return exitFailure
+	}
 	if err := cmd.Start(); err != nil {
 		fmt.Fprintf(stderr, "ticketd lock exec: %v\n", err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
@@ -134,8 +141,10 @@ func runLocked(l *sdk.Lock, argv []string, grace time.Duration, stdout, stderr i
 	for {
 		select {
 		case err := <-exited:
-			if lost == nil { // the lock was lost: nothing of the group may outlive it
-				_ = syscall.Kill(group, syscall.SIGKILL)
+			// Nothing the command started in its group may outlive the
+			// lock, which is released next.
+			_ = syscall.Kill(group, syscall.SIGKILL)
+			if lost == nil {
 				fmt.Fprintf(stderr, "ticketd lock exec: the command ended %v before the lock's deadline %s\n",
 					time.Until(l.Deadline()).Round(time.Millisecond), l.Deadline().UTC().Format(time.RFC3339Nano))
 			}
@@ -144,10 +153,13 @@ func runLocked(l *sdk.Lock, argv []string, grace time.Duration, stdout, stderr i
 			_ = syscall.Kill(group, sig.(syscall.Signal))
 		case <-lost:
 			lost = nil
+			// SIGKILL is timed from the deadline, not from now: a late
+			// Lost (or a late timer) must not push it past the deadline.
+			killIn := max(0, time.Until(l.Deadline().Add(-execKillMargin)))
 			fmt.Fprintf(stderr, "ticketd lock exec: %v; the lock's deadline is %s (in %v): SIGTERM now, SIGKILL in %v\n",
-				l.Err(), l.Deadline().UTC().Format(time.RFC3339Nano), time.Until(l.Deadline()).Round(time.Millisecond), grace)
+				l.Err(), l.Deadline().UTC().Format(time.RFC3339Nano), time.Until(l.Deadline()).Round(time.Millisecond), killIn.Round(time.Millisecond))
 			_ = syscall.Kill(group, syscall.SIGTERM)
-			kill = time.After(grace)
+			kill = time.After(killIn)
 		case <-kill:
 			kill = nil
 			_ = syscall.Kill(group, syscall.SIGKILL)

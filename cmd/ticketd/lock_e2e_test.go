@@ -153,6 +153,26 @@ func TestLockExecChildStatusAndEnv(t *testing.T) {
 			}
 		})
 	}
+	// A background process the command leaves behind in its group does
+	// not outlive the lock, which is released right after.
+	pidFile := filepath.Join(t.TempDir(), "pid")
+	if r := runCLI(t, bin, "lock", "exec", "exec/env", "--nats", url, "--lease", "5s", "--",
+		"sh", "-c", `sleep 60 >/dev/null 2>&1 & echo $! > "$0"`, pidFile); r.code != 0 {
+		t.Fatalf("exec with a background child: exit %d %q", r.code, r.stderr)
+	}
+	b, err := os.ReadFile(pidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 5*time.Second, "the background child gone", func() bool {
+		// Gone, or a zombie about to be reaped by init.
+		st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+		return err != nil || strings.Contains(string(st), ") Z ")
+	})
 	if r := runCLI(t, bin, "lock", "exec", "exec/env", "--nats", url, "sh", "-c", "true"); r.code != exitUsage {
 		t.Fatalf("exec without --: exit %d %q", r.code, r.stderr)
 	}
