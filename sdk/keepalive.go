@@ -60,15 +60,16 @@ type keepAliveConfig struct {
 // Deadline when renewals keep failing, instead of the default (a tenth of
 // the lease, within [MinDefaultMargin, MaxDefaultMargin]). Choose it to
 // cover the time your code needs to stop touching the protected resource.
-// It must be at most three quarters of the lease.
+// It must be positive and at most three quarters of the lease.
 func WithSafetyMargin(margin time.Duration) KeepAliveOption {
 	return func(k *keepAliveConfig) { k.margin, k.marginSet = margin, true }
 }
 
 // WithAutoRenew makes Acquire start KeepAlive on the lock it returns. If
 // the grant came so late (after a long wait) that its first renewal is
-// due, Acquire renews before returning, and if that fails with the
-// lock's deadline too near, it releases the grant and returns the error.
+// due, Acquire renews before returning, and if that renewal is refused,
+// or fails with the lock's deadline too near, it releases the grant and
+// returns the error.
 func WithAutoRenew(opts ...KeepAliveOption) AcquireOption {
 	return func(o *acquireOptions) { o.autoRenew, o.keepAlive = true, opts }
 }
@@ -85,8 +86,10 @@ func newKeepAliveConfig(lease time.Duration, opts []KeepAliveOption) (keepAliveC
 	if !k.marginSet {
 		k.margin = defaultMargin(lease)
 	}
-	if k.margin < 0 || k.margin > lease*3/4 {
-		return k, fmt.Errorf("safety margin %v is outside [0, 3/4 of the lease %v]", k.margin, lease)
+	// A margin of 0 would let Lost fire at the deadline rather than
+	// before it.
+	if k.margin <= 0 || k.margin > lease*3/4 {
+		return k, fmt.Errorf("safety margin %v is outside (0, 3/4 of the lease %v]", k.margin, lease)
 	}
 	k.interval = (lease - k.margin) / renewsPerWindow
 	return k, nil
@@ -168,11 +171,11 @@ func (l *Lock) startAutoRenew(ctx context.Context, k keepAliveConfig) error {
 	due := !l.now().Before(l.renewedAt.Add(k.interval))
 	l.mu.Unlock()
 	if due {
-		if err := l.Renew(ctx); err != nil && l.Remaining() <= k.margin {
+		if err := l.Renew(ctx); err != nil && (renewalRefused(err) || l.Remaining() <= k.margin) {
 			rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
 			_ = l.Release(rctx)
 			cancel()
-			return fmt.Errorf("ticketd: acquire %q: granted too late to use, and the renewal failed (the grant was released): %w", l.Key, err)
+			return fmt.Errorf("ticketd: acquire %q: granted too late to use, or its renewal was refused (the grant was released): %w", l.Key, err)
 		}
 	}
 	return l.startKeepAlive(context.Background(), k)
