@@ -60,6 +60,9 @@ func (s *Service) Renew(ctx context.Context, key string, token uint64, lease tim
 		return Renewal{}, fmt.Errorf("%w: renew needs cluster version %d, the cluster runs version %d (a member runs an older binary, or the new leader has not raised it yet); retry later",
 			ErrUnavailable, need, have)
 	}
+	if err := s.checkRenewal(ctx, key, token, lease); err != nil {
+		return Renewal{}, err
+	}
 	epoch, err := s.beginRenew(key, token)
 	if errors.Is(err, ErrNotFound) {
 		// Answer not_found only as the current leader: a deposed leader's
@@ -131,4 +134,28 @@ func (s *Service) applyRenewed(key string, token, leaseMS, askedMS uint64) {
 	if s.lead.leases.extend(key, token, lease, s.cfg.Now()) {
 		s.signalTimersChanged()
 	}
+}
+
+// checkRenewal holds a renewal to the rules its grant met: only the
+// identity the lock was granted to may renew it (another identity that may
+// acquire under the prefix could otherwise read the token with get or list
+// and keep someone else's lock alive), and a renewal that lengthens the
+// lease is asked of the policy like a Grant of that lease, so a policy's
+// lease cap cannot be renewed around. A lock that is not held with token
+// passes here: beginRenew answers not_found.
+func (s *Service) checkRenewal(ctx context.Context, key string, token uint64, lease time.Duration) error {
+	var held core.Lock
+	var ok bool
+	s.node.View(func(m *core.Machine) { held, ok = m.Get(key) })
+	if !ok || held.Token != token {
+		return nil
+	}
+	if id := IdentityFrom(ctx); held.Identity != "" && held.Identity != id && !nodeAuthority(ctx) {
+		s.cfg.Metrics.PermissionDenied.WithLabelValues(string(OpAcquire)).Inc()
+		return &PermissionError{Identity: id, Op: "renew the lock of another identity on", Key: key}
+	}
+	if leaseMS := uint64(lease / time.Millisecond); leaseMS > held.LeaseMS {
+		return s.checkPolicy(ctx, AcquireParams{Key: key, Owner: held.Owner}, leaseMS)
+	}
+	return nil
 }

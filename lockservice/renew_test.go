@@ -3,11 +3,13 @@ package lockservice
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/plugins"
 )
 
 // clockAt is a settable lease clock.
@@ -129,5 +131,45 @@ func TestLeaseHeapRenewExpireExclusive(t *testing.T) {
 	}
 	if h.extend("a", 9, time.Minute, now) {
 		t.Fatal("extend with another token found a timer")
+	}
+}
+
+// leaseCap is a policy that allows leases up to max.
+type leaseCap struct{ max uint64 }
+
+func (p leaseCap) ValidateGrant(_ context.Context, _, _, _ string, leaseMS uint64) (plugins.Verdict, error) {
+	if leaseMS > p.max {
+		return plugins.Verdict{Reason: fmt.Sprintf("lease %d ms over the cap", leaseMS)}, nil
+	}
+	return plugins.Verdict{Allow: true}, nil
+}
+
+// TestRenewKeepsTheGrantsRules: only the identity a lock was granted to
+// may renew it, and a renewal that lengthens the lease is asked of the
+// policy like a grant of that lease.
+func TestRenewKeepsTheGrantsRules(t *testing.T) {
+	s, _ := newLeader(t, Config{Policy: leaseCap{max: 30_000}})
+	g, err := acquire(s, "alice", "k", 0) // a one-minute lease would be over the cap
+	if !errors.Is(err, ErrDenied) {
+		t.Fatalf("acquire over the cap: %v, %+v", err, g)
+	}
+	ctx := WithIdentity(context.Background(), "alice")
+	g, err = s.Acquire(ctx, AcquireParams{Key: "k", Lease: 10 * time.Second, Timeout: 5 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bob := WithIdentity(context.Background(), "bob")
+	if _, err := s.Renew(bob, "k", g.Token, 0); !errors.Is(err, ErrPermissionDenied) {
+		t.Fatalf("bob renews alice's lock: %v, want permission_denied", err)
+	}
+	if _, err := s.Renew(ctx, "k", g.Token, time.Hour); !errors.Is(err, ErrDenied) {
+		t.Fatalf("renew past the policy's cap: %v, want denied", err)
+	}
+	r, err := s.Renew(ctx, "k", g.Token, 20*time.Second)
+	if err != nil || r.Lease != 20*time.Second {
+		t.Fatalf("renew within the cap: %+v, %v", r, err)
+	}
+	if r, err := s.Renew(ctx, "k", g.Token, 0); err != nil || r.Lease != 20*time.Second {
+		t.Fatalf("renew keeping the lease: %+v, %v", r, err)
 	}
 }
