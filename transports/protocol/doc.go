@@ -4,10 +4,13 @@
 //
 // # Subjects
 //
-// Every node serves the same subjects in the NATS queue group QueueGroup,
-// so a request reaches exactly one node; a follower forwards it to the
-// leader, and only the leader answers lock requests. See docs/protocol.md
-// for the full description written for client authors in any language.
+// The lock subjects (acquire, release, get, and lifecycle.go's renew,
+// list and withdraw) are served in the NATS queue group QueueGroup by the
+// ready leader only, so a request reaches at most one node; a node that
+// still receives one while leadership moves forwards it to the leader.
+// Status is served by every node. Applied changes are published on watch
+// subjects (WatchSubject). See docs/protocol.md for the full description
+// written for client authors in any language.
 //
 // # Hostile input
 //
