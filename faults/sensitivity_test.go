@@ -19,81 +19,19 @@ import (
 // of a forward jump on the leader's clock) and fencing alone keeps the
 // resource consistent.
 func TestCheckersCatchAnUnrecordedClockJump(t *testing.T) {
-	c, err := startInProcess(t, 1, testkit.QuietLogger(), 20, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.close()
-	if !waitLeader(c, 10*time.Second) {
-		t.Fatal("single node did not lead")
-	}
-	h := NewHistory()
-	res := newResource(h)
-	wl := &workload{h: h, res: res, opTimeout: 2 * time.Second}
-	var ws []*worker
-	for i := 0; i < 2; i++ {
-		cl, err := connectClient(c.clientURLs())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
-		ws = append(ws, &worker{id: i, cl: cl, w: wl})
-	}
-	a := ws[0].acquire("k", 3*time.Second, 0)
+	js := newJumpScenario(t)
+	a := js.ws[0].acquire("k", 3*time.Second, 0)
 	if a == nil {
 		t.Fatal("first acquire failed")
 	}
-	if ok, _ := res.write(0, a); !ok {
+	if ok, _ := js.res.write(0, a); !ok {
 		t.Fatal("first holder could not write")
 	}
-	jumpAt := h.Now()
-	if err := c.jump(0, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	// Any grant wakes the leader's lease loop, which then finds the lease
-	// of "k" due on its (jumped) clock.
-	if l := ws[1].acquire("other", time.Second, 0); l == nil {
-		t.Fatal("acquire of another key failed")
-	}
-	var b *sdk.Lock
-	deadline := time.Now().Add(2 * time.Second)
-	for b == nil && time.Now().Before(deadline) {
-		b = ws[1].acquire("k", time.Second, 100*time.Millisecond)
-	}
-	if b == nil {
-		t.Fatal("the lease did not end early: the jumped clock had no effect")
-	}
-	if !a.Valid() {
-		t.Fatalf("the first holder's SDK deadline passed already (%v): the scenario needs it valid", a.Deadline())
-	}
-	if _, acc := res.write(1, b); !acc {
-		t.Fatal("the second holder's write was rejected")
-	}
-	if _, acc := res.write(0, a); acc {
-		t.Fatal("the resource accepted a stale token")
-	}
-	ops, writes, _, _ := h.snapshot(-1)
-	opt := CheckOptions{Slack: time.Millisecond, LinearizabilityTimeout: 10 * time.Second}
-	got := Check(0, ops, writes, nil, opt)
-	names := checkers(got)
-	for _, want := range []string{"mutual-exclusion", "linearizability", "fenced-resource"} {
-		if !strings.Contains(names, want) {
-			for _, v := range got.Violations {
-				t.Log(v.String())
-			}
-			t.Errorf("unrecorded jump: checker %s did not fire (got %q)", want, names)
-		}
-	}
-	recorded := Check(0, ops, writes, []Jump{{At: jumpAt, Node: 1, Delta: int64(5 * time.Second)}}, opt)
-	if len(recorded.Violations) > 0 {
-		for _, v := range recorded.Violations {
-			t.Log(v.String())
-		}
-		t.Errorf("recorded jump: %d violations, want none", len(recorded.Violations))
-	}
-	if len(recorded.Excused) == 0 || recorded.Fenced != 1 {
-		t.Errorf("recorded jump: excused %v fenced %d, want an excused overlap and one fenced write", recorded.Excused, recorded.Fenced)
-	}
+	jumpAt := js.takeOverAfterJump(t, a, "the lease", "the first holder's SDK deadline")
+	ops, writes, _, _ := js.h.snapshot(-1)
+	got := Check(0, ops, writes, nil, jumpCheckOptions)
+	wantCaught(t, got)
+	wantExcused(t, ops, writes, jumpAt)
 }
 
 // TestCheckersCatchAnUnhonouredRenewal: the same on a renewed lock. A
@@ -106,26 +44,8 @@ func TestCheckersCatchAnUnrecordedClockJump(t *testing.T) {
 // history the grant came after the first lease ended. Recorded, the jump
 // excuses the overlap and fencing holds.
 func TestCheckersCatchAnUnhonouredRenewal(t *testing.T) {
-	c, err := startInProcess(t, 1, testkit.QuietLogger(), 20, 10)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer c.close()
-	if !waitLeader(c, 10*time.Second) {
-		t.Fatal("single node did not lead")
-	}
-	h := NewHistory()
-	res := newResource(h)
-	wl := &workload{h: h, res: res, opTimeout: 2 * time.Second}
-	var ws []*worker
-	for i := 0; i < 2; i++ {
-		cl, err := connectClient(c.clientURLs())
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer cl.Close()
-		ws = append(ws, &worker{id: i, cl: cl, w: wl})
-	}
+	js := newJumpScenario(t)
+	ws := js.ws
 	a := ws[0].acquire("k", 300*time.Millisecond, 0)
 	if a == nil {
 		t.Fatal("first acquire failed")
@@ -140,51 +60,115 @@ func TestCheckersCatchAnUnhonouredRenewal(t *testing.T) {
 	// Wait out the grant's own deadline (a fixed instant, not a
 	// condition): from then on only the renewal makes the lock a's.
 	time.Sleep(time.Until(granted))
-	if ok, _ := res.write(0, a); !ok {
+	if ok, _ := js.res.write(0, a); !ok {
 		t.Fatal("the renewed holder could not write")
 	}
-	jumpAt := h.Now()
-	if err := c.jump(0, 5*time.Second); err != nil {
-		t.Fatal(err)
-	}
-	if l := ws[1].acquire("other", time.Second, 0); l == nil {
-		t.Fatal("acquire of another key failed")
-	}
-	var b *sdk.Lock
-	deadline := time.Now().Add(2 * time.Second)
-	for b == nil && time.Now().Before(deadline) {
-		b = ws[1].acquire("k", time.Second, 100*time.Millisecond)
-	}
-	if b == nil {
-		t.Fatal("the renewed lease did not end early: the jumped clock had no effect")
-	}
-	if !a.Valid() {
-		t.Fatalf("the first holder's renewed deadline passed already (%v): the scenario needs it valid", a.Deadline())
-	}
-	if _, acc := res.write(1, b); !acc {
-		t.Fatal("the second holder's write was rejected")
-	}
-	if _, acc := res.write(0, a); acc {
-		t.Fatal("the resource accepted a stale token")
-	}
-	ops, writes, _, _ := h.snapshot(-1)
-	opt := CheckOptions{Slack: time.Millisecond, LinearizabilityTimeout: 10 * time.Second}
-	names := checkers(Check(0, ops, writes, nil, opt))
-	for _, want := range []string{"mutual-exclusion", "linearizability", "fenced-resource"} {
-		if !strings.Contains(names, want) {
-			t.Errorf("unrecorded jump: checker %s did not fire (got %q)", want, names)
-		}
-	}
+	jumpAt := js.takeOverAfterJump(t, a, "the renewed lease", "the first holder's renewed deadline")
+	ops, writes, _, _ := js.h.snapshot(-1)
+	wantCaught(t, Check(0, ops, writes, nil, jumpCheckOptions))
 	var unrenewed []Op
 	for _, o := range ops {
 		if o.Kind != OpRenew {
 			unrenewed = append(unrenewed, o)
 		}
 	}
-	if names := checkers(Check(0, unrenewed, writes, nil, opt)); strings.Contains(names, "mutual-exclusion") || strings.Contains(names, "linearizability") {
+	if names := checkers(Check(0, unrenewed, writes, nil, jumpCheckOptions)); strings.Contains(names, "mutual-exclusion") || strings.Contains(names, "linearizability") {
 		t.Errorf("without the renewals the second grant came after the first lease, yet %q fired", names)
 	}
-	recorded := Check(0, ops, writes, []Jump{{At: jumpAt, Node: 1, Delta: int64(5 * time.Second)}}, opt)
+	wantExcused(t, ops, writes, jumpAt)
+}
+
+// jumpScenario is one in-process node with two harness workers sharing
+// a history and a fenced resource.
+type jumpScenario struct {
+	c   *inprocCluster
+	h   *History
+	res *resource
+	ws  []*worker
+}
+
+func newJumpScenario(t *testing.T) *jumpScenario {
+	t.Helper()
+	c, err := startInProcess(t, 1, testkit.QuietLogger(), 20, 10)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.close)
+	if !waitLeader(c, 10*time.Second) {
+		t.Fatal("single node did not lead")
+	}
+	js := &jumpScenario{c: c, h: NewHistory()}
+	js.res = newResource(js.h)
+	wl := &workload{h: js.h, res: js.res, opTimeout: 2 * time.Second}
+	for i := 0; i < 2; i++ {
+		cl, err := connectClient(c.clientURLs())
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(func() { cl.Close() })
+		js.ws = append(js.ws, &worker{id: i, cl: cl, w: wl})
+	}
+	return js
+}
+
+// takeOverAfterJump jumps the leader's lease clock 5s forward, unrecorded,
+// has the second worker take "k" while a is still valid by its SDK
+// deadline, and checks that the second holder writes and a's next write is
+// fenced. It returns the history time of the jump. lease and deadline
+// name what ended early and what was still valid, for the messages.
+func (js *jumpScenario) takeOverAfterJump(t *testing.T, a *sdk.Lock, lease, deadline string) int64 {
+	t.Helper()
+	jumpAt := js.h.Now()
+	if err := js.c.jump(0, 5*time.Second); err != nil {
+		t.Fatal(err)
+	}
+	// Any grant wakes the leader's lease loop, which then finds the lease
+	// of "k" due on its (jumped) clock.
+	if l := js.ws[1].acquire("other", time.Second, 0); l == nil {
+		t.Fatal("acquire of another key failed")
+	}
+	var b *sdk.Lock
+	until := time.Now().Add(2 * time.Second)
+	for b == nil && time.Now().Before(until) {
+		b = js.ws[1].acquire("k", time.Second, 100*time.Millisecond)
+	}
+	if b == nil {
+		t.Fatalf("%s did not end early: the jumped clock had no effect", lease)
+	}
+	if !a.Valid() {
+		t.Fatalf("%s passed already (%v): the scenario needs it valid", deadline, a.Deadline())
+	}
+	if _, acc := js.res.write(1, b); !acc {
+		t.Fatal("the second holder's write was rejected")
+	}
+	if _, acc := js.res.write(0, a); acc {
+		t.Fatal("the resource accepted a stale token")
+	}
+	return jumpAt
+}
+
+var jumpCheckOptions = CheckOptions{Slack: time.Millisecond, LinearizabilityTimeout: 10 * time.Second}
+
+// wantCaught: with the jump unrecorded, the overlap is a violation of
+// mutual exclusion, linearizability and the fenced resource.
+func wantCaught(t *testing.T, got CheckResult) {
+	t.Helper()
+	names := checkers(got)
+	for _, want := range []string{"mutual-exclusion", "linearizability", "fenced-resource"} {
+		if !strings.Contains(names, want) {
+			for _, v := range got.Violations {
+				t.Log(v.String())
+			}
+			t.Errorf("unrecorded jump: checker %s did not fire (got %q)", want, names)
+		}
+	}
+}
+
+// wantExcused: with the jump recorded, the overlap is excused and the one
+// stale write fenced.
+func wantExcused(t *testing.T, ops []Op, writes []Write, jumpAt int64) {
+	t.Helper()
+	recorded := Check(0, ops, writes, []Jump{{At: jumpAt, Node: 1, Delta: int64(5 * time.Second)}}, jumpCheckOptions)
 	if len(recorded.Violations) > 0 {
 		for _, v := range recorded.Violations {
 			t.Log(v.String())
