@@ -27,6 +27,7 @@ import (
 
 	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/loglimit"
 	"github.com/ticketd/ticketd/internal/natsclient"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
@@ -508,7 +509,7 @@ func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: embedded NATS: %w", err)
 	}
-	nlog := &natsLogger{log: d.log.With("component", "nats")}
+	nlog := &natsLogger{log: d.log.With("component", "nats"), limit: loglimit.Limiter{Burst: natsLogBurst}}
 	ns.SetLoggerV2(nlog, false, false, false)
 	go ns.Start()
 	if !natsReady(ns, nlog, StartTimeoutDefault) {

@@ -5,9 +5,9 @@ import (
 	"log/slog"
 	"os"
 	"strings"
-	"sync"
 	"time"
 
+	"github.com/ticketd/ticketd/internal/loglimit"
 	"go.etcd.io/raft/v3"
 )
 
@@ -66,18 +66,18 @@ func (r raftLogger) warn(msg string) {
 // happens in its own write. Pebble expects Fatalf not to return.
 type pebbleLogger struct {
 	l       *slog.Logger
-	limit   *logLimiter
+	limit   *loglimit.Limiter
 	onFatal func(error)
 }
 
 func newPebbleLogger(l *slog.Logger, onFatal func(error)) pebbleLogger {
-	return pebbleLogger{l: l, limit: &logLimiter{}, onFatal: onFatal}
+	return pebbleLogger{l: l, limit: &loglimit.Limiter{Burst: pebbleErrorBurst}, onFatal: onFatal}
 }
 
 func (p pebbleLogger) Infof(format string, args ...any) { p.l.Debug(fmt.Sprintf(format, args...)) }
 
 func (p pebbleLogger) Errorf(format string, args ...any) {
-	if ok, suppressed := p.limit.allow(time.Now()); ok {
+	if ok, suppressed := p.limit.Allow(time.Now()); ok {
 		if suppressed > 0 {
 			p.l.Error(fmt.Sprintf(format, args...), "suppressed_before", suppressed)
 			return
@@ -102,29 +102,3 @@ func (e *StorageFailure) Error() string { return "raftstore: storage failure: " 
 
 // pebbleErrorBurst is how many Pebble error lines get through per second.
 const pebbleErrorBurst = 5
-
-// logLimiter lets pebbleErrorBurst lines through per second.
-type logLimiter struct {
-	mu         sync.Mutex
-	second     time.Time
-	n          int
-	suppressed int
-}
-
-func (l *logLimiter) allow(now time.Time) (ok bool, suppressed int) {
-	if l == nil {
-		return true, 0
-	}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now.Sub(l.second) >= time.Second {
-		l.second, l.n = now, 0
-	}
-	if l.n >= pebbleErrorBurst {
-		l.suppressed++
-		return false, 0
-	}
-	l.n++
-	suppressed, l.suppressed = l.suppressed, 0
-	return true, suppressed
-}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"sync"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -43,7 +42,7 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 		source := sourceOf(raw.RemoteAddr())
 		if !t.takeHandshakeSlot(source) {
 			t.handshakeFailures.Add(1)
-			if ok, suppressed := t.inboundLogs.allow(); ok {
+			if ok, suppressed := t.inboundLogs.Allow(time.Now()); ok {
 				t.log.Warn("peer: too many pending handshakes, connection refused",
 					"remote", raw.RemoteAddr().String(), "suppressed", suppressed)
 			}
@@ -68,7 +67,7 @@ func (t *Transport) serveConn(raw net.Conn, source string) {
 		_ = raw.Close()
 		if t.ctx.Err() == nil {
 			t.handshakeFailures.Add(1)
-			if ok, suppressed := t.inboundLogs.allow(); ok {
+			if ok, suppressed := t.inboundLogs.Allow(time.Now()); ok {
 				t.log.Warn("peer: inbound handshake failed", "remote", remote, "err", err, "suppressed", suppressed)
 			}
 		}
@@ -204,30 +203,4 @@ func (t *Transport) deliver(s *session, m raftpb.Message) (bool, error) {
 	}
 	p.received.Add(1)
 	return true, nil
-}
-
-// logLimiter lets through at most logBurst records per second and counts
-// the rest, so a flood of bad connections cannot flood the log.
-type logLimiter struct {
-	mu         sync.Mutex // guards the fields below
-	window     time.Time
-	n          int
-	suppressed int
-}
-
-const logBurst = 10
-
-func (l *logLimiter) allow() (ok bool, suppressed int) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if now := time.Now(); now.Sub(l.window) >= time.Second {
-		l.window, l.n = now, 0
-	}
-	if l.n >= logBurst {
-		l.suppressed++
-		return false, 0
-	}
-	l.n++
-	suppressed, l.suppressed = l.suppressed, 0
-	return true, suppressed
 }

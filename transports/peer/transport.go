@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ticketd/ticketd/internal/loglimit"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 )
@@ -247,6 +248,10 @@ type peer struct {
 	snapsSent, snapsFailed            atomic.Uint64
 }
 
+// inboundLogBurst is how many log lines about inbound connections get
+// through per second.
+const inboundLogBurst = 10
+
 // Transport carries raft messages between the members of one cluster. See
 // the package documentation.
 type Transport struct {
@@ -264,8 +269,9 @@ type Transport struct {
 	pendingBySource map[string]int
 
 	handshakeFailures, rejected, unroutable atomic.Uint64
-	// inboundLogs rate-limits the logs anyone on the network can trigger.
-	inboundLogs logLimiter
+	// inboundLogs rate-limits the logs anyone on the network can trigger
+	// (inboundLogBurst lines a second).
+	inboundLogs loglimit.Limiter
 
 	// mu guards the peer table, the inbound sessions and the lifecycle
 	// fields up to closed.
@@ -311,6 +317,7 @@ func New(cfg Config) (*Transport, error) {
 	for id, addr := range cfg.Peers {
 		t.peers[id] = t.newPeer(id, addr)
 	}
+	t.inboundLogs.Burst = inboundLogBurst
 	return t, nil
 }
 

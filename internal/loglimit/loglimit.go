@@ -1,0 +1,42 @@
+// Package loglimit bounds how many log lines a noisy source writes: a
+// flood of bad connections, a storage error retried hundreds of times a
+// second, or an embedded server reporting every failed login must not
+// flood the node's log.
+package loglimit
+
+import (
+	"sync"
+	"time"
+)
+
+// Limiter lets through at most Burst lines per second and counts the
+// rest, which the next line let through reports. The zero value is not
+// usable: set Burst. A nil *Limiter lets everything through.
+type Limiter struct {
+	Burst int
+
+	mu         sync.Mutex // guards the fields below
+	window     time.Time
+	n          int
+	suppressed int
+}
+
+// Allow reports whether a line may be written at now, and how many were
+// suppressed since the last one that was.
+func (l *Limiter) Allow(now time.Time) (ok bool, suppressed int) {
+	if l == nil {
+		return true, 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if now.Sub(l.window) >= time.Second {
+		l.window, l.n = now, 0
+	}
+	if l.n >= l.Burst {
+		l.suppressed++
+		return false, 0
+	}
+	l.n++
+	suppressed, l.suppressed = l.suppressed, 0
+	return true, suppressed
+}
