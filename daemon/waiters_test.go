@@ -3,6 +3,8 @@ package daemon_test
 import (
 	"errors"
 	"fmt"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,4 +131,75 @@ func TestLeftWaiterOnAnotherServer(t *testing.T) {
 		t.Fatalf("ticketd_grants_abandoned_total on the leader = %v, want 1", n)
 	}
 	t.Logf("killed waiting client (on another server): next waiter granted %v after the holder's release", took)
+}
+
+// TestForged503ReleasesNothing: a client that received a grant as a
+// waiter sees that grant's reply subject on the node's delivery inbox. It
+// must not be able to forge NATS's "no responders" answer for another
+// waiter's grant (the next one delivered) and so have the leader release a
+// lock its holder did receive.
+func TestForged503ReleasesNothing(t *testing.T) {
+	d := startNode(t, t.TempDir(), daemon.Options{})
+	defer d.Close()
+	nc := testkit.Connect(t, d.ClientURL())
+	attacker := testkit.Connect(t, d.ClientURL())
+	victim := testkit.Connect(t, d.ClientURL())
+	hold := func(key string) protocol.AcquireReply {
+		var r protocol.AcquireReply
+		if e := rawRequest(t, nc, protocol.SubjectAcquire, fmt.Sprintf(`{"key":%q,"lease_ms":60000}`, key), &r); e != nil {
+			t.Fatal(e)
+		}
+		return r
+	}
+	release := func(r protocol.AcquireReply) {
+		if e := rawRequest(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":%q,"token":%d}`, r.Key, r.Token), &protocol.ReleaseReply{}); e != nil {
+			t.Fatal(e)
+		}
+	}
+	waiters := func(n float64) func() bool {
+		return func() bool { return gaugeValue(t, d, "ticketd_waiters") == n }
+	}
+	m, v := hold("m"), hold("v")
+	subM := sendAcquire(t, attacker, "m", "wm")
+	subV := sendAcquire(t, victim, "v", "wv")
+	testkit.Eventually(t, 5*time.Second, "both queued", waiters(2))
+	release(m)
+	mm, err := subM.NextMsg(5 * time.Second)
+	if err != nil || mm.Reply == "" {
+		t.Fatalf("the attacker's grant: %v (reply subject %q)", err, mm.Reply)
+	}
+	release(v)
+	gotV, e := acquireReply(t, subV, 5*time.Second)
+	if e != nil {
+		t.Fatal(e)
+	}
+	// Forge 503s next to the attacker's own delivery subject: the
+	// sequence numbers after its own, and a few other guesses.
+	prefix, last := mm.Reply[:strings.LastIndexByte(mm.Reply, '.')+1], mm.Reply[strings.LastIndexByte(mm.Reply, '.')+1:]
+	guesses := []string{"0", "1", "2", "3", last + "0", last + "1"}
+	if n, err := strconv.ParseUint(last, 10, 64); err == nil {
+		for i := uint64(1); i <= 5; i++ {
+			guesses = append(guesses, strconv.FormatUint(n+i, 10))
+		}
+	}
+	for _, g := range guesses {
+		forged := nats.NewMsg(prefix + g)
+		forged.Header.Set("Status", "503")
+		if err := attacker.PublishMsg(forged); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := attacker.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	// The node handles its inbox in order: a get after the forgeries sees
+	// whatever they caused.
+	var h protocol.GetReply
+	testkit.Eventually(t, 2*time.Second, "forgeries handled", func() bool {
+		return rawRequest(t, nc, protocol.SubjectGet, `{"key":"v"}`, &h) == nil
+	})
+	if !h.Held || h.Token != gotV.Token || counterValue(t, d, "ticketd_grants_abandoned_total", "", "") != 0 {
+		t.Fatalf("after forged 503s the victim's lock is %+v (its token %d), abandoned %v", h, gotV.Token,
+			counterValue(t, d, "ticketd_grants_abandoned_total", "", ""))
+	}
 }
