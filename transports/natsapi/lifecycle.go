@@ -2,6 +2,7 @@ package natsapi
 
 import (
 	"context"
+	"encoding/json"
 	"time"
 
 	"github.com/ticketd/ticketd/transports/protocol"
@@ -48,7 +49,33 @@ func (s *Service) list(req *request) {
 	for i, h := range p.Locks {
 		out.Locks[i] = holderReply(h.Lock.Key, h)
 	}
-	s.reply(req, out)
+	body, err := fitListPage(out, int(s.cfg.Conn.MaxPayload())-listReplyHeadroom)
+	if err != nil {
+		s.replyErr(req, protocol.Errorf(protocol.CodeInternal, "encode reply: %v", err))
+		return
+	}
+	if err := req.ok(body); err != nil {
+		s.log.Debug("reply not written", "op", req.op, "err", err)
+	}
+}
+
+// listReplyHeadroom is kept free of a list reply's body under the
+// server's maximum payload, for the reply's headers.
+const listReplyHeadroom = 4 << 10
+
+// fitListPage encodes out, dropping locks from the end of the page (and
+// setting More, so the client reads on after the last key it got) until the
+// body fits in max bytes. Keys and owners may hold control characters,
+// which JSON escapes to six bytes each, so a page of protocol.MaxListLimit
+// locks can far exceed NATS's maximum payload; one lock always fits.
+func fitListPage(out protocol.ListReply, max int) ([]byte, error) {
+	for {
+		body, err := json.Marshal(out)
+		if err != nil || len(body) <= max || len(out.Locks) <= 1 {
+			return body, err
+		}
+		out.Locks, out.More = out.Locks[:len(out.Locks)/2], true
+	}
 }
 
 // withdraw takes the requester's own wait out of its key's queue, or

@@ -20,9 +20,9 @@ const (
 
 // Limits of the lifecycle operations.
 const (
-	// MaxListLimit bounds the locks one list reply carries; with keys and
-	// owners at their maximum sizes a full page stays under 1 MiB, NATS's
-	// default maximum payload.
+	// MaxListLimit bounds the locks one list reply carries. A page whose
+	// encoding would exceed the server's maximum payload (keys and owners
+	// full of characters JSON escapes) is cut short with more set.
 	MaxListLimit = 1000
 	// DefaultListLimit is used when a list request has limit 0.
 	DefaultListLimit = 100
@@ -62,7 +62,8 @@ type ListRequest struct {
 }
 
 // ListReply is one page of held locks. More reports that locks after the
-// last one returned exist; pass the last key as After to read on.
+// last one returned exist; pass the last key as After to read on. A page
+// may hold fewer than the limit even with More set.
 type ListReply struct {
 	Locks []GetReply `json:"locks"`
 	More  bool       `json:"more,omitempty"`
