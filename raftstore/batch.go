@@ -187,7 +187,7 @@ func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot, decode
 	if err := b.Set(keyLastToken, encodeUint64(lastToken), nil); err != nil {
 		return err
 	}
-	st.offset, st.offsetTerm, st.last = meta.Index, meta.Term, meta.Index
+	st.offset, st.offsetTerm, st.last, st.tail = meta.Index, meta.Term, meta.Index, logTail{}
 	st.applied, st.lastToken, st.snapIndex, st.snapTerm = meta.Index, lastToken, meta.Index, meta.Term
 	return nil
 }
@@ -227,6 +227,7 @@ func stageEntries(b *pebble.Batch, st *storeState, ents []raftpb.Entry) error {
 		}
 	}
 	st.last = last
+	st.tail = st.tail.appended(ents)
 	return nil
 }
 

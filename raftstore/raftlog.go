@@ -36,8 +36,9 @@ func (s *Store) InitialState() (raftpb.HardState, raftpb.ConfState, error) {
 // Entries implements raft.Storage: the entries [lo, hi), at least one if
 // any, and no more than fit in maxSize bytes (raftpb.Entry.Size) beyond the
 // first. It returns raft.ErrCompacted when lo <= FirstIndex()-1 and
-// raft.ErrUnavailable when the log holds only the dummy entry. The slice and
-// the entries' Data are freshly allocated.
+// raft.ErrUnavailable when the log holds only the dummy entry. The newest
+// entries come from memory (tail.go): the entries' Data may be shared and
+// must not be modified.
 func (s *Store) Entries(lo, hi, maxSize uint64) ([]raftpb.Entry, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -57,10 +58,13 @@ func (s *Store) Entries(lo, hi, maxSize uint64) ([]raftpb.Entry, error) {
 	if lo > hi {
 		return nil, fmt.Errorf("%w: entries lo %d above hi %d", ErrInvariant, lo, hi)
 	}
-	ents := make([]raftpb.Entry, 0, min(hi-lo, 128))
 	if lo == hi {
-		return ents, nil
+		return []raftpb.Entry{}, nil
 	}
+	if st.tail.covers(lo) && st.tail.covers(hi-1) {
+		return st.tail.slice(lo, hi, maxSize), nil
+	}
+	ents := make([]raftpb.Entry, 0, min(hi-lo, 128))
 	it, err := s.view.NewIter(&pebble.IterOptions{LowerBound: logKey(lo), UpperBound: logKey(hi)})
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: entries [%d, %d): %w", lo, hi, err)
@@ -111,6 +115,8 @@ func (s *Store) Term(i uint64) (uint64, error) {
 		return 0, raft.ErrUnavailable
 	case i == st.offset:
 		return st.offsetTerm, nil
+	case st.tail.covers(i):
+		return st.tail.ents[i-st.tail.first()].Term, nil
 	}
 	e, err := readEntry(s.view, i)
 	if err != nil {
@@ -323,6 +329,7 @@ func (s *Store) Compact(compactIndex uint64) error {
 		return fmt.Errorf("raftstore: compact %d: %w", compactIndex, err)
 	}
 	st.offset, st.offsetTerm = compactIndex, e.Term
+	st.tail = st.tail.compacted(compactIndex)
 	s.publish(st)
 	s.log.Debug("compacted log", "first_index", compactIndex+1, "last_index", st.last)
 	return nil

@@ -90,14 +90,15 @@ type Store struct {
 
 // storeState is the in-memory cache of the persisted indexes.
 type storeState struct {
-	offset     uint64 // index of the dummy entry = FirstIndex()-1
-	offsetTerm uint64 // its term
-	last       uint64 // LastIndex()
-	commit     uint64 // persisted HardState.Commit
-	applied    uint64 // persisted applied index
-	lastToken  uint64 // persisted last token
-	snapIndex  uint64 // index of the latest snapshot (0 = none)
-	snapTerm   uint64 // its term
+	offset     uint64  // index of the dummy entry = FirstIndex()-1
+	offsetTerm uint64  // its term
+	last       uint64  // LastIndex()
+	commit     uint64  // persisted HardState.Commit
+	applied    uint64  // persisted applied index
+	lastToken  uint64  // persisted last token
+	snapIndex  uint64  // index of the latest snapshot (0 = none)
+	snapTerm   uint64  // its term
+	tail       logTail // the newest entries, in memory (tail.go)
 }
 
 // Open opens (creating if needed) the store in dir. An empty store behaves
