@@ -857,12 +857,13 @@ func TestStorageClosed(t *testing.T) {
 // another goroutine appends, snapshots and compacts. Every read must be
 // consistent: the only acceptable error is ErrCompacted (the log moved on
 // between FirstIndex and Entries).
-func TestStorageConcurrentReaders(t *testing.T) {
-	s := openTestStore(t, t.TempDir())
-	const writes = 300
+// raceReaders starts two readers that, until the returned stop is called,
+// read the whole log [FirstIndex, LastIndex] and hand it to check; stop
+// waits for them and reports every error.
+func raceReaders(t *testing.T, s *Store, check func(fi, li uint64, ents []raftpb.Entry) error) (stop func()) {
 	var done atomic.Bool
 	var wg sync.WaitGroup
-	errc := make(chan error, 4)
+	errc := make(chan error, 2)
 	for r := 0; r < 2; r++ {
 		wg.Add(1)
 		go func() {
@@ -877,23 +878,40 @@ func TestStorageConcurrentReaders(t *testing.T) {
 				if err == raft.ErrCompacted {
 					continue
 				}
+				if err == nil {
+					err = check(fi, li, ents)
+				}
 				if err != nil {
 					errc <- fmt.Errorf("Entries(%d, %d): %w", fi, li+1, err)
-					return
-				}
-				for i, e := range ents {
-					if e.Index != fi+uint64(i) || e.Term != 1 {
-						errc <- fmt.Errorf("entry %d: got index %d term %d", fi+uint64(i), e.Index, e.Term)
-						return
-					}
-				}
-				if _, err := s.Term(li); err != nil && err != raft.ErrCompacted {
-					errc <- fmt.Errorf("Term(%d): %w", li, err)
 					return
 				}
 			}
 		}()
 	}
+	return func() {
+		done.Store(true)
+		wg.Wait()
+		close(errc)
+		for err := range errc {
+			t.Error(err)
+		}
+	}
+}
+
+func TestStorageConcurrentReaders(t *testing.T) {
+	s := openTestStore(t, t.TempDir())
+	const writes = 300
+	stop := raceReaders(t, s, func(fi, li uint64, ents []raftpb.Entry) error {
+		for i, e := range ents {
+			if e.Index != fi+uint64(i) || e.Term != 1 {
+				return fmt.Errorf("entry %d: got index %d term %d", fi+uint64(i), e.Index, e.Term)
+			}
+		}
+		if _, err := s.Term(li); err != nil && err != raft.ErrCompacted {
+			return fmt.Errorf("Term(%d): %w", li, err)
+		}
+		return nil
+	})
 	for i := uint64(1); i <= writes; i++ {
 		if err := s.Write(ReadyWrite{Entries: mkEnts(1, i, i), HardState: raftpb.HardState{Term: 1, Commit: i},
 			State: &StateChange{Index: i}}); err != nil {
@@ -908,12 +926,7 @@ func TestStorageConcurrentReaders(t *testing.T) {
 			}
 		}
 	}
-	done.Store(true)
-	wg.Wait()
-	close(errc)
-	for err := range errc {
-		t.Error(err)
-	}
+	stop()
 }
 
 // testNode is a raft.RawNode over a Store with a minimal Ready loop that

@@ -5,8 +5,6 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
-	"sync"
-	"sync/atomic"
 	"testing"
 
 	"go.etcd.io/raft/v3"
@@ -182,37 +180,15 @@ func TestTailSlicesStayValid(t *testing.T) {
 // a contiguous log of the term they expect (run with -race).
 func TestTailConcurrentTruncation(t *testing.T) {
 	s := openTestStore(t, t.TempDir())
-	var done atomic.Bool
-	var wg sync.WaitGroup
-	errc := make(chan error, 2)
-	for r := 0; r < 2; r++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for !done.Load() {
-				fi, _ := s.FirstIndex()
-				li, _ := s.LastIndex()
-				if li < fi {
-					continue
-				}
-				ents, err := s.Entries(fi, li+1, math.MaxUint64)
-				if err == raft.ErrCompacted {
-					continue
-				}
-				if err != nil {
-					errc <- err
-					return
-				}
-				for i := range ents {
-					e := &ents[i]
-					if e.Index != fi+uint64(i) || (i > 0 && e.Term < ents[i-1].Term) || len(e.Data) != 1 || uint64(e.Data[0]) != e.Term%256 {
-						errc <- fmt.Errorf("Entries(%d, %d): entry %d is index %d term %d data %v", fi, li+1, i, e.Index, e.Term, e.Data)
-						return
-					}
-				}
+	stop := raceReaders(t, s, func(fi, li uint64, ents []raftpb.Entry) error {
+		for i := range ents {
+			e := &ents[i]
+			if e.Index != fi+uint64(i) || (i > 0 && e.Term < ents[i-1].Term) || len(e.Data) != 1 || uint64(e.Data[0]) != e.Term%256 {
+				return fmt.Errorf("entry %d is index %d term %d data %v", i, e.Index, e.Term, e.Data)
 			}
-		}()
-	}
+		}
+		return nil
+	})
 	mk := func(term, lo, hi uint64) []raftpb.Entry {
 		var ents []raftpb.Entry
 		for i := lo; i <= hi; i++ {
@@ -237,10 +213,5 @@ func TestTailConcurrentTruncation(t *testing.T) {
 			}
 		}
 	}
-	done.Store(true)
-	wg.Wait()
-	close(errc)
-	for err := range errc {
-		t.Error(err)
-	}
+	stop()
 }
