@@ -1,7 +1,6 @@
 package raftstore
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -11,6 +10,7 @@ import (
 	"time"
 
 	"github.com/cockroachdb/pebble/v2/vfs"
+	"go.etcd.io/raft/v3"
 )
 
 // Disk space: an alarm before the disk is full, a ballast for when it is.
@@ -290,7 +290,7 @@ func (n *Node) yieldLoop() {
 		if target := n.transferTarget(); target != 0 {
 			last = time.Now()
 			n.log.Warn("leader on a low disk hands leadership over", "to", target, "alarm", alarm.Error())
-			n.raft.TransferLeadership(context.Background(), n.cfg.ID, target)
+			n.post(func(rn *raft.RawNode) { rn.TransferLeader(target) })
 		}
 	}
 }
@@ -298,7 +298,7 @@ func (n *Node) yieldLoop() {
 // transferTarget is the voter, other than this node, with the highest
 // match index (0 if none).
 func (n *Node) transferTarget() uint64 {
-	st := n.raft.Status()
+	st := n.Status()
 	var best, match uint64
 	for _, id := range n.ConfState().Voters {
 		if pr, ok := st.Progress[id]; ok && id != n.cfg.ID && pr.Match >= match {

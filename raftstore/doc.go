@@ -23,7 +23,9 @@
 //     leader's hand-over of leadership while its disk is low. A storage
 //     failure Pebble cannot go on from is one log line and a fail-stop
 //     (logger.go).
-//   - Node: the node loop and its lifecycle (node.go), the Ready steps
+//   - Node: the node loop, which drives a raft.RawNode and takes queued
+//     proposals, peer messages and calls between Readys (loop.go), its
+//     lifecycle (node.go), the Ready steps
 //     (ready.go), snapshots built off the loop (snapshot.go), proposals
 //     matched to their applied results, ReadIndex reads and applied-index
 //     waits (propose.go), the Observers that hear applied commands,
@@ -65,8 +67,9 @@
 // The loop then calls Advance. Because step 3 is one atomic batch, a crash
 // either keeps an applied entry together with its effect or loses both and
 // re-applies it on restart: nothing is applied twice, nothing is lost.
-// Proposals that arrive during a write pile up in raft and go out in the
-// next Ready, so one fsync carries many entries under load.
+// Proposals that arrive during a write pile up in the loop's queue and go
+// to raft as one MsgProp before the next Ready, so one fsync carries many
+// entries under load.
 //
 // # What it does not own
 //

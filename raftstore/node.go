@@ -94,9 +94,15 @@ func (c *Config) withDefaults() {
 
 // Node is one raft member running ticketd's lock state machine.
 type Node struct {
-	cfg  Config
-	log  *slog.Logger
-	raft raft.Node
+	cfg Config
+	log *slog.Logger
+	// rn is raft itself; only the node loop (loop.go) touches it once
+	// Start has run, and other goroutines reach it through the queues
+	// below or call.
+	rn    *raft.RawNode
+	propc chan queuedProposal
+	recvc chan raftpb.Message
+	callc chan func(*raft.RawNode)
 
 	// machineMu guards machine. The Ready loop holds it for writing from
 	// apply until the batch is durable, so View never shows state that a
@@ -150,6 +156,8 @@ type Node struct {
 	once  sync.Once
 
 	startOnce sync.Once
+	startMu   sync.Mutex // guards started
+	started   bool       // the loop owns rn
 }
 
 // NewNode opens the raft node over an open Store. Call Start to run it.
@@ -180,6 +188,9 @@ func NewNode(cfg Config) (*Node, error) {
 			proposals: make(map[uint64]chan proposalResult),
 			reads:     make(map[string]chan readResult),
 		},
+		propc:  make(chan queuedProposal, maxQueuedProposals),
+		recvc:  make(chan raftpb.Message, maxQueuedMessages),
+		callc:  make(chan func(*raft.RawNode), maxQueuedCalls),
 		stopc:  make(chan struct{}),
 		donec:  make(chan struct{}),
 		errc:   make(chan error, 1),
@@ -227,18 +238,25 @@ func (n *Node) startRaft(applied uint64) error {
 	if err != nil {
 		return fmt.Errorf("raftstore: last index: %w", err)
 	}
-	if !raft.IsEmptyHardState(hs) || last != 0 || cfg.Join {
-		n.raft = raft.RestartNode(rc)
-		return nil
-	}
-	if len(cfg.Peers) == 0 {
+	fresh := raft.IsEmptyHardState(hs) && last == 0 && !cfg.Join
+	if fresh && len(cfg.Peers) == 0 {
 		return fmt.Errorf("raftstore: empty store and no initial peers")
 	}
-	peers := make([]raft.Peer, len(cfg.Peers))
-	for i, id := range cfg.Peers {
-		peers[i] = raft.Peer{ID: id}
+	rn, err := raft.NewRawNode(rc)
+	if err != nil {
+		return fmt.Errorf("raftstore: start raft: %w", err)
 	}
-	n.raft = raft.StartNode(rc, peers)
+	if fresh {
+		// As raft.StartNode: the initial membership as the first entries.
+		peers := make([]raft.Peer, len(cfg.Peers))
+		for i, id := range cfg.Peers {
+			peers[i] = raft.Peer{ID: id}
+		}
+		if err := rn.Bootstrap(peers); err != nil {
+			return fmt.Errorf("raftstore: bootstrap raft: %w", err)
+		}
+	}
+	n.rn = rn
 	return nil
 }
 
@@ -246,16 +264,19 @@ func (n *Node) startRaft(applied uint64) error {
 // observer that needs the Node can be given it between NewNode and Start.
 func (n *Node) Start() {
 	n.startOnce.Do(func() {
-		go n.run()
-		n.bg.Add(1)
-		go n.yieldLoop()
+		n.startMu.Lock()
 		// A sole voter need not wait out an election timeout to lead.
 		cs := n.ConfState()
 		if len(cs.Voters) == 1 && cs.Voters[0] == n.cfg.ID || len(cs.Voters) == 0 && len(n.cfg.Peers) == 1 && n.cfg.Peers[0] == n.cfg.ID {
-			if err := n.raft.Campaign(context.Background()); err != nil {
+			if err := n.rn.Campaign(); err != nil {
 				n.log.Warn("campaign as sole voter", "err", err)
 			}
 		}
+		n.started = true
+		n.startMu.Unlock()
+		go n.run()
+		n.bg.Add(1)
+		go n.yieldLoop()
 	})
 }
 
@@ -266,7 +287,6 @@ func (n *Node) Stop() {
 		close(n.stopc)
 		<-n.donec
 		n.bg.Wait() // a background snapshot sees stopc and ends
-		n.raft.Stop()
 		// In-flight proposals may still have been committed by the others.
 		n.waiting.failAll(fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped))
 	})
@@ -309,7 +329,11 @@ func (n *Node) Term() uint64 { return n.term.Load() }
 func (n *Node) ConfState() raftpb.ConfState { return *n.confState.Load() }
 
 // Status is raft's own status (progress of peers on a leader).
-func (n *Node) Status() raft.Status { return n.raft.Status() }
+func (n *Node) Status() raft.Status {
+	var st raft.Status
+	n.call(context.Background(), func(rn *raft.RawNode) { st = rn.Status() })
+	return st
+}
 
 // Summary describes the applied state as of AppliedIndex: what status
 // reports about it. It is computed once per applied Ready (O(1): the
@@ -345,61 +369,40 @@ func (n *Node) View(f func(m *core.Machine)) {
 	f(n.machine)
 }
 
-// Step delivers a message from a peer.
+// Step delivers a message from a peer: it queues it for the loop, waiting
+// while the queue is full.
 func (n *Node) Step(ctx context.Context, m raftpb.Message) error {
-	return n.raft.Step(ctx, m)
+	select {
+	case n.recvc <- m:
+		return nil
+	case <-ctx.Done():
+		return fmt.Errorf("raftstore: step: %w", ctx.Err())
+	case <-n.donec:
+		return ErrStopped
+	}
 }
 
 // ReportUnreachable tells raft a peer could not be reached.
-func (n *Node) ReportUnreachable(id uint64) { n.raft.ReportUnreachable(id) }
+func (n *Node) ReportUnreachable(id uint64) {
+	n.post(func(rn *raft.RawNode) { rn.ReportUnreachable(id) })
+}
 
 // ReportSnapshot tells raft how sending a snapshot to a peer went.
 func (n *Node) ReportSnapshot(id uint64, status raft.SnapshotStatus) {
-	n.raft.ReportSnapshot(id, status)
+	n.post(func(rn *raft.RawNode) { rn.ReportSnapshot(id, status) })
 }
 
-// ProposeConfChange proposes a membership change.
+// ProposeConfChange proposes a membership change. Like raft.Node's, it
+// returns once raft has taken (or dropped) it, not when it applies.
 func (n *Node) ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) error {
-	return n.raft.ProposeConfChange(ctx, cc)
-}
-
-// run is the node loop, as in etcd's raftexample: tick, handle a Ready
-// and Advance, or stop.
-func (n *Node) run() {
-	defer close(n.donec)
-	defer func() {
-		// A storage failure in this loop's own write (logged once by the
-		// store) stops the node like any other failed Ready.
-		if r := recover(); r != nil {
-			sf, ok := r.(*StorageFailure)
-			if !ok {
-				panic(r)
-			}
-			n.fail(sf)
+	var err error
+	if !n.call(ctx, func(rn *raft.RawNode) { err = rn.ProposeConfChange(cc) }) {
+		if ctx.Err() != nil {
+			return fmt.Errorf("raftstore: propose conf change: %w", ctx.Err())
 		}
-	}()
-	ticker := time.NewTicker(n.cfg.TickInterval)
-	defer ticker.Stop()
-	lastTick := time.Now()
-	for {
-		select {
-		case now := <-ticker.C:
-			n.observeTick(now.Sub(lastTick))
-			lastTick = now
-			n.raft.Tick()
-		case rd := <-n.raft.Ready():
-			if err := n.handleReady(rd); err != nil {
-				n.fail(err)
-				return
-			}
-			n.raft.Advance()
-		case err := <-n.bgErrc:
-			n.fail(err)
-			return
-		case <-n.stopc:
-			return
-		}
+		return ErrStopped
 	}
+	return err
 }
 
 // observeTick records the time since the previous tick: a gap well above

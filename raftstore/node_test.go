@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/ticketd/ticketd/core"
@@ -82,8 +83,9 @@ func TestUndecodableEntryStopsNode(t *testing.T) {
 	}
 	// An entry of version 9, as a newer binary would write it.
 	bad := []byte{9, 1, byte(core.KindGrant), 1, 'k'}
-	if err := n.raft.Propose(ctx, bad); err != nil {
-		t.Fatalf("raw propose: %v", err)
+	var perr error
+	if !n.call(ctx, func(rn *raft.RawNode) { perr = rn.Propose(bad) }) || perr != nil {
+		t.Fatalf("raw propose: %v", perr)
 	}
 	select {
 	case <-n.Done():

@@ -3,7 +3,6 @@ package raftstore
 import (
 	"context"
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -53,20 +52,27 @@ func (n *Node) Propose(ctx context.Context, cmd core.Command) (Applied, error) {
 	id := n.nextRequestID()
 	ch := n.waiting.addProposal(id)
 	data := core.EncodeEntry(core.Entry{RequestID: id, Command: cmd})
-	// A context already done certainly proposed nothing; past this point
-	// raft may return ctx or stop errors after it has taken the entry.
-	if err := ctx.Err(); err != nil {
+	// Until the loop has the entry queued, nothing was proposed; from then
+	// on raft may take it, and only the loop's answer (or ErrNotLeader for
+	// a proposal raft dropped) says what happened.
+	notQueued := func(err error) (Applied, error) {
 		n.waiting.dropProposal(id)
-		return Applied{}, fmt.Errorf("raftstore: propose: %w", err)
+		return Applied{}, err
 	}
-	if err := n.raft.Propose(ctx, data); err != nil {
-		n.waiting.dropProposal(id)
-		if errors.Is(err, raft.ErrProposalDropped) {
-			return Applied{}, ErrNotLeader
-		}
-		// raft.node's stepWithWaitOption can report ctx.Err() or
-		// ErrStopped after the entry was stepped into the log.
-		return Applied{}, fmt.Errorf("%w: propose: %w", ErrIndeterminate, err)
+	select {
+	case <-n.donec:
+		return notQueued(ErrStopped)
+	default:
+	}
+	if err := ctx.Err(); err != nil {
+		return notQueued(fmt.Errorf("raftstore: propose: %w", err))
+	}
+	select {
+	case n.propc <- queuedProposal{id: id, data: data}:
+	case <-ctx.Done():
+		return notQueued(fmt.Errorf("raftstore: propose: %w", ctx.Err()))
+	case <-n.donec:
+		return notQueued(ErrStopped)
 	}
 	select {
 	case r := <-ch:
@@ -74,6 +80,16 @@ func (n *Node) Propose(ctx context.Context, cmd core.Command) (Applied, error) {
 	case <-ctx.Done():
 		n.waiting.dropProposal(id)
 		return Applied{}, fmt.Errorf("%w: %w", ErrIndeterminate, ctx.Err())
+	case <-n.donec:
+		// The loop is gone: it may have proposed the entry before it
+		// stopped, and the answer may already be here.
+		n.waiting.dropProposal(id)
+		select {
+		case r := <-ch:
+			return r.applied, r.err
+		default:
+			return Applied{}, fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped)
+		}
 	}
 }
 
@@ -88,8 +104,11 @@ func (n *Node) ReadIndex(ctx context.Context) error {
 	key := string(rctx[:])
 	ch := n.waiting.addRead(key)
 	defer n.waiting.dropRead(key)
-	if err := n.raft.ReadIndex(ctx, rctx[:]); err != nil {
-		return fmt.Errorf("raftstore: read index: %w", err)
+	if !n.call(ctx, func(rn *raft.RawNode) { rn.ReadIndex(rctx[:]) }) {
+		if ctx.Err() != nil {
+			return fmt.Errorf("raftstore: read index: %w", ctx.Err())
+		}
+		return ErrStopped
 	}
 	var index uint64
 	select {
@@ -197,6 +216,18 @@ func (w *waiting) complete(events []Applied, requestIDs []uint64, readStates []r
 		}
 	}
 	w.indexWaiters = kept
+}
+
+// failProposals ends the waiting proposals ids with err.
+func (w *waiting) failProposals(ids []uint64, err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		if ch, ok := w.proposals[id]; ok {
+			delete(w.proposals, id)
+			ch <- proposalResult{err: err}
+		}
+	}
 }
 
 // failAll ends every waiting proposal with err and every waiting read with

@@ -203,7 +203,7 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 		if err != nil {
 			return fmt.Errorf("conf change at %d: %w", e.Index, err)
 		}
-		ra.confState = *n.raft.ApplyConfChange(cc)
+		ra.confState = *n.rn.ApplyConfChange(cc)
 		ra.confChanges = append(ra.confChanges, cc)
 	}
 	return nil
