@@ -55,7 +55,10 @@
 //     never skipped, so replicas never diverge during an upgrade.
 //  4. send: only then hand the messages to the Transport (a leader sends
 //     before its persist, see ready.go), consecutive appends and
-//     acknowledgments to one peer merged into one message (coalesce.go).
+//     acknowledgments to one peer merged into one message (coalesce.go);
+//     a leader's commit-only appends are dropped or held until the next
+//     tick (commitonly.go: heartbeats and later appends carry the commit
+//     index too).
 //  5. notify: tell the Observers, in list order, then waiting proposers,
 //     ReadIndex callers and applied-index waiters, then a lost or ready
 //     leadership.

@@ -75,6 +75,7 @@ func (n *Node) run() {
 			n.observeTick(now.Sub(lastTick))
 			lastTick = now
 			n.rn.Tick()
+			n.flushHeldCommits()
 		case m := <-n.recvc:
 			n.stepReceived(m)
 		case p := <-n.propc:

@@ -103,6 +103,9 @@ type Node struct {
 	propc chan queuedProposal
 	recvc chan raftpb.Message
 	callc chan func(*raft.RawNode)
+	// heldCommit are the commit-only appends the leader held back, by
+	// peer (commitonly.go). Loop only.
+	heldCommit map[uint64]raftpb.Message
 
 	// machineMu guards machine. The Ready loop holds it for writing from
 	// apply until the batch is durable, so View never shows state that a
@@ -188,13 +191,14 @@ func NewNode(cfg Config) (*Node, error) {
 			proposals: make(map[uint64]chan proposalResult),
 			reads:     make(map[string]chan readResult),
 		},
-		propc:  make(chan queuedProposal, maxQueuedProposals),
-		recvc:  make(chan raftpb.Message, maxQueuedMessages),
-		callc:  make(chan func(*raft.RawNode), maxQueuedCalls),
-		stopc:  make(chan struct{}),
-		donec:  make(chan struct{}),
-		errc:   make(chan error, 1),
-		bgErrc: make(chan error, 1),
+		propc:      make(chan queuedProposal, maxQueuedProposals),
+		recvc:      make(chan raftpb.Message, maxQueuedMessages),
+		callc:      make(chan func(*raft.RawNode), maxQueuedCalls),
+		heldCommit: make(map[uint64]raftpb.Message),
+		stopc:      make(chan struct{}),
+		donec:      make(chan struct{}),
+		errc:       make(chan error, 1),
+		bgErrc:     make(chan error, 1),
 	}
 	n.applied.Store(applied)
 	n.confState.Store(&cs)

@@ -64,7 +64,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	// acknowledges.
 	sendFirst := n.isLeader.Load()
 	if sendFirst {
-		n.send(rd.Messages)
+		n.send(n.holdCommitOnly(rd.Messages))
+	} else {
+		clear(n.heldCommit)
 	}
 
 	start := time.Now()
