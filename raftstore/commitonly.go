@@ -42,7 +42,7 @@ import (
 // the messages of a leader's Ready.
 func (n *Node) holdCommitOnly(msgs []raftpb.Message) []raftpb.Message {
 	var prs map[uint64]tracker.Progress
-	out := msgs[:0:0]
+	var out []raftpb.Message // nil until a message is left out
 	for i, m := range msgs {
 		if m.Type == raftpb.MsgApp && len(m.Entries) == 0 && m.To != n.cfg.ID {
 			if prs == nil {
@@ -71,14 +71,16 @@ func (n *Node) holdCommitOnly(msgs []raftpb.Message) []raftpb.Message {
 	return out
 }
 
-// flushHeldCommits runs at each tick: a held commit-only append whose Index
-// its follower has acknowledged meanwhile is dropped (the tick's heartbeat
-// carries the commit index), any other is sent now.
+// flushHeldCommits runs at each tick, before raft's: a held commit-only
+// append whose Index its follower has acknowledged meanwhile is dropped
+// (heartbeats carry the commit index), and so is one for a peer no longer
+// in the configuration; any other is sent now. A node that is no longer
+// leader sends none.
 func (n *Node) flushHeldCommits() {
 	if len(n.heldCommit) == 0 {
 		return
 	}
-	if !n.isLeader.Load() {
+	if n.rn.BasicStatus().RaftState != raft.StateLeader {
 		clear(n.heldCommit)
 		return
 	}
@@ -86,7 +88,7 @@ func (n *Node) flushHeldCommits() {
 	var out []raftpb.Message
 	for to, m := range n.heldCommit {
 		delete(n.heldCommit, to)
-		if pr, ok := prs[to]; ok && pr.Match >= m.Index {
+		if pr, ok := prs[to]; !ok || pr.Match >= m.Index {
 			continue
 		}
 		out = append(out, m)

@@ -74,8 +74,9 @@ func (n *Node) run() {
 		case now := <-ticker.C:
 			n.observeTick(now.Sub(lastTick))
 			lastTick = now
-			n.rn.Tick()
 			n.flushHeldCommits()
+			n.rn.Tick()
+			n.publishStatus()
 		case m := <-n.recvc:
 			n.stepReceived(m)
 		case p := <-n.propc:
@@ -186,9 +187,10 @@ func (n *Node) post(f func(rn *raft.RawNode)) {
 	}
 }
 
-// call runs f on the loop with the RawNode and waits for it. Before Start
-// (no loop yet) it runs f here, serialised by startMu; after the loop has
-// exited it returns false without running f.
+// call runs f on the loop with the RawNode and waits for it, or for ctx.
+// Before Start (no loop yet) it runs f here, serialised by startMu. It
+// returns false when f did not run, or may run later: the caller must then
+// not read what f writes (f runs on the loop, possibly after call returned).
 func (n *Node) call(ctx context.Context, f func(rn *raft.RawNode)) bool {
 	n.startMu.Lock()
 	if !n.started {
@@ -208,6 +210,8 @@ func (n *Node) call(ctx context.Context, f func(rn *raft.RawNode)) bool {
 	select {
 	case <-done:
 		return true
+	case <-ctx.Done():
+		return false
 	case <-n.donec:
 		// The loop may have run f just before it exited.
 		select {
@@ -217,4 +221,16 @@ func (n *Node) call(ctx context.Context, f func(rn *raft.RawNode)) bool {
 			return false
 		}
 	}
+}
+
+// statusWait bounds how long Status waits for a loop busy with a Ready (a
+// slow fsync, a stalled disk) before it answers with the last status the
+// loop published: a status reader is how an operator looks at a stuck node.
+const statusWait = time.Second
+
+// publishStatus records raft's status for Status to fall back on. Loop
+// only (or before Start).
+func (n *Node) publishStatus() {
+	st := n.rn.Status()
+	n.lastStatus.Store(&st)
 }

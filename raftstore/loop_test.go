@@ -152,3 +152,36 @@ func TestCallsBeforeStartAndAfterStop(t *testing.T) {
 		t.Fatal("calls after Stop hang")
 	}
 }
+
+// A loop held by a long Ready (here: a blocking call standing in for a
+// stalled fsync) does not hang status readers or callers with a deadline:
+// Status answers with the last status the loop published, ReadIndex with
+// its context's error.
+func TestStatusAndReadIndexWhileLoopIsBusy(t *testing.T) {
+	st := openTestStore(t, t.TempDir())
+	n := startSingle(t, st, Config{})
+	testkit.Eventually(t, 5*time.Second, "leader status published", func() bool {
+		return n.Status().RaftState == raft.StateLeader
+	})
+	release := make(chan struct{})
+	held := make(chan struct{})
+	go n.call(context.Background(), func(*raft.RawNode) {
+		close(held)
+		<-release
+	})
+	defer close(release)
+	<-held
+
+	start := time.Now()
+	if got := n.Status(); got.RaftState != raft.StateLeader || got.ID != 1 {
+		t.Fatalf("status of a busy loop: %v id %d, want the last published (leader, 1)", got.RaftState, got.ID)
+	}
+	if d := time.Since(start); d > 3*statusWait {
+		t.Fatalf("status took %v", d)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	if err := n.ReadIndex(ctx); !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("read index on a busy loop: %v, want its deadline", err)
+	}
+}

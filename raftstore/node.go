@@ -106,6 +106,8 @@ type Node struct {
 	// heldCommit are the commit-only appends the leader held back, by
 	// peer (commitonly.go). Loop only.
 	heldCommit map[uint64]raftpb.Message
+	// lastStatus is raft's status as the loop last saw it (Status).
+	lastStatus atomic.Pointer[raft.Status]
 
 	// machineMu guards machine. The Ready loop holds it for writing from
 	// apply until the batch is durable, so View never shows state that a
@@ -276,6 +278,7 @@ func (n *Node) Start() {
 				n.log.Warn("campaign as sole voter", "err", err)
 			}
 		}
+		n.publishStatus()
 		n.started = true
 		n.startMu.Unlock()
 		go n.run()
@@ -333,10 +336,25 @@ func (n *Node) Term() uint64 { return n.term.Load() }
 func (n *Node) ConfState() raftpb.ConfState { return *n.confState.Load() }
 
 // Status is raft's own status (progress of peers on a leader).
+//
+// It is raft's current status, or, when the loop cannot answer within
+// statusWait (busy, stalled or stopped), the last one it published (at its
+// latest tick or Status call).
 func (n *Node) Status() raft.Status {
-	var st raft.Status
-	n.call(context.Background(), func(rn *raft.RawNode) { st = rn.Status() })
-	return st
+	ctx, cancel := context.WithTimeout(context.Background(), statusWait)
+	defer cancel()
+	stc := make(chan raft.Status, 1)
+	if n.call(ctx, func(rn *raft.RawNode) {
+		st := rn.Status()
+		n.lastStatus.Store(&st)
+		stc <- st
+	}) {
+		return <-stc
+	}
+	if st := n.lastStatus.Load(); st != nil {
+		return *st
+	}
+	return raft.Status{}
 }
 
 // Summary describes the applied state as of AppliedIndex: what status
@@ -399,14 +417,15 @@ func (n *Node) ReportSnapshot(id uint64, status raft.SnapshotStatus) {
 // ProposeConfChange proposes a membership change. Like raft.Node's, it
 // returns once raft has taken (or dropped) it, not when it applies.
 func (n *Node) ProposeConfChange(ctx context.Context, cc raftpb.ConfChangeV2) error {
-	var err error
-	if !n.call(ctx, func(rn *raft.RawNode) { err = rn.ProposeConfChange(cc) }) {
+	errc := make(chan error, 1)
+	if !n.call(ctx, func(rn *raft.RawNode) { errc <- rn.ProposeConfChange(cc) }) {
+		// The change may still be taken by the loop after this returns.
 		if ctx.Err() != nil {
-			return fmt.Errorf("raftstore: propose conf change: %w", ctx.Err())
+			return fmt.Errorf("%w: propose conf change: %w", ErrIndeterminate, ctx.Err())
 		}
-		return ErrStopped
+		return fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped)
 	}
-	return err
+	return <-errc
 }
 
 // observeTick records the time since the previous tick: a gap well above

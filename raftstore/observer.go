@@ -20,7 +20,8 @@ type Applied struct {
 
 // Observer hears what the node did, in log order, after it is durable.
 // Calls come from the Ready loop: they must be quick and must not call
-// back into Node methods that wait for the loop (Propose, ReadIndex).
+// back into Node methods that wait for the loop (Propose, ReadIndex,
+// ProposeConfChange, Status, Step).
 type Observer interface {
 	// OnApplied is called for every applied lock command.
 	OnApplied(a Applied)
