@@ -23,6 +23,9 @@ type fakeNode struct {
 	index     uint64
 	obs       raftstore.Observer
 	proposals atomic.Int64
+	// readIndex, if set, is what ReadIndex does (nil: succeed).
+	readIndex   func() error
+	readIndexes atomic.Int64
 }
 
 func (f *fakeNode) ID() uint64     { return 1 }
@@ -43,7 +46,13 @@ func (f *fakeNode) Propose(ctx context.Context, cmd core.Command) (raftstore.App
 	f.obs.OnApplied(a)
 	return a, nil
 }
-func (f *fakeNode) ReadIndex(ctx context.Context) error { return nil }
+func (f *fakeNode) ReadIndex(ctx context.Context) error {
+	f.readIndexes.Add(1)
+	if f.readIndex != nil {
+		return f.readIndex()
+	}
+	return nil
+}
 func (f *fakeNode) View(fn func(m *core.Machine)) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

@@ -261,50 +261,75 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		return Grant{}, err
 	}
 
+	// confirmed: a ReadIndex since the key was last seen busy says this
+	// node is still the leader and its table is current.
+	for confirmed := false; ; confirmed = true {
+		g, retry, err := s.acquireOnce(ctx, p, cmd, deadline, identity, confirmed)
+		if !retry {
+			return g, err
+		}
+		// "held" is read from this node's own table, and a leader that was
+		// deposed (paused, cut off) still sees the holder it knew: only a
+		// node still leader may say it. ReadIndex confirms the leadership
+		// and that the table includes every earlier commit; then look again.
+		if err := s.node.ReadIndex(ctx); err != nil {
+			return Grant{}, s.nodeErr(err)
+		}
+	}
+}
+
+// acquireOnce is one look at the key: the grant path if it is free, the
+// queue if p waits, held if it does not (retry: confirm the leadership
+// first, unless confirmed already).
+func (s *Service) acquireOnce(ctx context.Context, p AcquireParams, cmd core.Command, deadline time.Time, identity string, confirmed bool) (_ Grant, retry bool, _ error) {
 	s.lead.mu.Lock()
 	if !s.lead.ready {
 		s.lead.mu.Unlock()
-		return Grant{}, s.notLeader()
+		return Grant{}, false, s.notLeader()
 	}
 	ref := waitRef{key: p.Key, identity: identity, waitID: p.WaitID}
 	if p.WaitID != "" && s.lead.waits[ref] != nil {
 		s.lead.mu.Unlock()
-		return Grant{}, &core.Error{Code: core.CodeInvalidArgument, Detail: fmt.Sprintf("wait_id %q is already in use for %q", p.WaitID, p.Key)}
+		return Grant{}, false, &core.Error{Code: core.CodeInvalidArgument, Detail: fmt.Sprintf("wait_id %q is already in use for %q", p.WaitID, p.Key)}
 	}
 	if !s.busy(p.Key) {
 		if err := s.admitGrant(identity); err != nil {
 			s.lead.mu.Unlock()
-			return Grant{}, err
+			return Grant{}, false, err
 		}
 		epoch := s.lead.epoch
 		s.reserve(p.Key, epoch, identity)
 		w := s.trackWait(ref, &waiter{handedOff: true, epoch: epoch, identity: identity})
 		s.lead.mu.Unlock()
 		g, err := s.grant(p, cmd, deadline, epoch)
-		return s.endWait(w, g, err)
+		g, err = s.endWait(w, g, err)
+		return g, false, err
 	}
 	if p.Wait <= 0 {
 		s.lead.mu.Unlock()
-		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
+		return Grant{}, !confirmed, fmt.Errorf("%w: %q", ErrHeld, p.Key)
 	}
 	if err := s.admitWaiter(p.Key); err != nil {
 		s.lead.mu.Unlock()
-		return Grant{}, err
+		return Grant{}, false, err
 	}
 	w := s.trackWait(ref, s.enqueue(p.Key, identity))
 	s.lead.mu.Unlock()
 	if err := s.await(ctx, p, w, deadline); err != nil {
-		return s.endWait(w, Grant{}, err)
+		g, err := s.endWait(w, Grant{}, err)
+		return g, false, err
 	}
 	// The key is reserved for us now, in the epoch that handed it over
 	// (written before the turn was sent), unless the wait was withdrawn
 	// meanwhile.
 	if err := s.unlessWithdrawn(w); err != nil {
-		return s.endWait(w, Grant{}, err)
+		g, err := s.endWait(w, Grant{}, err)
+		return g, false, err
 	}
 	g, err := s.grant(p, cmd, deadline, w.epoch)
 	g.Queued = err == nil
-	return s.endWait(w, g, err)
+	g, err = s.endWait(w, g, err)
+	return g, false, err
 }
 
 // checkPolicy asks the Grant policy; a failing policy denies (fail closed).
