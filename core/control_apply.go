@@ -152,7 +152,14 @@ func (c *control) applyPromote(r ControlRequest) Result {
 }
 
 func (c *control) applyPrepareReplacement(r ControlRequest) Result {
-	if c.pending != nil {
+	if p := c.pending; p != nil {
+		if p.Old == r.OldNodeID && p.Address == r.Address {
+			// The same request again: a retry by an operator or a node
+			// whose first answer was lost (indeterminate). It learns the
+			// identity already prepared; nothing changes, so replicas
+			// running a version that refused the retry keep the same state.
+			return Result{Kind: ResultReplacementPrepared, NodeID: p.New, Incarnation: p.NewIncarnation}
+		}
 		return rejected(ReasonReplacementPending)
 	}
 	old, why := c.member(r.OldNodeID, 0)

@@ -192,7 +192,10 @@ func TestControlApply(t *testing.T) {
 		{name: "prepare the replacement of a retired node", setup: append(slices.Clone(clusterOf3), step{core.Retire(2, 2), controlApplied(2, 2)}),
 			cmd: core.PrepareReplacement(2, addr(4)), want: controlRejected(core.ReasonNodeRetired)},
 		{name: "prepare while a replacement is pending", setup: clusterReplacing, cmd: core.PrepareReplacement(1, addr(5)), want: controlRejected(core.ReasonReplacementPending)},
-		{name: "prepare the same replacement twice", setup: clusterReplacing, cmd: core.PrepareReplacement(2, addr(4)), want: controlRejected(core.ReasonReplacementPending)},
+		{name: "prepare the same replacement again (a retry after a lost answer)", setup: clusterReplacing, cmd: core.PrepareReplacement(2, addr(4)), want: replacementPrepared(4, 4),
+			wantMembers: []core.Member{{NodeID: 1, Incarnation: 1, Address: addr(1), Role: core.RoleVoter}, {NodeID: 2, Incarnation: 2, Address: addr(2), Role: core.RoleVoter},
+				{NodeID: 3, Incarnation: 3, Address: addr(3), Role: core.RoleLearner}, {NodeID: 4, Incarnation: 4, Address: addr(4), Role: core.RoleLearner}}},
+		{name: "prepare the same old voter at another address", setup: clusterReplacing, cmd: core.PrepareReplacement(2, addr(5)), want: controlRejected(core.ReasonReplacementPending)},
 		{name: "prepare before bootstrap", cmd: core.PrepareReplacement(1, addr(1)), want: controlRejected(core.ReasonUnknownNode)},
 
 		// CompleteReplacement.
@@ -236,6 +239,7 @@ func TestControlApply(t *testing.T) {
 			applyAll(m, core.Grant("a", "", lease, 0), core.Grant("b", "", lease, 0))
 			mustApply(t, m, tc.setup...)
 			before, beforeState := m.Digest(), m.ControlState()
+			pending, isPending := m.PendingReplacement()
 			got := m.Apply(tc.cmd)
 			if got != tc.want {
 				t.Fatalf("Apply(%v) = %v, want %v", tc.cmd.Control, got, tc.want)
@@ -250,8 +254,8 @@ func TestControlApply(t *testing.T) {
 				}
 				return
 			}
-			if m.Digest() == before {
-				t.Fatal("an applied control command did not change the digest")
+			if changed := m.Digest() != before; changed != mustChange(tc.cmd.Control, got, pending, isPending) {
+				t.Fatalf("an applied control command changed the digest: %t", changed)
 			}
 			if members := m.Members(); !slices.Equal(members, tc.wantMembers) {
 				t.Fatalf("Members() = %+v, want %+v", members, tc.wantMembers)

@@ -206,7 +206,10 @@ func (m *ctlModel) apply(r core.ControlRequest) core.Result {
 		m.members[mem.NodeID] = mem
 		return ok(core.ResultControlApplied, mem)
 	case core.ControlPrepareReplacement:
-		if m.pending != nil {
+		if p := m.pending; p != nil {
+			if p.Old == r.OldNodeID && p.Address == r.Address {
+				return core.Result{Kind: core.ResultReplacementPrepared, NodeID: p.New, Incarnation: p.NewIncarnation}
+			}
 			return m.reject(core.ReasonReplacementPending)
 		}
 		old, why := m.lookup(r.OldNodeID, 0, true)
@@ -506,6 +509,9 @@ func (g *cmdGen) observe(c core.Command, res core.Result) error {
 		g.issued = append(g.issued, res.Token)
 		g.byKey[c.Key] = append(g.byKey[c.Key], res.Token)
 	case core.ResultBootstrapRecorded, core.ResultAdmissionAccepted, core.ResultReplacementPrepared:
+		if res.Kind == core.ResultReplacementPrepared && slices.Contains(g.nodes, res.NodeID) {
+			return nil // a retried prepare tells the pending replacement's identity again (the model checks which)
+		}
 		if n := len(g.nodes); n > 0 && res.NodeID <= g.nodes[n-1] || res.NodeID == 0 || res.Incarnation == 0 {
 			return fmt.Errorf("%v issued after node %v", res, g.nodes)
 		}
