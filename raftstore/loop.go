@@ -108,34 +108,24 @@ func (n *Node) run() {
 // drainQueues takes, without blocking, what is already queued: at most one
 // queue's capacity of each, so a flood on one cannot hold the loop.
 func (n *Node) drainQueues(batch []raftpb.Entry, ids []uint64) ([]raftpb.Entry, []uint64) {
-	for i := 0; i < maxQueuedMessages; i++ {
-		select {
-		case m := <-n.recvc:
-			n.stepReceived(m)
-			continue
-		default:
-		}
-		break
-	}
-	for i := 0; i < maxQueuedProposals; i++ {
-		select {
-		case p := <-n.propc:
-			batch, ids = append(batch, raftpb.Entry{Data: p.data}), append(ids, p.id)
-			continue
-		default:
-		}
-		break
-	}
-	for i := 0; i < maxQueuedCalls; i++ {
-		select {
-		case f := <-n.callc:
-			f(n.rn)
-			continue
-		default:
-		}
-		break
-	}
+	drain(n.recvc, maxQueuedMessages, n.stepReceived)
+	drain(n.propc, maxQueuedProposals, func(p queuedProposal) {
+		batch, ids = append(batch, raftpb.Entry{Data: p.data}), append(ids, p.id)
+	})
+	drain(n.callc, maxQueuedCalls, func(f func(*raft.RawNode)) { f(n.rn) })
 	return batch, ids
+}
+
+// drain hands take up to limit values already in c, without waiting.
+func drain[T any](c <-chan T, limit int, take func(T)) {
+	for range limit {
+		select {
+		case v := <-c:
+			take(v)
+		default:
+			return
+		}
+	}
 }
 
 // proposeBatch proposes the queued entries as one MsgProp, as raft.Node
