@@ -56,7 +56,7 @@ func startMemCluster(t *testing.T, size int) *memNet {
 	}
 	for i := range size {
 		n, err := NewNode(Config{ID: uint64(i + 1), Peers: peers, Store: openTestStore(t, t.TempDir()),
-			Transport: memNetSender{net}, Logger: testkit.QuietLogger(), TickInterval: 10 * time.Millisecond})
+			Transport: memNetSender{net}, Logger: testkit.QuietLogger(), TickInterval: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatalf("NewNode: %v", err)
 		}
@@ -133,9 +133,12 @@ func TestCommitOnlyAppendsNotSent(t *testing.T) {
 		}
 	}
 	// Unfiltered, each proposal brings one commit-only append per follower
-	// (2 per proposal); a few may go out after a tick.
-	if got := net.emptyAppends.Load() - before; got > proposals/4 {
-		t.Fatalf("%d proposals one at a time sent %d commit-only appends, want at most %d", proposals, got, proposals/4)
+	// (2 per proposal); a held one may go out at a tick (50 ms), so the
+	// bound leaves room for a slow machine.
+	got := net.emptyAppends.Load() - before
+	t.Logf("%d proposals, %d commit-only appends sent", proposals, got)
+	if got > proposals/2 {
+		t.Fatalf("%d proposals one at a time sent %d commit-only appends, want at most %d", proposals, got, proposals/2)
 	}
 	net.allApplied(t, lead.AppliedIndex(), 5*time.Second)
 }
