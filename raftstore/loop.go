@@ -218,9 +218,10 @@ func (n *Node) call(ctx context.Context, f func(rn *raft.RawNode)) bool {
 // loop published: a status reader is how an operator looks at a stuck node.
 const statusWait = time.Second
 
-// publishStatus records raft's status for Status to fall back on. Loop
-// only (or before Start).
-func (n *Node) publishStatus() {
+// publishStatus records raft's status for Status to fall back on, and
+// returns it. Loop only (or before Start).
+func (n *Node) publishStatus() raft.Status {
 	st := n.rn.Status()
 	n.lastStatus.Store(&st)
+	return st
 }

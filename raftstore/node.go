@@ -344,11 +344,7 @@ func (n *Node) Status() raft.Status {
 	ctx, cancel := context.WithTimeout(context.Background(), statusWait)
 	defer cancel()
 	stc := make(chan raft.Status, 1)
-	if n.call(ctx, func(rn *raft.RawNode) {
-		st := rn.Status()
-		n.lastStatus.Store(&st)
-		stc <- st
-	}) {
+	if n.call(ctx, func(*raft.RawNode) { stc <- n.publishStatus() }) {
 		return <-stc
 	}
 	if st := n.lastStatus.Load(); st != nil {
