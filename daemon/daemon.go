@@ -382,7 +382,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	if d.audit != nil {
 		d.audit.Start(d.nc)
 	}
-	d.watch.Start(d.nc)
+	d.watch.Start(d.nc, d.watchInterest())
 	var err error
 	d.api, err = natsapi.Start(natsapi.Config{
 		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins, Disk: d.store.Disk(),
@@ -480,6 +480,45 @@ func (d *Daemon) startNATS() error {
 	}
 	d.nc = nc
 	return nil
+}
+
+// watchInterest answers, for the watch publisher, whether anyone would
+// receive a message on a subject: the embedded server's own subscription
+// interest in the account the node's connection belongs to, which holds
+// local, route, leafnode and stream-import subscriptions. It is nil
+// (publish every event) for an external server, whose interest this node
+// cannot see, and with gateways, which forward messages to other clusters
+// without registered interest.
+func (d *Daemon) watchInterest() natsapi.Interest {
+	if d.ns == nil || d.ns.GatewayAddr() != nil {
+		return nil
+	}
+	acc, err := d.ownAccount()
+	if err != nil {
+		d.log.Warn("watch events go out without an interest check", "err", err)
+		return nil
+	}
+	return acc.SubscriptionInterest
+}
+
+// ownAccount is the embedded server's account of the node's own
+// connection.
+func (d *Daemon) ownAccount() (*natsserver.Account, error) {
+	cid, err := d.nc.GetClientID()
+	if err != nil {
+		return nil, fmt.Errorf("own client id: %w", err)
+	}
+	connz, err := d.ns.Connz(&natsserver.ConnzOptions{CID: cid, Username: true})
+	if err != nil {
+		return nil, fmt.Errorf("own connection: %w", err)
+	}
+	if len(connz.Conns) != 1 {
+		return nil, fmt.Errorf("own connection %d: %d found", cid, len(connz.Conns))
+	}
+	if name := connz.Conns[0].Account; name != "" {
+		return d.ns.LookupAccount(name)
+	}
+	return d.ns.GlobalAccount(), nil
 }
 
 func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {

@@ -24,6 +24,11 @@ import (
 // is full (NATS slower than the apply rate, or disconnected) events are
 // dropped and counted in ticketd_watch_events_dropped_total; watchers
 // detect the gap by index and read the key again with get.
+//
+// With an Interest function (the daemon gives one for its embedded
+// server, see Start), an event nobody could receive is not encoded or published: on
+// a cluster without watchers that is a JSON encoding and a trip through
+// the NATS server per applied change on every node, all of it dropped.
 
 // WatchBufferDefault bounds the events waiting to be published.
 const WatchBufferDefault = 8192
@@ -40,13 +45,20 @@ type WatchConfig struct {
 	Buffer int
 }
 
+// Interest reports whether a message published on subject now would reach
+// any subscriber. It must answer as the NATS server would route the
+// message (local, route, leafnode and import interest) and must not block.
+type Interest func(subject string) bool
+
 // WatchPublisher publishes the watch events of one node.
 type WatchPublisher struct {
 	node      uint64
 	log       *slog.Logger
 	events    chan protocol.WatchEvent
+	interest  Interest
 	published prometheus.Counter
 	dropped   prometheus.Counter
+	skipped   prometheus.Counter
 
 	startOnce, stopOnce sync.Once
 	stop                chan struct{}
@@ -69,11 +81,12 @@ func NewWatchPublisher(cfg WatchConfig) *WatchPublisher {
 		events:    make(chan protocol.WatchEvent, cfg.Buffer),
 		published: prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_watch_events_published_total", Help: "Watch events this node published."}),
 		dropped:   prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_watch_events_dropped_total", Help: "Watch events dropped because the publish buffer was full or the publish failed."}),
+		skipped:   prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_watch_events_skipped_total", Help: "Watch events not published because no subscriber could receive them."}),
 		stop:      make(chan struct{}),
 		done:      make(chan struct{}),
 	}
 	if cfg.Registerer != nil {
-		cfg.Registerer.MustRegister(w.published, w.dropped)
+		cfg.Registerer.MustRegister(w.published, w.dropped, w.skipped)
 	}
 	return w
 }
@@ -121,9 +134,14 @@ func watchEvent(a raftstore.Applied) (protocol.WatchEvent, bool) {
 	return ev, true
 }
 
-// Start publishes the queued events on nc until Stop.
-func (w *WatchPublisher) Start(nc *nats.Conn) {
-	w.startOnce.Do(func() { go w.run(nc) })
+// Start publishes the queued events on nc until Stop. With interest, an
+// event on a subject nobody subscribes to is skipped (counted in
+// ticketd_watch_events_skipped_total); nil publishes every event.
+func (w *WatchPublisher) Start(nc *nats.Conn, interest Interest) {
+	w.startOnce.Do(func() {
+		w.interest = interest
+		go w.run(nc)
+	})
 }
 
 func (w *WatchPublisher) run(nc *nats.Conn) {
@@ -133,8 +151,13 @@ func (w *WatchPublisher) run(nc *nats.Conn) {
 		case <-w.stop:
 			return
 		case ev := <-w.events:
+			subject := protocol.WatchSubject(ev.Key)
+			if w.interest != nil && !w.interest(subject) {
+				w.skipped.Inc()
+				continue
+			}
 			body, _ := json.Marshal(ev)
-			if err := nc.Publish(protocol.WatchSubject(ev.Key), body); err != nil {
+			if err := nc.Publish(subject, body); err != nil {
 				w.dropped.Inc()
 				w.log.Debug("watch event not published", "key", ev.Key, "index", ev.Index, "err", err)
 				continue

@@ -1,11 +1,14 @@
 package natsapi
 
 import (
+	"encoding/json"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
@@ -46,4 +49,53 @@ func TestWatchBufferDrops(t *testing.T) {
 		t.Fatalf("dropped %v, want 3", n)
 	}
 	w.Stop()
+}
+
+// With an interest check, events on subjects nobody subscribes to are
+// counted as skipped and never reach the server; the others are published.
+func TestWatchSkipsSubjectsWithoutInterest(t *testing.T) {
+	ns := testkit.NATSServer(t)
+	pub := testkit.Connect(t, ns.ClientURL())
+	sub := testkit.Connect(t, ns.ClientURL())
+	all, err := sub.SubscribeSync(protocol.SubjectWatchPrefix + ".>")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	watched := protocol.WatchSubject("watched")
+	w := NewWatchPublisher(WatchConfig{Node: 1})
+	w.Start(pub, func(subject string) bool { return subject == watched })
+	obs := w.Observer()
+	for i, key := range []string{"other", "watched", "other", "watched"} {
+		obs.OnApplied(raftstore.Applied{Index: uint64(i + 1), Command: core.Release(key, 1), Result: core.Result{Kind: core.ResultReleased}})
+	}
+	for _, want := range []uint64{2, 4} {
+		m, err := all.NextMsg(5 * time.Second)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var ev protocol.WatchEvent
+		if err := json.Unmarshal(m.Data, &ev); err != nil {
+			t.Fatal(err)
+		}
+		if m.Subject != watched || ev.Index != want {
+			t.Fatalf("got %s index %d, want %s index %d", m.Subject, ev.Index, watched, want)
+		}
+	}
+	w.Stop() // the publisher has counted every event it took
+	var m dto.Metric
+	if err := w.skipped.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetCounter().GetValue(); n != 2 {
+		t.Fatalf("skipped %v, want 2", n)
+	}
+	if err := w.published.Write(&m); err != nil {
+		t.Fatal(err)
+	}
+	if n := m.GetCounter().GetValue(); n != 2 {
+		t.Fatalf("published %v, want 2", n)
+	}
 }

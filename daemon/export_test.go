@@ -1,0 +1,8 @@
+package daemon
+
+// WatchInterest is the watch publisher's interest check on subject; false
+// when the node has none.
+func (d *Daemon) WatchInterest(subject string) bool {
+	f := d.watchInterest()
+	return f != nil && f(subject)
+}
