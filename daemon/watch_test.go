@@ -31,26 +31,7 @@ func TestWatchEventsFromEveryNode(t *testing.T) {
 	nc := testkit.Connect(t, c.ClientURL(c.Follower(lead)))
 	requireSkippedWithoutWatchers(t, c, nc, "jobs/unwatched")
 	keys := []string{"jobs/nightly", "jobs/with space"}
-	var mu sync.Mutex
-	got := map[string]map[uint64][]protocol.WatchEvent{} // key → node → events
-	for _, key := range keys {
-		got[key] = map[uint64][]protocol.WatchEvent{}
-		if _, err := nc.Subscribe(protocol.WatchSubject(key), func(m *nats.Msg) {
-			var ev protocol.WatchEvent
-			if err := json.Unmarshal(m.Data, &ev); err != nil {
-				t.Errorf("event %q: %v", m.Data, err)
-				return
-			}
-			mu.Lock()
-			got[ev.Key][ev.Node] = append(got[ev.Key][ev.Node], ev)
-			mu.Unlock()
-		}); err != nil {
-			t.Fatal(err)
-		}
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
+	got := watchKeys(t, c, nc, keys...)
 	if s := protocol.WatchSubject(keys[1]); s[:len(protocol.SubjectWatchPrefix)+3] != protocol.SubjectWatchPrefix+".h." {
 		t.Fatalf("key with a space maps to %s", s)
 	}
@@ -70,25 +51,12 @@ func TestWatchEventsFromEveryNode(t *testing.T) {
 		}
 	}
 	want := []string{protocol.EventGrant, protocol.EventRenew, protocol.EventRelease, protocol.EventGrant, protocol.EventExpire}
-	testkit.Eventually(t, 10*time.Second, "five events per key from each node", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		for _, key := range keys {
-			if len(got[key]) != 3 {
-				return false
-			}
-			for _, evs := range got[key] {
-				if len(evs) < len(want) {
-					return false
-				}
-			}
-		}
-		return true
-	})
-	mu.Lock()
-	defer mu.Unlock()
 	for _, key := range keys {
-		for node, evs := range got[key] {
+		got.waitFromEveryNode(t, c, key, len(want))
+	}
+	for _, key := range keys {
+		byNode := got.events(key)
+		for node, evs := range byNode {
 			var types []string
 			for i, ev := range evs {
 				types = append(types, ev.Type)
@@ -107,7 +75,7 @@ func TestWatchEventsFromEveryNode(t *testing.T) {
 		}
 		// Every node published the same entries.
 		var idx [][]uint64
-		for _, evs := range got[key] {
+		for _, evs := range byNode {
 			var ii []uint64
 			for _, ev := range evs {
 				ii = append(ii, ev.Index)
@@ -125,13 +93,7 @@ func TestWatchEventsFromEveryNode(t *testing.T) {
 // publish) and publishes none.
 func requireSkippedWithoutWatchers(t *testing.T, c *testcluster.Cluster, nc *nats.Conn, key string) {
 	t.Helper()
-	var g protocol.AcquireReply
-	if e := rawRequest(t, nc, protocol.SubjectAcquire, fmt.Sprintf(`{"key":%q,"lease_ms":5000}`, key), &g); e != nil {
-		t.Fatal(e)
-	}
-	if e := rawRequest(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":%q,"token":%d}`, key, g.Token), &protocol.ReleaseReply{}); e != nil {
-		t.Fatal(e)
-	}
+	acquireRelease(t, nc, key)
 	for i := range c.Nodes() {
 		d := c.Node(i)
 		testkit.Eventually(t, 10*time.Second, fmt.Sprintf("node %d skipped grant and release", i+1), func() bool {
@@ -173,33 +135,24 @@ func TestWatchThroughStreamImport(t *testing.T) {
 	requireSkippedWithoutWatchers(t, c, nc, "a/unwatched")
 
 	const key = "a/watched"
-	var mu sync.Mutex
-	got := map[uint64][]string{} // node → event types
-	if _, err := nc.Subscribe(protocol.WatchSubject(key), func(m *nats.Msg) {
-		var ev protocol.WatchEvent
-		if err := json.Unmarshal(m.Data, &ev); err != nil {
-			t.Errorf("event %q: %v", m.Data, err)
-			return
+	got := watchKeys(t, c, nc, key)
+	acquireRelease(t, nc, key)
+	want := []string{protocol.EventGrant, protocol.EventRelease}
+	got.waitFromEveryNode(t, c, key, len(want))
+	for node, evs := range got.events(key) {
+		var types []string
+		for _, ev := range evs {
+			types = append(types, ev.Type)
 		}
-		mu.Lock()
-		got[ev.Node] = append(got[ev.Node], ev.Type)
-		mu.Unlock()
-	}); err != nil {
-		t.Fatal(err)
-	}
-	if err := nc.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	// Wait until every node's server knows of the subscription, so the
-	// check below is about the publisher, not route propagation.
-	testkit.Eventually(t, 10*time.Second, "interest known on every server", func() bool {
-		for i := range c.Nodes() {
-			if !c.Node(i).WatchInterest(protocol.WatchSubject(key)) {
-				return false
-			}
+		if !slices.Equal(types, want) {
+			t.Fatalf("node %d: events %v, want %v", node, types, want)
 		}
-		return true
-	})
+	}
+}
+
+// acquireRelease takes key with a raw request through nc and gives it back.
+func acquireRelease(t *testing.T, nc *nats.Conn, key string) {
+	t.Helper()
 	var g protocol.AcquireReply
 	if e := rawRequest(t, nc, protocol.SubjectAcquire, fmt.Sprintf(`{"key":%q,"lease_ms":5000}`, key), &g); e != nil {
 		t.Fatal(e)
@@ -207,25 +160,78 @@ func TestWatchThroughStreamImport(t *testing.T) {
 	if e := rawRequest(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":%q,"token":%d}`, key, g.Token), &protocol.ReleaseReply{}); e != nil {
 		t.Fatal(e)
 	}
-	want := []string{protocol.EventGrant, protocol.EventRelease}
-	testkit.Eventually(t, 10*time.Second, "grant and release from each node", func() bool {
-		mu.Lock()
-		defer mu.Unlock()
-		if len(got) != 3 {
+}
+
+// watchLog holds the watch events a subscriber received, by key and node.
+type watchLog struct {
+	mu  sync.Mutex
+	got map[string]map[uint64][]protocol.WatchEvent
+}
+
+// watchKeys subscribes nc to the watch subject of each key and returns the
+// log its events go to, once every node's server knows of the
+// subscriptions (so a test is about the publisher, not route propagation).
+func watchKeys(t *testing.T, c *testcluster.Cluster, nc *nats.Conn, keys ...string) *watchLog {
+	t.Helper()
+	w := &watchLog{got: map[string]map[uint64][]protocol.WatchEvent{}}
+	for _, key := range keys {
+		if _, err := nc.Subscribe(protocol.WatchSubject(key), func(m *nats.Msg) {
+			var ev protocol.WatchEvent
+			if err := json.Unmarshal(m.Data, &ev); err != nil {
+				t.Errorf("event %q: %v", m.Data, err)
+				return
+			}
+			w.mu.Lock()
+			defer w.mu.Unlock()
+			if w.got[ev.Key] == nil {
+				w.got[ev.Key] = map[uint64][]protocol.WatchEvent{}
+			}
+			w.got[ev.Key][ev.Node] = append(w.got[ev.Key][ev.Node], ev)
+		}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := nc.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 10*time.Second, "watch interest known on every server", func() bool {
+		for i := range c.Nodes() {
+			for _, key := range keys {
+				if !c.Node(i).WatchInterest(protocol.WatchSubject(key)) {
+					return false
+				}
+			}
+		}
+		return true
+	})
+	return w
+}
+
+// events is a copy of key's events by node.
+func (w *watchLog) events(key string) map[uint64][]protocol.WatchEvent {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	out := make(map[uint64][]protocol.WatchEvent, len(w.got[key]))
+	for node, evs := range w.got[key] {
+		out[node] = slices.Clone(evs)
+	}
+	return out
+}
+
+// waitFromEveryNode waits until every node of c published at least n
+// events for key.
+func (w *watchLog) waitFromEveryNode(t *testing.T, c *testcluster.Cluster, key string, n int) {
+	t.Helper()
+	testkit.Eventually(t, 10*time.Second, fmt.Sprintf("%d events for %s from each node", n, key), func() bool {
+		byNode := w.events(key)
+		if len(byNode) != len(c.Nodes()) {
 			return false
 		}
-		for _, types := range got {
-			if len(types) < len(want) {
+		for _, evs := range byNode {
+			if len(evs) < n {
 				return false
 			}
 		}
 		return true
 	})
-	mu.Lock()
-	defer mu.Unlock()
-	for node, types := range got {
-		if !slices.Equal(types, want) {
-			t.Fatalf("node %d: events %v, want %v", node, types, want)
-		}
-	}
 }
