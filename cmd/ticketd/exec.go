@@ -52,7 +52,8 @@ const (
 // take under execKillMargin. When the command exits (lock lost or not),
 // whatever it left running in its group is killed before the release. The command runs in its own process group
 // (so that whatever it starts is stopped too); ticketd forwards SIGINT
-// and SIGTERM to that group.
+// and SIGTERM to that group. On Linux a guard process leads that group
+// and kills it when lock exec dies, even by SIGKILL (execguard_linux.go).
 func lockExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cf := newClientFlags("lock exec", stderr)
 	lease := cf.fs.Duration("lease", 10*time.Second, "lease, renewed while the command runs")
@@ -112,10 +113,9 @@ func lockExec(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 
 // runLocked runs argv while l is held and returns its exit status.
 func runLocked(l *sdk.Lock, argv []string, stdout, stderr io.Writer) int {
-	cmd := exec.Command(argv[0], argv[1:]...)
+	cmd := guardedCommand(argv)
 	cmd.Env = append(environ(), "TICKETD_KEY="+l.Key, "TICKETD_TOKEN="+strconv.FormatUint(l.Token, 10))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	// Registered before the start, so no signal falls between.
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
@@ -126,15 +126,14 @@ func runLocked(l *sdk.Lock, argv []string, stdout, stderr io.Writer) int {
 		fmt.Fprintf(stderr, "ticketd lock exec: not starting the command: %v\n", err)
 		return exitFailure
 	}
-	if err := cmd.Start(); err != nil {
+	exited, err := startLockedThread(cmd)
+	if err != nil {
 		fmt.Fprintf(stderr, "ticketd lock exec: %v\n", err)
 		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
 			return exitNotFound
 		}
 		return exitCannotRun
 	}
-	exited := make(chan error, 1)
-	go func() { exited <- cmd.Wait() }()
 	group := -cmd.Process.Pid
 	var kill <-chan time.Time
 	lost := l.Lost()

@@ -9,6 +9,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
+	"runtime"
 	"strconv"
 	"strings"
 	"syscall"
@@ -73,6 +74,9 @@ func startCLI(t *testing.T, bin string, args ...string) *background {
 	b := &background{cmd: exec.Command(bin, args...), out: &lockedWriter{w: &bytes.Buffer{}},
 		errOut: &lockedWriter{w: &bytes.Buffer{}}, done: make(chan struct{})}
 	b.cmd.Stdout, b.cmd.Stderr = b.out, b.errOut
+	// A process it left behind may hold the output pipes open: do not
+	// wait for them for long once it exited.
+	b.cmd.WaitDelay = 5 * time.Second
 	if err := b.cmd.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -287,6 +291,43 @@ func TestLockExecStopsChildBeforeDeadline(t *testing.T) {
 			t.Logf("cluster killed; the command was dead %v before the lock's deadline (%v after the kill)", ended, time.Until(deadline)+time.Since(killed)-ended)
 		})
 	}
+}
+
+// TestLockExecCommandDiesWithExec: when `ticketd lock exec` itself is
+// killed with SIGKILL (no renewal, no cleanup of its own), the command and
+// a background process it started are gone at once, long before the lease
+// they were running under can end.
+func TestLockExecCommandDiesWithExec(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("lock exec's guard needs a parent-death signal (Linux)")
+	}
+	bin := binary(t)
+	c := settledCluster(t, 1)
+	pids := filepath.Join(t.TempDir(), "pids")
+	p := startCLI(t, bin, "lock", "exec", "exec/orphan", "--nats", c.ClientURL(0), "--lease", "30s", "--",
+		"sh", "-c", `sleep 600 & echo "$$ $!" > "$0.tmp"; mv "$0.tmp" "$0"; echo up; wait`, pids)
+	testkit.Eventually(t, 10*time.Second, "the command started", func() bool { return strings.Contains(p.stdout(), "up") })
+	b, err := os.ReadFile(pids)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var shell, sleeper int
+	if _, err := fmt.Sscanf(string(b), "%d %d", &shell, &sleeper); err != nil {
+		t.Fatalf("pids %q: %v", b, err)
+	}
+	t.Cleanup(func() { _ = syscall.Kill(shell, syscall.SIGKILL); _ = syscall.Kill(sleeper, syscall.SIGKILL) })
+	killed := time.Now()
+	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil {
+		t.Fatal(err)
+	}
+	for _, pid := range []int{shell, sleeper} {
+		testkit.Eventually(t, 5*time.Second, fmt.Sprintf("process %d gone after lock exec was killed", pid), func() bool {
+			// Gone, or a zombie about to be reaped by init.
+			st, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
+			return err != nil || strings.Contains(string(st), ") Z ")
+		})
+	}
+	t.Logf("command and its background child gone %v after lock exec was killed (lease 30s)", time.Since(killed).Round(time.Millisecond))
 }
 
 // TestLockLsAndRenew: ls lists exactly the held keys under a prefix, in

@@ -9,6 +9,9 @@ import (
 )
 
 func main() {
+	if len(os.Args) > 1 && os.Args[1] == execGuardArg {
+		os.Exit(execGuard(os.Args[2:]))
+	}
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	code := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	stop()
