@@ -725,6 +725,26 @@ func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
 // Done is closed if the raft loop stops on a fatal error.
 func (d *Daemon) Done() <-chan struct{} { return d.node.Done() }
 
+// Shutdown is the planned stop: a leader first hands leadership to an
+// active voter (raftstore.Node.HandOver), for at most as long as ctx
+// allows, so that the cluster does not wait an election timeout for a new
+// leader and the requests this leader took are answered, not left
+// indeterminate; then Close.
+func (d *Daemon) Shutdown(ctx context.Context) {
+	if d.node != nil {
+		if err := d.node.HandOver(ctx); err != nil {
+			d.log.Warn("stopping without handing leadership over", "err", err)
+		}
+	}
+	d.Close()
+}
+
+// HandOverTimeout bounds Shutdown's hand-over for cfg: two election
+// timeouts, after which raft has abandoned the transfer anyway.
+func HandOverTimeout(cfg Config) time.Duration {
+	return 2 * time.Duration(cfg.TickMS*cfg.ElectionTicks) * time.Millisecond
+}
+
 // Close stops everything in reverse start order. It is safe to call more
 // than once and on a partly started daemon.
 func (d *Daemon) Close() {

@@ -295,13 +295,14 @@ func (n *Node) yieldLoop() {
 	}
 }
 
-// transferTarget is the voter, other than this node, with the highest
-// match index (0 if none).
+// transferTarget is the voter, other than this node, that the leader
+// heard from lately (raft's RecentActive) with the highest match index (0
+// if none).
 func (n *Node) transferTarget() uint64 {
 	st := n.Status()
 	var best, match uint64
 	for _, id := range n.ConfState().Voters {
-		if pr, ok := st.Progress[id]; ok && id != n.cfg.ID && pr.Match >= match {
+		if pr, ok := st.Progress[id]; ok && id != n.cfg.ID && pr.RecentActive && pr.Match >= match {
 			best, match = id, pr.Match
 		}
 	}

@@ -194,6 +194,8 @@ func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		d.Close()
 		return exitFailure
 	}
-	d.Close()
+	sctx, cancel := context.WithTimeout(context.Background(), daemon.HandOverTimeout(cfg))
+	defer cancel()
+	d.Shutdown(sctx)
 	return 0
 }

@@ -48,9 +48,10 @@ type leaderSubs struct {
 	nc   *nats.Conn
 	kick chan struct{}
 
-	mu        sync.Mutex // guards eps, subs and closed
+	mu        sync.Mutex // guards eps, subs, drained and closed
 	eps       []leaderEndpoint
 	subs      []*nats.Subscription // nil while not serving
+	drained   []*nats.Subscription // subs drained on a lost leadership, for Stop to wait on
 	closed    bool                 // Stop ran: never subscribe again
 	serving   atomic.Bool
 	forwarded atomic.Uint64 // client lock requests this node forwarded
@@ -142,12 +143,7 @@ func (s *Service) reconcileLeaderSubs(lead bool) error {
 		// answered not_leader), instead of vanishing without a reply
 		// that the client would have to call indeterminate.
 		err := drainAll(l.subs)
-		l.subs = nil
-		l.serving.Store(false)
-		s.log.Info("stopped serving the lock subjects: not the leader")
-		return err
-	case !lead && l.subs != nil:
-		err := unsubscribeAll(l.subs)
+		l.drained = append(stillDraining(l.drained), l.subs...)
 		l.subs = nil
 		l.serving.Store(false)
 		s.log.Info("stopped serving the lock subjects: not the leader")
@@ -156,12 +152,52 @@ func (s *Service) reconcileLeaderSubs(lead bool) error {
 	return nil
 }
 
-// stopLeaderSubs unsubscribes for good (Stop).
-func (s *Service) stopLeaderSubs() error {
-	s.lead.mu.Lock()
-	s.lead.closed = true
-	s.lead.mu.Unlock()
-	return s.reconcileLeaderSubs(false)
+// stopLeaderSubs drains the lock subscriptions for good (Stop) and
+// returns every lock subscription still draining, so that Stop can wait
+// until the requests NATS already handed to this node are handled.
+func (s *Service) stopLeaderSubs() ([]*nats.Subscription, error) {
+	l := s.lead
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	l.closed = true
+	var err error
+	if l.subs != nil {
+		err = drainAll(l.subs)
+		l.drained = append(l.drained, l.subs...)
+		l.subs = nil
+		l.serving.Store(false)
+		s.log.Info("stopped serving the lock subjects: stopping")
+	}
+	return stillDraining(l.drained), err
+}
+
+// stillDraining is the subscriptions of subs that are still draining.
+func stillDraining(subs []*nats.Subscription) []*nats.Subscription {
+	kept := subs[:0]
+	for _, sub := range subs {
+		if sub.IsDraining() {
+			kept = append(kept, sub)
+		}
+	}
+	return kept
+}
+
+// StopDrainTimeout bounds how long Stop waits for the requests already
+// delivered to this node to be handed to their handlers.
+const StopDrainTimeout = 2 * time.Second
+
+// awaitDrained waits until none of subs is draining any more, or timeout.
+func awaitDrained(subs []*nats.Subscription, timeout time.Duration) bool {
+	deadline := time.Now().Add(timeout)
+	for _, sub := range subs {
+		for sub.IsDraining() {
+			if time.Now().After(deadline) {
+				return false
+			}
+			time.Sleep(time.Millisecond)
+		}
+	}
+	return true
 }
 
 func drainAll(subs []*nats.Subscription) error {

@@ -74,8 +74,11 @@ type Service struct {
 	mu      sync.Mutex
 	stopped bool
 	wg      sync.WaitGroup
-	ctx     context.Context
-	stop    context.CancelFunc
+	// requests counts the request goroutines (also in wg), which Stop
+	// lets finish, for a while, before it cancels their context.
+	requests sync.WaitGroup
+	ctx      context.Context
+	stop     context.CancelFunc
 }
 
 // request abstracts a micro request and a forwarded *nats.Msg.
@@ -185,17 +188,44 @@ func Start(cfg Config) (*Service, error) {
 // Stop unregisters the endpoints and waits for in-flight requests; a
 // message that still arrives is answered shutting_down.
 func (s *Service) Stop() error {
-	err := errors.Join(s.stopLeaderSubs(), s.svc.stop())
-	if uerr := s.fwd.Unsubscribe(); uerr != nil && !errors.Is(uerr, nats.ErrConnectionClosed) {
-		err = errors.Join(err, uerr)
+	// Drained, not unsubscribed: a request NATS already handed to this
+	// node is still handled and answered, instead of vanishing without a
+	// reply that its client would have to call indeterminate.
+	drained, err := s.stopLeaderSubs()
+	err = errors.Join(err, s.svc.stop())
+	if derr := s.fwd.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) && !errors.Is(derr, nats.ErrBadSubscription) {
+		err = errors.Join(err, derr)
+	}
+	if !awaitDrained(append(drained, s.fwd), StopDrainTimeout) {
+		s.log.Warn("stopping with lock requests still queued", "waited", StopDrainTimeout)
 	}
 	err = errors.Join(err, s.delivery.stop())
 	s.mu.Lock()
 	s.stopped = true
 	s.mu.Unlock()
+	// Requests already taken (a forward to the new leader after a
+	// hand-over, a proposal about to apply) get their answer unless they
+	// wait for longer (a queued acquire): those end with the context.
+	if !waitGroupTimeout(&s.requests, StopDrainTimeout) {
+		s.log.Warn("stopping with lock requests in flight", "waited", StopDrainTimeout)
+	}
 	s.stop()
 	s.wg.Wait()
 	return err
+}
+
+// waitGroupTimeout waits for wg, for at most timeout; false if it timed out.
+func waitGroupTimeout(wg *sync.WaitGroup, timeout time.Duration) bool {
+	done := make(chan struct{})
+	go func() { wg.Wait(); close(done) }()
+	t := time.NewTimer(timeout)
+	defer t.Stop()
+	select {
+	case <-done:
+		return true
+	case <-t.C:
+		return false
+	}
 }
 
 // microHandler hands a client request to dispatch, with the identity
@@ -308,9 +338,11 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 		return
 	}
 	s.wg.Add(1)
+	s.requests.Add(1)
 	s.mu.Unlock()
 	s.workers.spawn(func() {
 		defer s.wg.Done()
+		defer s.requests.Done()
 		defer func() { <-sem }()
 		s.handle(req, forwarded)
 	})
