@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -126,5 +127,38 @@ func TestThreeProcessFailover(t *testing.T) {
 			t.Fatalf("tables never converged: %v", digests)
 		}
 		time.Sleep(50 * time.Millisecond)
+	}
+
+	// A planned stop: SIGTERM makes the leader hand leadership over before
+	// it exits, so another node leads well inside an election timeout.
+	lead = leaderOf()
+	stoppedAt := time.Now()
+	if err := procs[lead].cmd.Process.Signal(syscall.SIGTERM); err != nil {
+		t.Fatal(err)
+	}
+	next := -1
+	testkit.Eventually(t, 10*time.Second, "another leader after SIGTERM of the leader", func() bool {
+		for i := range urls {
+			if i == lead {
+				continue
+			}
+			if st, err := nodeStatus(urls[i], i+1); err == nil && st.State == "StateLeader" {
+				next = i
+				return true
+			}
+		}
+		return false
+	})
+	took = time.Since(stoppedAt)
+	if err := procs[lead].cmd.Wait(); err != nil {
+		t.Fatalf("the old leader after SIGTERM: %v", err)
+	}
+	if !strings.Contains(procs[lead].logString(), "leadership handed over") {
+		t.Fatalf("node %d stopped without handing leadership over", lead+1)
+	}
+	procs[lead] = nil
+	t.Logf("node %d led %v after SIGTERM of leader %d (election timeout %v)", next+1, took, lead+1, electionTimeout)
+	if took >= electionTimeout {
+		t.Fatalf("a new leader only after %v: no faster than an election", took)
 	}
 }
