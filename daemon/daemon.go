@@ -487,8 +487,8 @@ func (d *Daemon) startNATS() error {
 // interest in the account the node's connection belongs to, which holds
 // local, route, leafnode and stream-import subscriptions. It is nil
 // (publish every event) for an external server, whose interest this node
-// cannot see, and with gateways, which forward messages to other clusters
-// without registered interest.
+// cannot see, with gateways, which forward messages to other clusters
+// without registered interest, and when the account maps subjects.
 func (d *Daemon) watchInterest() natsapi.Interest {
 	if d.ns == nil || d.ns.GatewayAddr() != nil {
 		return nil
@@ -496,6 +496,12 @@ func (d *Daemon) watchInterest() natsapi.Interest {
 	acc, err := d.ownAccount()
 	if err != nil {
 		d.log.Warn("watch events go out without an interest check", "err", err)
+		return nil
+	}
+	// A subject mapping of the account rewrites a subject before it is
+	// routed, so interest in the published subject says nothing.
+	az, err := d.ns.Accountz(&natsserver.AccountzOptions{Account: acc.GetName()})
+	if err != nil || az.Account == nil || len(az.Account.Mappings) > 0 {
 		return nil
 	}
 	return acc.SubscriptionInterest

@@ -14,12 +14,16 @@ import (
 // timeout, and every proposal it had taken but not yet applied ends
 // indeterminate. HandOver asks raft to transfer leadership to the most
 // up-to-date active voter first (etcd's server does the same on a clean
-// stop). Raft sends the target MsgTimeoutNow only once the target's log
-// matches the leader's, and drops every proposal made during the transfer
-// (the callers get ErrNotLeader: certainly not proposed, retry). So every
-// entry the leader had appended is on the target, which with the leader
-// is a majority of three: it commits and applies here, with its answer,
-// before the target's election deposes this node.
+// stop). Raft drops every proposal made during the transfer (the callers
+// get ErrNotLeader: certainly not proposed, retry) and sends the target
+// MsgTimeoutNow only once the target's log matches the leader's. With
+// three voters, the leader and the target are a majority: the target's
+// acknowledgment commits every entry the leader had appended in the same
+// step that sends MsgTimeoutNow, so they apply here, with their answers,
+// in that Ready, before the target's election can depose this node. With
+// more voters an entry that no third node acknowledged yet can still be
+// pending when the target campaigns; its caller then gets indeterminate,
+// as in any change of leader.
 
 // handOverPoll is how often HandOver looks whether leadership moved.
 const handOverPoll = 5 * time.Millisecond
@@ -33,16 +37,34 @@ func (n *Node) HandOver(ctx context.Context) error {
 	if !n.isLeader.Load() || len(n.ConfState().Voters) < 2 {
 		return nil
 	}
-	target := n.transferTarget()
-	if target == 0 {
-		return fmt.Errorf("raftstore: hand over leadership: no other active voter")
-	}
-	start := time.Now()
-	if !n.call(ctx, func(rn *raft.RawNode) { rn.TransferLeader(target) }) {
-		return fmt.Errorf("raftstore: hand over leadership to %d: %w", target, ctx.Err())
-	}
 	t := time.NewTicker(handOverPoll)
 	defer t.Stop()
+	// With CheckQuorum raft marks every follower inactive at each election
+	// timeout until its next response: look again for a moment.
+	var target uint64
+	for target = n.transferTarget(); target == 0; target = n.transferTarget() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("raftstore: hand over leadership: no other active voter: %w", ctx.Err())
+		case <-n.donec:
+			return ErrStopped
+		case <-t.C:
+		}
+	}
+	start := time.Now()
+	// Only a leader transfers: a follower would forward the request to the
+	// leader, which would then drop proposals for a transfer nobody asked.
+	var leading bool
+	if !n.call(ctx, func(rn *raft.RawNode) {
+		if leading = rn.BasicStatus().RaftState == raft.StateLeader; leading {
+			rn.TransferLeader(target)
+		}
+	}) {
+		return fmt.Errorf("raftstore: hand over leadership to %d: %w", target, ctx.Err())
+	}
+	if !leading {
+		return nil
+	}
 	for n.isLeader.Load() {
 		select {
 		case <-ctx.Done():

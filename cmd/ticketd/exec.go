@@ -51,8 +51,8 @@ const (
 // so nothing it started runs past D, as long as timers and kill delivery
 // take under execKillMargin. When the command exits (lock lost or not),
 // whatever it left running in its group is killed before the release. The command runs in its own process group
-// (so that whatever it starts is stopped too); ticketd forwards SIGINT
-// and SIGTERM to that group. On Linux a guard process leads that group
+// (so that whatever it starts is stopped too); ticketd forwards SIGINT,
+// SIGTERM and SIGHUP to that group. On Linux a guard process leads that group
 // and kills it when lock exec dies, even by SIGKILL (execguard_linux.go).
 func lockExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	cf := newClientFlags("lock exec", stderr)
@@ -116,9 +116,14 @@ func runLocked(l *sdk.Lock, argv []string, stdout, stderr io.Writer) int {
 	cmd := guardedCommand(argv)
 	cmd.Env = append(environ(), "TICKETD_KEY="+l.Key, "TICKETD_TOKEN="+strconv.FormatUint(l.Token, 10))
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
-	// Registered before the start, so no signal falls between.
+	// Registered before the start, so no signal falls between. SIGHUP (a
+	// closed terminal) is forwarded too, so the command can end and the
+	// lock be released, unless it was ignored (nohup).
 	sigs := make(chan os.Signal, 4)
 	signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
+	if !signal.Ignored(syscall.SIGHUP) {
+		signal.Notify(sigs, syscall.SIGHUP)
+	}
 	defer signal.Stop(sigs)
 	if err := l.Err(); err != nil {
 		// Lost between the grant and now (a slow first renewal): the

@@ -9,6 +9,7 @@ import (
 	"runtime"
 	"strconv"
 	"syscall"
+	"time"
 )
 
 // execGuardArg, as the first argument, runs the binary as lock exec's
@@ -29,12 +30,35 @@ const execGuardArg = "__lock-exec-guard"
 // SIGHUP sent to the group changes nothing).
 const guardDeathSignal = syscall.SIGHUP
 
+// guardParentCheck is how often the guard also looks whether its parent
+// is gone: the kernel clears a parent-death signal on executing a binary
+// with file capabilities or set-id bits, and an inherited ignored SIGHUP
+// (nohup) would swallow it.
+const guardParentCheck = 100 * time.Millisecond
+
+// guardCaught is the signals that would end a Go program (os/signal:
+// SIGHUP, SIGINT, SIGTERM exit, SIGQUIT exits with a stack dump; other
+// asynchronous signals such as SIGUSR1 are caught and dropped by the
+// runtime) and that a user may send to the command's process group: the
+// guard catches them (the command, in the group, gets them itself),
+// unless they were ignored when it started, so that the command inherits
+// the same dispositions it would have had without the guard.
+func guardCaught() []os.Signal {
+	return []os.Signal{syscall.SIGHUP, syscall.SIGINT, syscall.SIGTERM, syscall.SIGQUIT}
+}
+
 // guardedCommand is the command lock exec starts for argv: the guard,
 // which runs argv. /proc/self/exe is this very binary even if its file was
 // replaced meanwhile.
 func guardedCommand(argv []string) *exec.Cmd {
 	args := append([]string{execGuardArg, strconv.Itoa(os.Getpid()), "--"}, argv...)
-	cmd := exec.Command("/proc/self/exe", args...)
+	self := "/proc/self/exe"
+	if _, err := os.Stat(self); err != nil {
+		if exe, err := os.Executable(); err == nil {
+			self = exe // no /proc: the path this binary was started from
+		}
+	}
+	cmd := exec.Command(self, args...)
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true, Pdeathsig: guardDeathSignal}
 	return cmd
 }
@@ -76,15 +100,19 @@ func execGuard(args []string) int {
 		fmt.Fprintln(os.Stderr, "ticketd: the lock exec guard is started by `ticketd lock exec` only")
 		return exitUsage
 	}
-	// SIGINT and SIGTERM that lock exec forwards to the group are for the
-	// command, which gets them too: caught here only so that they do not
-	// end the guard. (Caught, not ignored: an ignored signal would stay
-	// ignored in the command.)
-	sigs := make(chan os.Signal, 4)
-	signal.Notify(sigs, guardDeathSignal, syscall.SIGINT, syscall.SIGTERM)
+	// Signals sent to the group (lock exec forwards SIGINT, SIGTERM and
+	// SIGHUP) are for the command, which gets them too: caught here only
+	// so that they do not end the guard. (Caught, not ignored: an ignored
+	// signal would stay ignored in the command.)
+	sigs := make(chan os.Signal, 8)
+	for _, sig := range guardCaught() {
+		if !signal.Ignored(sig) {
+			signal.Notify(sigs, sig)
+		}
+	}
 	if os.Getppid() != parent {
 		// lock exec died before the handler was in place.
-		killOwnGroup()
+		killOwnGroup(nil)
 	}
 	argv := args[2:]
 	cmd := exec.Command(argv[0], argv[1:]...)
@@ -98,20 +126,31 @@ func execGuard(args []string) int {
 		}
 		return exitCannotRun
 	}
+	check := time.NewTicker(guardParentCheck)
+	defer check.Stop()
 	for {
 		select {
 		case err := <-exited:
 			return exitStatus(cmd.ProcessState, err, os.Stderr)
-		case sig := <-sigs:
-			if sig == guardDeathSignal && os.Getppid() != parent {
-				killOwnGroup()
-			}
+		case <-sigs:
+		case <-check.C:
+		}
+		if os.Getppid() != parent {
+			killOwnGroup(cmd.Process)
 		}
 	}
 }
 
-// killOwnGroup kills the guard's process group, the guard included.
-func killOwnGroup() {
-	_ = syscall.Kill(0, syscall.SIGKILL)
-	select {} // the SIGKILL is on its way
+// killOwnGroup kills the guard's process group, the guard included, when
+// the guard leads it (as lock exec starts it); otherwise only the command,
+// if started, and exits.
+func killOwnGroup(command *os.Process) {
+	if syscall.Getpgrp() == os.Getpid() {
+		_ = syscall.Kill(0, syscall.SIGKILL)
+		select {} // the SIGKILL is on its way
+	}
+	if command != nil {
+		_ = command.Kill()
+	}
+	os.Exit(exitFailure)
 }

@@ -330,6 +330,43 @@ func TestLockExecCommandDiesWithExec(t *testing.T) {
 	t.Logf("command and its background child gone %v after lock exec was killed (lease 30s)", time.Since(killed).Round(time.Millisecond))
 }
 
+// TestLockExecGuardSurvivesGroupSignals: a signal sent to the command's
+// process group (SIGQUIT, which would end a Go program with a stack dump,
+// and SIGUSR1; the command ignores both) does not end the guard in front
+// of it: the command runs on and lock exec exits with its status.
+func TestLockExecGuardSurvivesGroupSignals(t *testing.T) {
+	if runtime.GOOS != "linux" {
+		t.Skip("lock exec's guard is Linux only")
+	}
+	bin := binary(t)
+	c := settledCluster(t, 1)
+	dir := t.TempDir()
+	pgidFile, goFile := filepath.Join(dir, "pgid"), filepath.Join(dir, "go")
+	p := startCLI(t, bin, "lock", "exec", "exec/signals", "--nats", c.ClientURL(0), "--lease", "30s", "--",
+		"sh", "-c", `trap '' QUIT USR1; cut -d' ' -f5 /proc/$$/stat > "$0.tmp"; mv "$0.tmp" "$0"; echo up; while [ ! -e "$1" ]; do sleep 0.02; done`,
+		pgidFile, goFile)
+	testkit.Eventually(t, 10*time.Second, "the command started", func() bool { return strings.Contains(p.stdout(), "up") })
+	b, err := os.ReadFile(pgidFile)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pgid, err := strconv.Atoi(strings.TrimSpace(string(b)))
+	if err != nil || pgid <= 1 {
+		t.Fatalf("process group %q: %v", b, err)
+	}
+	for _, sig := range []syscall.Signal{syscall.SIGQUIT, syscall.SIGUSR1} {
+		if err := syscall.Kill(-pgid, sig); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := os.WriteFile(goFile, nil, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if code := p.wait(t, 10*time.Second); code != 0 {
+		t.Fatalf("exit %d after SIGQUIT and SIGUSR1 to the group, want the command's 0; stderr %q", code, p.stderr())
+	}
+}
+
 // TestLockLsAndRenew: ls lists exactly the held keys under a prefix, in
 // order, across pages; renew lengthens a lock from the CLI.
 func TestLockLsAndRenew(t *testing.T) {

@@ -69,11 +69,14 @@ type Service struct {
 	// free their keys.
 	acqSem chan struct{}
 	sem    chan struct{}
-	// mu guards stopped; dispatch adds to wg under it, so Stop's wait
-	// never races a late message.
-	mu      sync.Mutex
-	stopped bool
-	wg      sync.WaitGroup
+	// mu guards refusing and stopped; dispatch and background add to wg
+	// under it, so Stop's waits never race a late message. refusing: no
+	// new requests (Stop is waiting for the ones in flight); stopped: no
+	// new background work either.
+	mu       sync.Mutex
+	refusing bool
+	stopped  bool
+	wg       sync.WaitGroup
 	// requests counts the request goroutines (also in wg), which Stop
 	// lets finish, for a while, before it cancels their context.
 	requests sync.WaitGroup
@@ -199,16 +202,20 @@ func (s *Service) Stop() error {
 	if !awaitDrained(append(drained, s.fwd), StopDrainTimeout) {
 		s.log.Warn("stopping with lock requests still queued", "waited", StopDrainTimeout)
 	}
+	s.mu.Lock()
+	s.refusing = true
+	s.mu.Unlock()
+	// Requests already taken (a forward to the new leader after a
+	// hand-over, a proposal about to apply) get their answer unless they
+	// wait for longer (a queued acquire): those end with the context. The
+	// lost-reply paths (delivery, background releases) stay on meanwhile.
+	if !waitGroupTimeout(&s.requests, StopDrainTimeout) {
+		s.log.Warn("stopping with lock requests in flight", "waited", StopDrainTimeout)
+	}
 	err = errors.Join(err, s.delivery.stop())
 	s.mu.Lock()
 	s.stopped = true
 	s.mu.Unlock()
-	// Requests already taken (a forward to the new leader after a
-	// hand-over, a proposal about to apply) get their answer unless they
-	// wait for longer (a queued acquire): those end with the context.
-	if !waitGroupTimeout(&s.requests, StopDrainTimeout) {
-		s.log.Warn("stopping with lock requests in flight", "waited", StopDrainTimeout)
-	}
 	s.stop()
 	s.wg.Wait()
 	return err
@@ -331,7 +338,7 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 		return
 	}
 	s.mu.Lock()
-	if s.stopped {
+	if s.refusing {
 		s.mu.Unlock()
 		<-sem
 		_ = req.fail(protocol.Errorf(protocol.CodeShuttingDown, "node %d is shutting down", s.cfg.Locks.ID()))
