@@ -39,36 +39,24 @@ func TestShutdownHandsLeadershipOver(t *testing.T) {
 	var mu sync.Mutex
 	var other []error
 	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 4; w++ {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-				l, err := cl.Acquire(ctx, fmt.Sprintf("handover/%d/%d", w, i%4), sdk.WithLease(5*time.Second))
-				if err == nil {
-					err = l.Release(ctx)
-				}
-				cancel()
-				switch {
-				case err == nil:
-					ok.Add(1)
-				case errors.Is(err, sdk.ErrIndeterminate):
-					indeterminate.Add(1)
-				default:
-					mu.Lock()
-					other = append(other, err)
-					mu.Unlock()
-				}
-			}
-		}()
-	}
+	wait := testkit.Workers(4, stop, func(w, i int) {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		l, err := cl.Acquire(ctx, fmt.Sprintf("handover/%d/%d", w, i%4), sdk.WithLease(5*time.Second))
+		if err == nil {
+			err = l.Release(ctx)
+		}
+		switch {
+		case err == nil:
+			ok.Add(1)
+		case errors.Is(err, sdk.ErrIndeterminate):
+			indeterminate.Add(1)
+		default:
+			mu.Lock()
+			other = append(other, err)
+			mu.Unlock()
+		}
+	})
 	testkit.Eventually(t, 10*time.Second, "cycles before the hand-over", func() bool { return ok.Load() >= 40 })
 
 	old := c.Node(lead)
@@ -99,6 +87,6 @@ func TestShutdownHandsLeadershipOver(t *testing.T) {
 	}
 	testkit.Eventually(t, 10*time.Second, "cycles after the hand-over", func() bool { return ok.Load() >= before+40 })
 	close(stop)
-	wg.Wait()
+	wait()
 	t.Logf("hand-over took %v; client: %d cycles, %d indeterminate, other errors %v", took, ok.Load(), indeterminate.Load(), other)
 }

@@ -10,7 +10,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"strings"
-	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -180,34 +179,26 @@ func TestBackupRestoreIntoNewCluster(t *testing.T) {
 	// Load: acquire+release cycles on every node, the highest token kept.
 	var maxToken atomic.Uint64
 	var cycles atomic.Int64
-	stop := make(chan struct{})
-	var wg sync.WaitGroup
-	for w := 0; w < 3; w++ {
+	clients := make([]*sdk.Client, 3)
+	for w := range clients {
 		wcl, err := sdk.Connect(old.nodes[w].nats)
 		if err != nil {
 			t.Fatal(err)
 		}
 		defer wcl.Close()
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := 0; ; i++ {
-				select {
-				case <-stop:
-					return
-				default:
-				}
-				l, err := wcl.Acquire(ctx, fmt.Sprintf("load/%d/%d", w, i%50), sdk.WithLease(30*time.Second))
-				if err != nil {
-					continue
-				}
-				for m := maxToken.Load(); l.Token > m && !maxToken.CompareAndSwap(m, l.Token); m = maxToken.Load() {
-				}
-				cycles.Add(1)
-				_ = l.Release(ctx)
-			}
-		}()
+		clients[w] = wcl
 	}
+	stop := make(chan struct{})
+	wait := testkit.Workers(len(clients), stop, func(w, i int) {
+		l, err := clients[w].Acquire(ctx, fmt.Sprintf("load/%d/%d", w, i%50), sdk.WithLease(30*time.Second))
+		if err != nil {
+			return
+		}
+		for m := maxToken.Load(); l.Token > m && !maxToken.CompareAndSwap(m, l.Token); m = maxToken.Load() {
+		}
+		cycles.Add(1)
+		_ = l.Release(ctx)
+	})
 	testkit.Eventually(t, 20*time.Second, "load to run", func() bool { return cycles.Load() >= 50 })
 	file := filepath.Join(dir, "backup.tkd")
 	saved := old.run("snapshot", "save", file, "--control", old.urls())
@@ -216,7 +207,7 @@ func TestBackupRestoreIntoNewCluster(t *testing.T) {
 	after := cycles.Load()
 	testkit.Eventually(t, 20*time.Second, "grants after the backup", func() bool { return cycles.Load() >= after+50 })
 	close(stop)
-	wg.Wait()
+	wait()
 	st, err := cl.Status(ctx)
 	if err != nil {
 		t.Fatal(err)

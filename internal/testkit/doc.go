@@ -18,7 +18,9 @@
 // (tls.go): a throwaway CA and certificate written as PEM files. Tmpfs,
 // Fill, Unfill and FreeBytes (disk.go): a small real disk (a tmpfs mounted
 // as root; the test is skipped otherwise) and filling it. TickMS and
-// ElectionTicks: the short raft ticks of in-process test nodes.
+// ElectionTicks: the short raft ticks of in-process test nodes. Workers
+// (workers.go): n goroutines repeating one bounded step (a client's
+// acquire and release) until a stop channel closes.
 //
 // # What it does not own
 //
