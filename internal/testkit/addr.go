@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 )
@@ -16,25 +17,36 @@ import (
 // have been taken by one of the test's own client or route connections
 // (which a port from ":0" can). Each test process takes its ports from
 // its own block of that range (chosen by its pid) and walks through the
-// block, so test binaries running side by side (go test -p) and the
-// successive picks of one binary do not hand out the same port.
+// block, so the successive picks of one binary do not hand out the same
+// port. Two test binaries running side by side (go test -p) can still
+// get the same block; a port is therefore also claimed with a lock on a
+// file named after it (portlock_unix.go), held until the process exits,
+// and a port another live process claimed is skipped.
 const (
 	lowestPort = 10000
 	blockPorts = 256
 )
 
-// nextPort walks this process's block; it is shared by every test of the
-// process (a test helper's only package-level state: an allocator).
-var nextPort atomic.Uint32
+// ports is this process's allocator, shared by every test of the process
+// (a test helper's only package-level state): the walk through its block
+// and the port locks it holds.
+var ports struct {
+	next  atomic.Uint32
+	mu    sync.Mutex
+	locks map[int]*os.File // by port; kept open: closing one would release its claim
+}
 
 // PickFreeAddr returns a 127.0.0.1 address whose port was free a moment
 // ago. It is FreeAddr for callers without a testing.TB.
 func PickFreeAddr() (string, error) {
 	if blocks := (ephemeralLow() - lowestPort) / blockPorts; blocks > 0 {
 		base := lowestPort + (os.Getpid()%blocks)*blockPorts
-		nextPort.CompareAndSwap(0, uint32(rand.IntN(blockPorts))+1)
+		ports.next.CompareAndSwap(0, uint32(rand.IntN(blockPorts))+1)
 		for range blockPorts {
-			port := base + int(nextPort.Add(1)%blockPorts)
+			port := base + int(ports.next.Add(1)%blockPorts)
+			if !claimPort(port) {
+				continue
+			}
 			ln, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", port))
 			if err == nil {
 				addr := ln.Addr().String()

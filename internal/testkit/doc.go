@@ -5,7 +5,7 @@
 //
 // # What it owns
 //
-// FreeAddr and FreeAddrs (addr.go): 127.0.0.1 addresses that were free a
+// FreeAddr and FreeAddrs (addr.go, portlock_unix.go): 127.0.0.1 addresses that were free a
 // moment ago, for configs that must name a port before anything listens;
 // PickFreeAddr is the same for code that has no testing.TB (the faults
 // harness calls it from its nemesis goroutine). Eventually (eventually.go):
