@@ -38,6 +38,9 @@ type cluster interface {
 	leader() int
 	running(i int) bool
 	crash(i int) error
+	// stop is a planned stop (SIGTERM; Daemon.Shutdown in process): a
+	// leader hands leadership over first.
+	stop(i int) error
 	restart(i int) error
 	// setLinks cuts every raft link from -> to for which allow is false;
 	// nil heals every link.
@@ -77,6 +80,7 @@ func (c *jumpClock) Offset() time.Duration { return time.Duration(c.off.Load()) 
 // Fault kinds. Not every driver supports every kind (see kindsFor).
 const (
 	FaultCrashLeader       = "crash-leader"
+	FaultStopLeader        = "stop-leader"
 	FaultCrashFollower     = "crash-follower"
 	FaultCrashMajority     = "crash-majority"
 	FaultCrashAll          = "crash-all"
@@ -97,7 +101,7 @@ const (
 // kindsFor is the fault mix of a driver mode.
 func kindsFor(mode string, nodes int) []string {
 	k := []string{
-		FaultCrashLeader, FaultCrashFollower, FaultCrashMajority,
+		FaultCrashLeader, FaultStopLeader, FaultCrashFollower, FaultCrashMajority,
 		FaultPartitionLeader, FaultPartitionFollower, FaultPartitionSplit, FaultPartitionOneWay,
 	}
 	if nodes >= 5 {
@@ -233,12 +237,16 @@ func (n *nemesis) inject(kind string, until time.Time) error {
 	start := n.h.Now()
 	size := n.c.size()
 	switch kind {
-	case FaultCrashLeader, FaultCrashFollower:
+	case FaultCrashLeader, FaultStopLeader, FaultCrashFollower:
 		i := n.leaderOr(true)
 		if kind == FaultCrashFollower {
 			i = n.follower()
 		}
-		if err := n.c.crash(i); err != nil {
+		stop := n.c.crash
+		if kind == FaultStopLeader {
+			stop = n.c.stop
+		}
+		if err := stop(i); err != nil {
 			return err
 		}
 		n.hold(until)

@@ -45,7 +45,8 @@
 // nodes catch up from snapshots) with internal/testkit/testcluster, the
 // builder the daemon tests use; the faults stay here. Its faults: crash and restart of the
 // leader, a follower or a majority (daemon.Close: a clean stop, the
-// process driver does the dirty one); partitions through
+// process driver does the dirty one), and the planned stop of the leader
+// (stop-leader: leadership handed over first, as on SIGTERM); partitions through
 // peer.Transport.SetFilter (isolate the leader or a follower, split into a
 // minority and a majority, one-way loss of a node's outbound or inbound
 // raft traffic, bridge with 5 nodes, flaky links dropping 30% of
@@ -94,7 +95,9 @@
 // one-way loss are proxies that drop (close and refuse) or blackhole
 // (accept and discard, then close on heal). Its faults: kill -9 of the
 // leader, a follower, a majority or every node, each restarted on its
-// data; SIGSTOP/SIGCONT of the leader or a follower; and the partitions
+// data; SIGTERM of the leader (stop-leader: it hands leadership over,
+// then exits), restarted likewise; SIGSTOP/SIGCONT of the leader or a
+// follower; and the partitions
 // above. NATS routes are not proxied: clients always reach some node, and
 // only raft traffic is cut.
 //

@@ -393,6 +393,18 @@ func (c *inprocCluster) crash(i int) error {
 	return c.kit.Stop(i)
 }
 
+// stop is the planned stop: a leader hands leadership over first, as
+// Daemon.Shutdown does. A hand-over that cannot happen (no other active
+// voter under a partition) is no fault of the run: the node stops anyway.
+func (c *inprocCluster) stop(i int) error {
+	if d := c.kit.Node(i); d != nil {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*c.electionTimeout())
+		_ = d.Node().HandOver(ctx)
+		cancel()
+	}
+	return c.crash(i)
+}
+
 func (c *inprocCluster) restart(i int) error {
 	if c.running(i) {
 		return nil

@@ -237,7 +237,13 @@ func (c *procCluster) leader() int {
 }
 
 // crash is kill -9.
-func (c *procCluster) crash(i int) error {
+func (c *procCluster) crash(i int) error { return c.kill(i, syscall.SIGKILL) }
+
+// stop is SIGTERM: a leader hands leadership over before it exits.
+func (c *procCluster) stop(i int) error { return c.kill(i, syscall.SIGTERM) }
+
+// kill sends sig to node i and waits until it exited.
+func (c *procCluster) kill(i int, sig syscall.Signal) error {
 	c.mu.Lock()
 	p := c.procs[i]
 	if p != nil {
@@ -247,14 +253,14 @@ func (c *procCluster) crash(i int) error {
 	if p == nil {
 		return fmt.Errorf("node %d was never started", i+1)
 	}
-	if err := p.cmd.Process.Signal(syscall.SIGKILL); err != nil && !errors.Is(err, os.ErrProcessDone) {
-		return fmt.Errorf("kill -9 node %d: %w", i+1, err)
+	if err := p.cmd.Process.Signal(sig); err != nil && !errors.Is(err, os.ErrProcessDone) {
+		return fmt.Errorf("%v to node %d: %w", sig, i+1, err)
 	}
 	select {
 	case <-p.done:
 		return nil
 	case <-time.After(10 * time.Second):
-		return fmt.Errorf("node %d did not exit 10s after kill -9", i+1)
+		return fmt.Errorf("node %d did not exit 10s after %v", i+1, sig)
 	}
 }
 
