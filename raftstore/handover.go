@@ -43,6 +43,9 @@ func (n *Node) HandOver(ctx context.Context) error {
 	// timeout until its next response: look again for a moment.
 	var target uint64
 	for target = n.transferTarget(); target == 0; target = n.transferTarget() {
+		if !n.isLeader.Load() {
+			return nil // deposed meanwhile: nothing to hand over
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("raftstore: hand over leadership: no other active voter: %w", ctx.Err())
