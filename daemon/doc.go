@@ -15,7 +15,8 @@
 // control API from PEM files (tls.go). The cluster ID and the refusal to
 // bootstrap a static member on an empty data directory (clusterid.go). Start and Close (daemon.go): start the parts in
 // dependency order, hand each one the others it needs, stop them in
-// reverse order. Plugin loading from the configured files and the adapter
+// reverse order; Shutdown, the planned stop (SIGTERM), has a leader hand
+// leadership over first. Plugin loading from the configured files and the adapter
 // that makes a plugin set the lock service's Grant policy (plugins.go).
 // The node's health, readiness and status views, which read several parts
 // at once. cmd/ticketd parses files, TICKETD_* env and flags into a

@@ -22,7 +22,8 @@
 //     meets a full disk, the refusal to start on a full disk, and a
 //     leader's hand-over of leadership while its disk is low. A storage
 //     failure Pebble cannot go on from is one log line and a fail-stop
-//     (logger.go).
+//     (logger.go). HandOver (handover.go): a leader's hand-over of
+//     leadership before a planned stop.
 //   - Node: the node loop, which drives a raft.RawNode and takes queued
 //     proposals, peer messages and calls between Readys (loop.go), its
 //     lifecycle (node.go), the Ready steps
