@@ -23,6 +23,11 @@
 // for indeterminate outcomes, 4 when a cluster limit refused the request
 // (resource_exhausted: nothing changed, retry later), 1 otherwise).
 //
+// serve stops on SIGTERM or SIGINT, a leader handing leadership over
+// first. On Linux, lock exec runs its command under a guard (the binary
+// itself, with a hidden first argument, execguard_linux.go) that kills the
+// command's process group if lock exec dies, even by SIGKILL.
+//
 // Configuration of serve comes from, in increasing precedence: built-in
 // defaults, a YAML file (--config), TICKETD_* environment variables
 // (TICKETD_NATS_LISTEN for nats-listen) and flags. Unknown keys are
