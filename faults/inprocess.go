@@ -393,13 +393,16 @@ func (c *inprocCluster) crash(i int) error {
 	return c.kit.Stop(i)
 }
 
-// stop is the planned stop: a leader hands leadership over first, as
-// Daemon.Shutdown does. A hand-over that cannot happen (no other active
-// voter under a partition) is no fault of the run: the node stops anyway.
+// stop is the planned stop, Daemon.Shutdown: a leader hands leadership
+// over first (a hand-over that cannot happen, under a partition, only
+// logs), then the slot is stopped as by crash (Close again is a no-op).
 func (c *inprocCluster) stop(i int) error {
+	c.mu.Lock()
+	c.closing[i] = true // before the loop stops: an expected exit
+	c.mu.Unlock()
 	if d := c.kit.Node(i); d != nil {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*c.electionTimeout())
-		_ = d.Node().HandOver(ctx)
+		d.Shutdown(ctx)
 		cancel()
 	}
 	return c.crash(i)

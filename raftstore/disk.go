@@ -290,9 +290,21 @@ func (n *Node) yieldLoop() {
 		if target := n.transferTarget(); target != 0 {
 			last = time.Now()
 			n.log.Warn("leader on a low disk hands leadership over", "to", target, "alarm", alarm.Error())
-			n.post(func(rn *raft.RawNode) { rn.TransferLeader(target) })
+			n.post(func(rn *raft.RawNode) { transferIfLeader(rn, target) })
 		}
 	}
+}
+
+// transferIfLeader starts raft's leadership transfer to target if this
+// node still leads when the loop runs it, and says whether it did: on a
+// follower raft would forward the request to the leader, which would then
+// drop proposals for a transfer nobody asked of it. Loop only.
+func transferIfLeader(rn *raft.RawNode, target uint64) bool {
+	if rn.BasicStatus().RaftState != raft.StateLeader {
+		return false
+	}
+	rn.TransferLeader(target)
+	return true
 }
 
 // transferTarget is the voter, other than this node, that the leader

@@ -55,14 +55,8 @@ func (n *Node) HandOver(ctx context.Context) error {
 		}
 	}
 	start := time.Now()
-	// Only a leader transfers: a follower would forward the request to the
-	// leader, which would then drop proposals for a transfer nobody asked.
 	var leading bool
-	if !n.call(ctx, func(rn *raft.RawNode) {
-		if leading = rn.BasicStatus().RaftState == raft.StateLeader; leading {
-			rn.TransferLeader(target)
-		}
-	}) {
+	if !n.call(ctx, func(rn *raft.RawNode) { leading = transferIfLeader(rn, target) }) {
 		return fmt.Errorf("raftstore: hand over leadership to %d: %w", target, ctx.Err())
 	}
 	if !leading {

@@ -55,7 +55,6 @@ type WatchPublisher struct {
 	node      uint64
 	log       *slog.Logger
 	events    chan protocol.WatchEvent
-	interest  Interest
 	published prometheus.Counter
 	dropped   prometheus.Counter
 	skipped   prometheus.Counter
@@ -138,13 +137,10 @@ func watchEvent(a raftstore.Applied) (protocol.WatchEvent, bool) {
 // event on a subject nobody subscribes to is skipped (counted in
 // ticketd_watch_events_skipped_total); nil publishes every event.
 func (w *WatchPublisher) Start(nc *nats.Conn, interest Interest) {
-	w.startOnce.Do(func() {
-		w.interest = interest
-		go w.run(nc)
-	})
+	w.startOnce.Do(func() { go w.run(nc, interest) })
 }
 
-func (w *WatchPublisher) run(nc *nats.Conn) {
+func (w *WatchPublisher) run(nc *nats.Conn, interest Interest) {
 	defer close(w.done)
 	for {
 		select {
@@ -152,7 +148,7 @@ func (w *WatchPublisher) run(nc *nats.Conn) {
 			return
 		case ev := <-w.events:
 			subject := protocol.WatchSubject(ev.Key)
-			if w.interest != nil && !w.interest(subject) {
+			if interest != nil && !interest(subject) {
 				w.skipped.Inc()
 				continue
 			}
