@@ -2,37 +2,45 @@ package raftstore
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"time"
 
 	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/tracker"
 )
 
-// Handing leadership over before a planned stop.
+// Handing leadership over: before a planned stop (HandOver) and to the
+// node the clients use (TransferLeadership, daemon's leader placement).
 //
 // A leader that just stops leaves the cluster leaderless for an election
 // timeout, and every proposal it had taken but not yet applied ends
-// indeterminate. HandOver asks raft to transfer leadership to the most
-// up-to-date active voter first (etcd's server does the same on a clean
-// stop). Raft drops every proposal made during the transfer (the callers
-// get ErrNotLeader: certainly not proposed, retry) and sends the target
-// MsgTimeoutNow only once the target's log matches the leader's. With
-// three voters, the leader and the target are a majority: the target's
-// acknowledgment commits every entry the leader had appended in the same
-// step that sends MsgTimeoutNow, so they apply here, with their answers,
-// in that Ready, before the target's election can depose this node. With
-// more voters an entry that no third node acknowledged yet can still be
-// pending when the target campaigns; its caller then gets indeterminate,
-// as in any change of leader.
+// indeterminate. A planned move avoids both, in two steps:
+//
+//  1. Drain: the loop refuses new proposals (ErrNotLeader: certainly not
+//     proposed; the client transport sends such a request on to the new
+//     leader once it is known) and the move waits until every proposal
+//     already taken has applied here and been answered. A proposal that
+//     raft took while this node led commits while it still leads, since
+//     nothing deposes it yet.
+//  2. Transfer: raft's leadership transfer to an active voter, which sends
+//     the target MsgTimeoutNow once the target's log matches the leader's;
+//     the target wins the next term at once, well inside an election
+//     timeout (etcd's server moves leadership the same way).
+//
+// No proposal is left in flight when the target campaigns, so none ends
+// indeterminate, whatever the number of voters. If the move fails (no
+// target, ctx ends) the loop takes proposals again.
 
-// handOverPoll is how often HandOver looks whether leadership moved.
-const handOverPoll = 5 * time.Millisecond
+// handOverPoll is how often a move looks whether the drain ended or
+// leadership moved.
+const handOverPoll = time.Millisecond
 
-// HandOver transfers leadership away from this node and waits until
-// another node leads, or ctx ends (then raft abandons the transfer after
-// an election timeout by itself). It returns nil at once when this node
-// is not the leader or the only voter, and an error when no other voter is
-// active.
+// HandOver transfers leadership away from this node to the most
+// up-to-date active voter and waits until another node leads, or ctx ends
+// (then raft abandons the transfer after an election timeout by itself).
+// It returns nil at once when this node is not the leader or the only
+// voter, and an error when no other voter is active.
 func (n *Node) HandOver(ctx context.Context) error {
 	if !n.isLeader.Load() || len(n.ConfState().Voters) < 2 {
 		return nil
@@ -54,23 +62,121 @@ func (n *Node) HandOver(ctx context.Context) error {
 		case <-t.C:
 		}
 	}
-	start := time.Now()
-	var leading bool
-	if !n.call(ctx, func(rn *raft.RawNode) { leading = transferIfLeader(rn, target) }) {
-		return fmt.Errorf("raftstore: hand over leadership to %d: %w", target, ctx.Err())
+	err := n.move(ctx, target, func(rn *raft.RawNode) error {
+		if !transferIfLeader(rn, target) {
+			return ErrNotLeader
+		}
+		return nil
+	})
+	if errors.Is(err, ErrNotLeader) {
+		return nil // deposed meanwhile: nothing to hand over
+	}
+	return err
+}
+
+// ErrNoTransfer says a leadership transfer was not started: the target is
+// not a voter that is active and replicating, or a transfer already runs.
+var ErrNoTransfer = errors.New("raftstore: leadership not transferable to that node now")
+
+// TransferLeadership moves leadership to target, which must be another
+// voter that the leader heard from lately and that is replicating
+// normally (so raft's transfer takes one round trip, not a catch-up), and
+// waits until this node no longer leads, or ctx ends. ErrNotLeader: this
+// node does not lead; ErrNoTransfer: target cannot take over now.
+func (n *Node) TransferLeadership(ctx context.Context, target uint64) error {
+	if !n.isLeader.Load() {
+		return ErrNotLeader
+	}
+	var err error
+	if !n.call(ctx, func(rn *raft.RawNode) { err = transferCheck(rn, n.cfg.ID, target) }) {
+		return fmt.Errorf("raftstore: transfer leadership to %d: %w", target, ctx.Err())
+	}
+	if err != nil {
+		return err
+	}
+	return n.move(ctx, target, func(rn *raft.RawNode) error {
+		if err := transferCheck(rn, n.cfg.ID, target); err != nil {
+			return err
+		}
+		rn.TransferLeader(target)
+		return nil
+	})
+}
+
+// move drains this leader's proposals and then runs start on the loop,
+// which begins the transfer to target (or says why not), and waits until
+// this node no longer leads.
+func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawNode) error) error {
+	began := time.Now()
+	leading := false
+	var taken []uint64 // the proposals to wait for: later ones are refused
+	if !n.call(ctx, func(rn *raft.RawNode) {
+		leading = rn.BasicStatus().RaftState == raft.StateLeader
+		n.refuseProposals = leading
+		taken = n.waiting.pendingProposals()
+	}) {
+		return fmt.Errorf("raftstore: move leadership to %d: %w", target, ctx.Err())
 	}
 	if !leading {
-		return nil
+		return ErrNotLeader
 	}
-	for n.isLeader.Load() {
+	moved := false
+	defer func() {
+		if !moved {
+			// Take proposals again (a no-op once deposed: losing
+			// leadership clears the flag). Not bound to ctx, which may
+			// have ended: the loop answers at once or has stopped.
+			n.call(context.Background(), func(*raft.RawNode) { n.refuseProposals = false })
+		}
+	}()
+	t := time.NewTicker(handOverPoll)
+	defer t.Stop()
+	for n.waiting.anyPending(taken) && n.isLeader.Load() {
 		select {
 		case <-ctx.Done():
-			return fmt.Errorf("raftstore: hand over leadership to %d: %w", target, ctx.Err())
+			return fmt.Errorf("raftstore: move leadership to %d: proposals still in flight: %w", target, ctx.Err())
 		case <-n.donec:
 			return ErrStopped
 		case <-t.C:
 		}
 	}
-	n.log.Info("leadership handed over", "to", target, "took", time.Since(start))
+	drained := time.Since(began)
+	var err error
+	if !n.call(ctx, func(rn *raft.RawNode) { err = start(rn) }) {
+		return fmt.Errorf("raftstore: move leadership to %d: %w", target, ctx.Err())
+	}
+	if err != nil {
+		return err
+	}
+	for n.isLeader.Load() {
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("raftstore: move leadership to %d: %w", target, ctx.Err())
+		case <-n.donec:
+			return ErrStopped
+		case <-t.C:
+		}
+	}
+	moved = true
+	n.log.Info("leadership handed over", "to", target, "took", time.Since(began), "drain", drained)
+	return nil
+}
+
+// transferCheck says whether self leads and target can take over at once.
+func transferCheck(rn *raft.RawNode, self, target uint64) error {
+	st := rn.Status()
+	if st.RaftState != raft.StateLeader {
+		return ErrNotLeader
+	}
+	if target == self || st.LeadTransferee != 0 {
+		return ErrNoTransfer
+	}
+	if _, voter := st.Config.Voters.IDs()[target]; !voter {
+		return fmt.Errorf("%w: %d is not a voter", ErrNoTransfer, target)
+	}
+	pr, ok := st.Progress[target]
+	if !ok || !pr.RecentActive || pr.State != tracker.StateReplicate {
+		return fmt.Errorf("%w: %d is not active and replicating", ErrNoTransfer, target)
+	}
 	return nil
 }

@@ -137,6 +137,11 @@ func (n *Node) proposeBatch(batch []raftpb.Entry, ids []uint64) {
 	if len(batch) == 0 {
 		return
 	}
+	if n.refuseProposals {
+		// A leadership transfer is draining (handover.go).
+		n.waiting.failProposals(ids, ErrNotLeader)
+		return
+	}
 	// raft keeps the entries (in its unstable log), so they must not share
 	// the loop's reusable slice.
 	ents := make([]raftpb.Entry, len(batch))
@@ -144,7 +149,9 @@ func (n *Node) proposeBatch(batch []raftpb.Entry, ids []uint64) {
 	err := n.rn.Step(raftpb.Message{Type: raftpb.MsgProp, From: n.cfg.ID, Entries: ents})
 	if err != nil {
 		n.waiting.failProposals(ids, ErrNotLeader)
+		return
 	}
+	n.waiting.markStepped(ids)
 }
 
 // stepReceived steps a message from a peer into raft. Proposals are never

@@ -106,6 +106,10 @@ type Node struct {
 	// heldCommit are the commit-only appends the leader held back, by
 	// peer (commitonly.go). Loop only.
 	heldCommit map[uint64]raftpb.Message
+	// refuseProposals: a leadership transfer is about to start, and new
+	// proposals get ErrNotLeader (handover.go). Loop only; cleared when
+	// leadership is lost.
+	refuseProposals bool
 	// lastStatus is raft's status as the loop last saw it (Status).
 	lastStatus atomic.Pointer[raft.Status]
 
@@ -191,6 +195,7 @@ func NewNode(cfg Config) (*Node, error) {
 		reqBase: binary.LittleEndian.Uint64(seed[:]),
 		waiting: waiting{
 			proposals: make(map[uint64]chan proposalResult),
+			stepped:   make(map[uint64]struct{}),
 			reads:     make(map[string]chan readResult),
 		},
 		propc:      make(chan queuedProposal, maxQueuedProposals),

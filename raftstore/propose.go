@@ -31,9 +31,12 @@ type indexWaiter struct {
 // proposers waiting for their entry to apply, ReadIndex callers waiting for
 // their read state, and WaitApplied callers waiting for an applied index.
 type waiting struct {
-	mu           sync.Mutex                     // guards the three fields below
-	proposals    map[uint64]chan proposalResult // by request id
-	reads        map[string]chan readResult     // by ReadIndex request context
+	mu        sync.Mutex                     // guards the fields below
+	proposals map[uint64]chan proposalResult // by request id
+	// stepped are the proposals the loop has handed to raft; the others
+	// are still queued for it (or being queued), never seen by raft.
+	stepped      map[uint64]struct{}
+	reads        map[string]chan readResult // by ReadIndex request context
 	indexWaiters []indexWaiter
 }
 
@@ -146,6 +149,29 @@ func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
 
 func (n *Node) nextRequestID() uint64 { return n.reqBase + n.reqSeq.Add(1) }
 
+// pendingProposals are the ids of the proposals waiting for their result.
+func (w *waiting) pendingProposals() []uint64 {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	ids := make([]uint64, 0, len(w.proposals))
+	for id := range w.proposals {
+		ids = append(ids, id)
+	}
+	return ids
+}
+
+// anyPending says whether any of ids still waits for its result.
+func (w *waiting) anyPending(ids []uint64) bool {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := w.proposals[id]; ok {
+			return true
+		}
+	}
+	return false
+}
+
 func (w *waiting) addProposal(id uint64) chan proposalResult {
 	ch := make(chan proposalResult, 1)
 	w.mu.Lock()
@@ -157,7 +183,19 @@ func (w *waiting) addProposal(id uint64) chan proposalResult {
 func (w *waiting) dropProposal(id uint64) {
 	w.mu.Lock()
 	delete(w.proposals, id)
+	delete(w.stepped, id)
 	w.mu.Unlock()
+}
+
+// markStepped records that raft took the proposals ids.
+func (w *waiting) markStepped(ids []uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for _, id := range ids {
+		if _, ok := w.proposals[id]; ok {
+			w.stepped[id] = struct{}{}
+		}
+	}
 }
 
 func (w *waiting) addRead(key string) chan readResult {
@@ -198,6 +236,7 @@ func (w *waiting) complete(events []Applied, requestIDs []uint64, readStates []r
 	for i, id := range requestIDs {
 		if ch, ok := w.proposals[id]; ok {
 			delete(w.proposals, id)
+			delete(w.stepped, id)
 			ch <- proposalResult{applied: events[i]}
 		}
 	}
@@ -225,8 +264,30 @@ func (w *waiting) failProposals(ids []uint64, err error) {
 	for _, id := range ids {
 		if ch, ok := w.proposals[id]; ok {
 			delete(w.proposals, id)
+			delete(w.stepped, id)
 			ch <- proposalResult{err: err}
 		}
+	}
+}
+
+// failLostLeadership ends the proposals raft took with err, and every
+// waiting read with ErrNotLeader, when this node stops leading. Proposals
+// still queued for the loop stay: raft never saw them, and the loop
+// answers them ErrNotLeader when it takes them (a follower's raft drops
+// proposals), unless this node leads again by then and proposes them.
+func (w *waiting) failLostLeadership(err error) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	for id := range w.stepped {
+		delete(w.stepped, id)
+		if ch, ok := w.proposals[id]; ok {
+			delete(w.proposals, id)
+			ch <- proposalResult{err: err}
+		}
+	}
+	for key, ch := range w.reads {
+		delete(w.reads, key)
+		ch <- readResult{err: ErrNotLeader}
 	}
 }
 
@@ -240,6 +301,7 @@ func (w *waiting) failAll(err error) {
 		delete(w.proposals, id)
 		ch <- proposalResult{err: err}
 	}
+	clear(w.stepped)
 	for key, ch := range w.reads {
 		delete(w.reads, key)
 		ch <- readResult{err: ErrNotLeader}

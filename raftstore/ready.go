@@ -116,6 +116,7 @@ func (n *Node) trackSoftState(rd raft.Ready) (lostLeadership bool) {
 		n.isLeader.Store(nowLeader)
 		if wasLeader && !nowLeader {
 			n.ready.Store(false)
+			n.refuseProposals = false
 			lostLeadership = true
 		}
 		switch lead := rd.SoftState.Lead; {
@@ -298,7 +299,7 @@ func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 		// After this Ready's own results went out: the rest of our
 		// in-flight proposals may or may not commit under the new leader,
 		// so their callers must not guess.
-		n.waiting.failAll(ErrIndeterminate)
+		n.waiting.failLostLeadership(ErrIndeterminate)
 		for _, o := range obs {
 			o.OnLeadershipLost()
 		}

@@ -14,6 +14,11 @@ import (
 // serve the lock subjects, besides being told at once (LeadershipChanged).
 const LeaderCheckInterval = 100 * time.Millisecond
 
+// DeposedSubsGrace is how long a node that lost leadership keeps its
+// lock subscriptions, forwarding what NATS still hands it, before it
+// leaves the queue group.
+const DeposedSubsGrace = time.Second
+
 // Leader-only lock subjects.
 //
 // Only the ready leader subscribes to the lock subjects (acquire, release,
@@ -28,7 +33,7 @@ const LeaderCheckInterval = 100 * time.Millisecond
 //     at most one subscribed node, whoever is subscribed.
 //   - Whether a node answers is still decided per request, in handle, by
 //     lockservice.IsLeader, never by the subscription. A deposed leader
-//     still subscribed (until reconcile runs) forwards a client request
+//     still subscribed (DeposedSubsGrace) forwards a client request
 //     to the leader it knows, or answers unavailable, and answers a
 //     forwarded one not_leader — exactly what every follower did before.
 //   - A node subscribes only after the lock service is ready, i.e. this
@@ -53,6 +58,7 @@ type leaderSubs struct {
 	subs      []*nats.Subscription // nil while not serving
 	drained   []*nats.Subscription // subs drained on a lost leadership, for Stop to wait on
 	closed    bool                 // Stop ran: never subscribe again
+	deposedAt time.Time            // when reconcile first found subs without leadership
 	serving   atomic.Bool
 	forwarded atomic.Uint64 // client lock requests this node forwarded
 }
@@ -137,7 +143,21 @@ func (s *Service) reconcileLeaderSubs(lead bool) error {
 		l.subs = subs
 		l.serving.Store(true)
 		s.log.Info("serving the lock subjects as leader", "subjects", len(subs))
+	case lead:
+		l.deposedAt = time.Time{}
 	case !lead && l.subs != nil && !l.closed:
+		// Keep serving (forwarding) for DeposedSubsGrace first: NATS
+		// re-routes a queue message that reaches a server without a
+		// local member to another member it knows, so once the next
+		// leader's subscription has spread, nothing sent towards this
+		// node's server is lost when it finally leaves the group.
+		if l.deposedAt.IsZero() {
+			l.deposedAt = time.Now()
+		}
+		if time.Since(l.deposedAt) < DeposedSubsGrace {
+			return nil
+		}
+		l.deposedAt = time.Time{}
 		// Drain, not unsubscribe: requests NATS already handed to this
 		// node are still handled (forwarded to the new leader, or
 		// answered not_leader), instead of vanishing without a reply

@@ -23,7 +23,7 @@ func (s *Service) renew(req *request) {
 	defer cancel()
 	r, err := s.cfg.Locks.Renew(ctx, rr.Key, rr.Token, time.Duration(rr.LeaseMS)*time.Millisecond)
 	if err != nil {
-		s.replyErr(req, toProtocolError(err))
+		s.replyLockErr(req, err)
 		return
 	}
 	s.reply(req, protocol.RenewReply{Key: r.Key, Token: r.Token, LeaseMS: r.Lease.Milliseconds(), Index: r.Index})
@@ -42,7 +42,7 @@ func (s *Service) list(req *request) {
 	defer cancel()
 	p, err := s.cfg.Locks.List(ctx, lr.Prefix, lr.After, limit)
 	if err != nil {
-		s.replyErr(req, toProtocolError(err))
+		s.replyLockErr(req, err)
 		return
 	}
 	out := protocol.ListReply{Locks: make([]protocol.GetReply, len(p.Locks)), More: p.More, Index: p.Index}

@@ -62,6 +62,9 @@ type Service struct {
 	// lead holds the lock subscriptions, served only by the leader
 	// (leadersubs.go).
 	lead *leaderSubs
+	// origins samples where the requests served as leader come from
+	// (origins.go).
+	origins originSampler
 	// workers run requests, reusing idle goroutines (workers.go).
 	workers *workers
 	// acqSem bounds acquires (which may wait in a queue); sem bounds the
@@ -98,6 +101,8 @@ type request struct {
 	nodeAuthority bool
 	// forwarded: a follower sent it on the forward subject.
 	forwarded bool
+	// hops counts the times this node forwarded it (forwardTo).
+	hops int
 	// received is when the request arrived on the real clock, for context
 	// deadlines; receivedLease is the same moment on the lock service's lease
 	// clock (Config.Now), which may be skewed or jumped in tests.
@@ -361,6 +366,11 @@ func (s *Service) handle(req *request, forwarded bool) {
 		s.reply(req, s.status())
 		return
 	}
+	if !srv.IsLeader() && srv.Leader() == srv.ID() {
+		// Elected, not yet caught up (a hand-over just made this node
+		// leader): wait a moment rather than send the request away.
+		s.await(req.received.Add(LeaderWaitMax), srv.IsLeader)
+	}
 	if !srv.IsLeader() {
 		if forwarded {
 			// Never forward twice: the sender believed we lead, we do not.
@@ -369,6 +379,9 @@ func (s *Service) handle(req *request, forwarded bool) {
 		}
 		s.forward(req)
 		return
+	}
+	if req.reply != "" {
+		s.origins.note(req.reply)
 	}
 	switch req.op {
 	case "acquire":
@@ -391,9 +404,28 @@ func (s *Service) handle(req *request, forwarded bool) {
 // forward proxies a request to the leader and relays its reply. The
 // follower never answers from its own state: it relays what the leader
 // said, or says why it could not reach it.
-func (s *Service) forward(req *request) {
+func (s *Service) forward(req *request) { s.forwardTo(req, 0) }
+
+// forwardTo forwards req to the leader, once one other than notFrom (a
+// node that just answered not_leader) is known or LeaderWaitMax passed,
+// or serves it here if this node leads by then. A request goes through at
+// most MaxForwardHops forwards.
+func (s *Service) forwardTo(req *request, notFrom uint64) {
 	srv := s.cfg.Locks
+	if req.hops >= MaxForwardHops {
+		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leadership kept moving while the request was forwarded; retry"))
+		return
+	}
+	req.hops++
+	s.await(time.Now().Add(LeaderWaitMax), func() bool {
+		l := srv.Leader()
+		return l != 0 && l != notFrom && (l != srv.ID() || srv.IsLeader())
+	})
 	leader := srv.Leader()
+	if leader == srv.ID() && srv.IsLeader() {
+		s.handle(req, req.forwarded) // this node leads now
+		return
+	}
 	if leader == 0 || leader == srv.ID() {
 		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "no leader is known; retry"))
 		return
@@ -411,6 +443,13 @@ func (s *Service) forward(req *request) {
 	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout+ForwardGraceDefault))
 	defer cancel()
 	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Data: req.data, Header: forwardHeader(req.header, req.identity)})
+	if err == nil && m.Header.Get(micro.ErrorCodeHeader) == string(protocol.CodeNotLeader) {
+		// The node asked did nothing (it never forwards again) and
+		// leadership has moved on: ask whoever leads now.
+		cancel()
+		s.forwardTo(req, leader)
+		return
+	}
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		// Nobody received it: certainly no effect.
@@ -485,7 +524,7 @@ func (s *Service) acquire(req *request) {
 		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout, WaitID: ar.WaitID,
 	})
 	if err != nil {
-		s.replyErr(req, toProtocolError(err))
+		s.replyLockErr(req, err)
 		return
 	}
 	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index})
@@ -522,7 +561,7 @@ func (s *Service) release(req *request) {
 	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
 	defer cancel()
 	if err := s.cfg.Locks.Release(ctx, rr.Key, rr.Token); err != nil {
-		s.replyErr(req, toProtocolError(err))
+		s.replyLockErr(req, err)
 		return
 	}
 	s.reply(req, protocol.ReleaseReply{Key: rr.Key, Released: true})
@@ -538,7 +577,7 @@ func (s *Service) get(req *request) {
 	defer cancel()
 	h, err := s.cfg.Locks.Get(ctx, gr.Key)
 	if err != nil {
-		s.replyErr(req, toProtocolError(err))
+		s.replyLockErr(req, err)
 		return
 	}
 	s.reply(req, holderReply(gr.Key, h))
@@ -566,6 +605,43 @@ func (s *Service) reply(req *request, v any) {
 	if err := req.ok(body); err != nil {
 		s.log.Debug("reply not written", "op", req.op, "err", err)
 	}
+}
+
+// MaxForwardHops bounds how many leaders in turn a forwarded request is
+// sent to while leadership keeps moving.
+const MaxForwardHops = 3
+
+// LeaderWaitMax bounds how long a request waits for a leader to be known
+// (to forward it there) or for this newly elected node to be ready: the
+// moments of a leadership hand-over, not an election, which clients retry.
+const LeaderWaitMax = 250 * time.Millisecond
+
+// await polls cond until it holds, deadline passes or the service stops.
+func (s *Service) await(deadline time.Time, cond func() bool) {
+	for !cond() && time.Now().Before(deadline) {
+		select {
+		case <-s.ctx.Done():
+			return
+		case <-time.After(time.Millisecond):
+		}
+	}
+}
+
+// replyLockErr answers a lock operation's error. A NotLeaderError says the
+// lock service did nothing (every such error comes before a proposal, or
+// from one raft never took): a client's request then goes on to the leader,
+// as if NATS had handed it to this node just after it lost leadership
+// (a hand-over between NATS's delivery and our proposal), instead of
+// making every client retry.
+func (s *Service) replyLockErr(req *request, err error) {
+	var nl *lockservice.NotLeaderError
+	if !req.forwarded && errors.As(err, &nl) {
+		// Not back to this node at once: it may still lead, moving its
+		// leadership elsewhere (raftstore's drain refuses proposals).
+		s.forwardTo(req, s.cfg.Locks.ID())
+		return
+	}
+	s.replyErr(req, toProtocolError(err))
 }
 
 func (s *Service) replyErr(req *request, e *protocol.Error) {
