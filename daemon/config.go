@@ -124,6 +124,11 @@ type Config struct {
 	DiskAlarmBytes   int64 `koanf:"disk-alarm-bytes"`
 	DiskBallastBytes int64 `koanf:"disk-ballast-bytes"`
 
+	// LeaderPlacement is PlacementFollowClients (the default: leadership
+	// moves to the node through whose NATS server most requests come,
+	// placement.go) or PlacementOff.
+	LeaderPlacement string `koanf:"leader-placement"`
+
 	// AuditStream, if set, names a JetStream stream that captures the
 	// audit subjects (de-duplicated on Nats-Msg-Id). With the embedded
 	// NATS server it turns JetStream on, storing under data/jetstream.
@@ -157,6 +162,7 @@ func Defaults() Config {
 		DiskAlarmBytes:   raftstore.DiskAlarmBytesDefault,
 		DiskBallastBytes: raftstore.DiskBallastBytesDefault,
 		AuditMaxBytes:    audit.MaxBytesDefault,
+		LeaderPlacement:  PlacementFollowClients,
 
 		InitialClusterState: ClusterStateExisting,
 		InitialClusterToken: "ticketd-cluster",
@@ -238,6 +244,11 @@ func (c Config) Validate() error {
 	}
 	if c.Pprof && c.MetricsListen == "" {
 		return configErr("pprof needs metrics-listen")
+	}
+	switch c.LeaderPlacement {
+	case "", PlacementFollowClients, PlacementOff:
+	default:
+		return configErr("leader-placement %q: want %s or %s", c.LeaderPlacement, PlacementFollowClients, PlacementOff)
 	}
 	if c.NATSURL == "" && c.NATSListen == "" {
 		return configErr("either nats-url or nats-listen is required")

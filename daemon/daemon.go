@@ -95,6 +95,10 @@ type Daemon struct {
 	// only); controlClientTLS is how this node calls other nodes' API.
 	controlServerTLS, controlClientTLS *tls.Config
 
+	// placementStop stops the leader-placement loop (placement.go) and
+	// waits for it; nil when it does not run.
+	placementStop func()
+
 	closeOnce sync.Once
 }
 
@@ -392,6 +396,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 		return fmt.Errorf("daemon: start client service: %w", err)
 	}
 	d.apiKick.Store(d.api)
+	d.startPlacement()
 	return nil
 }
 
@@ -755,6 +760,9 @@ func HandOverTimeout(cfg Config) time.Duration {
 // than once and on a partly started daemon.
 func (d *Daemon) Close() {
 	d.closeOnce.Do(func() {
+		if d.placementStop != nil {
+			d.placementStop()
+		}
 		if d.ctl != nil {
 			d.ctl.Close()
 		}

@@ -51,6 +51,7 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	fs.String("initial-cluster-token", d.InitialClusterToken, "mixed into a new static cluster's ID, so clusters with the same members and secret refuse each other")
 	fs.String("metrics-listen", "", "HTTP address for /metrics, /healthz, /readyz")
 	fs.Bool("pprof", false, "also serve Go profiles under /debug/pprof/ on --metrics-listen")
+	fs.String("leader-placement", d.LeaderPlacement, "follow-clients: hand leadership to the node through whose NATS server most requests come; off: never")
 	fs.Int("tick-ms", d.TickMS, "raft tick in milliseconds")
 	fs.Int("election-ticks", d.ElectionTicks, "ticks without a heartbeat before an election")
 	fs.Int("heartbeat-ticks", d.HeartbeatTicks, "ticks between leader heartbeats")

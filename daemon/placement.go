@@ -1,0 +1,248 @@
+package daemon
+
+import (
+	"context"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+
+	natsserver "github.com/nats-io/nats-server/v2/server"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Leader placement: leadership follows the clients.
+//
+// Only the leader serves the lock subjects, so a request from a client
+// connected to a follower's NATS server crosses a route to the leader's
+// server and its reply crosses back: measured on three local nodes, that
+// is a third more CPU per lock cycle and 0.4 ms more per request than a
+// client on the leader's own server (docs/benchmarks.md, "Where the client
+// lands"). When most requests come through one other node's server, the
+// leader hands leadership to that node, as CockroachDB moves a range's
+// lease towards the region its requests come from.
+//
+// Where a request came from: its reply subject is the requester's inbox,
+// which the requester's server has a subscription for; other servers know
+// that subscription through their route to it. Each window the leader
+// takes a sample of its requests' reply subjects (natsapi.TakeOrigins) and
+// looks them up in its embedded server's route subscriptions (Routez): a
+// sample found on the route to ticketd-<id> came through node id's server;
+// one found on no route came from a client of the leader's own server.
+//
+// When it moves: one node's server is the origin of more than half of the
+// sample and of at least twice as many samples as the leader's own server,
+// in PlacementWindows windows in a row, each with at least
+// PlacementMinRequests requests, and the leader has led for PlacementSettle.
+// After a move the new leader's own server holds the majority, so no other
+// node can meet the rule until the clients themselves move: leadership
+// does not bounce. With clients spread evenly nothing moves.
+//
+// Why it is safe: it is raft's leadership transfer (TransferLeadership),
+// to a voter that is active and replicating, as a planned stop does. A
+// request that meets the hand-over (raft drops proposals during it) was
+// certainly not proposed and is forwarded to the new leader (natsapi
+// replyLockErr). Tokens and the lock table do not depend on who leads.
+//
+// It needs the embedded server (an external one's routes are not this
+// node's to read) without gateways, and the embedded servers' default
+// names (ticketd-<id>); --leader-placement=off turns it off.
+
+// Leader placement settings (config leader-placement).
+const (
+	PlacementFollowClients = "follow-clients"
+	PlacementOff           = "off"
+)
+
+// Leader placement bounds.
+const (
+	// PlacementWindow is how often the leader looks at its sample.
+	PlacementWindow = time.Second
+	// PlacementWindows is how many windows in a row must name the same
+	// node.
+	PlacementWindows = 2
+	// PlacementMinRequests is the fewest requests in a window that count:
+	// below it, where the leader sits costs nobody much.
+	PlacementMinRequests = 200
+	// PlacementSettle is how long a node leads before it looks.
+	PlacementSettle = 3 * time.Second
+)
+
+// serverNamePrefix is the embedded servers' default name without the id.
+const serverNamePrefix = "ticketd-"
+
+// originCounts is where one window's sampled requests came from.
+type originCounts struct {
+	local   int            // a client of the leader's own server
+	remote  map[uint64]int // through node id's server
+	unknown int            // through a server that is not a ticketd node's
+}
+
+// placementTarget is the node a window's sample says should lead, or 0:
+// the one that is the origin of more than half of the sample and of at
+// least twice as many as the leader's own server.
+func placementTarget(c originCounts) uint64 {
+	total := c.local + c.unknown
+	ids := make([]uint64, 0, len(c.remote))
+	for id, n := range c.remote {
+		total += n
+		ids = append(ids, id)
+	}
+	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
+	for _, id := range ids {
+		if n := c.remote[id]; 2*n > total && n >= 2*c.local {
+			return id
+		}
+	}
+	return 0
+}
+
+// sampleOrigins looks each reply subject up in the route subscriptions of
+// routes, where a requester's server announced its inbox: exactly, as
+// "parent.*" (nats.go's shared request inbox) or as "prefix.>" with at
+// least two tokens before the ">" (a catch-all such as "_INBOX.>" says
+// nothing of one requester). The most specific match wins.
+func sampleOrigins(replies []string, routes []*natsserver.RouteInfo) originCounts {
+	want := make(map[string][]int, 3*len(replies))
+	for i, r := range replies {
+		want[r] = append(want[r], i)
+		first := strings.IndexByte(r, '.')
+		for j := first + 1; first > 0 && j < len(r); j++ {
+			if r[j] == '.' {
+				want[r[:j]+".>"] = append(want[r[:j]+".>"], i)
+			}
+		}
+		if j := strings.LastIndexByte(r, '.'); j > 0 {
+			want[r[:j]+".*"] = append(want[r[:j]+".*"], i)
+		}
+	}
+	type match struct {
+		node  uint64 // 0: a server that is not a ticketd node's
+		score int    // length of the matching subscription: longer is more specific
+	}
+	best := make([]match, len(replies))
+	for _, ri := range routes {
+		node, _ := nodeOfServer(ri.RemoteName)
+		for _, sub := range ri.Subs {
+			for _, i := range want[sub] {
+				if len(sub) > best[i].score {
+					best[i] = match{node: node, score: len(sub)}
+				}
+			}
+		}
+	}
+	c := originCounts{remote: map[uint64]int{}}
+	for _, m := range best {
+		switch {
+		case m.score == 0:
+			c.local++
+		case m.node == 0:
+			c.unknown++
+		default:
+			c.remote[m.node]++
+		}
+	}
+	return c
+}
+
+// nodeOfServer is the node id in an embedded server's default name.
+func nodeOfServer(name string) (uint64, bool) {
+	rest, ok := strings.CutPrefix(name, serverNamePrefix)
+	if !ok {
+		return 0, false
+	}
+	id, err := strconv.ParseUint(rest, 10, 64)
+	return id, err == nil && id != 0
+}
+
+// placement is the leader-placement loop's state.
+type placement struct {
+	d         *Daemon
+	transfers prometheus.Counter
+	// leaderSince is when the loop first saw this node lead (zero: not
+	// leading); streak counts windows in a row naming target.
+	leaderSince time.Time
+	target      uint64
+	streak      int
+}
+
+// startPlacement runs the leader-placement loop until Close, when the
+// embedded server allows it and the configuration does not turn it off.
+func (d *Daemon) startPlacement() {
+	if d.cfg.LeaderPlacement == PlacementOff || d.ns == nil || d.ns.GatewayAddr() != nil || d.api == nil {
+		return
+	}
+	p := &placement{d: d, transfers: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketd_leader_placement_transfers_total",
+		Help: "Leadership transfers this node started because most requests came through another node's NATS server.",
+	})}
+	d.reg.MustRegister(p.transfers)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	d.placementStop = func() { cancel(); <-done }
+	go func() {
+		defer close(done)
+		p.run(ctx)
+	}()
+}
+
+func (p *placement) run(ctx context.Context) {
+	t := time.NewTicker(PlacementWindow)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-t.C:
+			p.window(ctx, now)
+		}
+	}
+}
+
+// window looks at one window's sample and moves leadership when the rule
+// holds.
+func (p *placement) window(ctx context.Context, now time.Time) {
+	d := p.d
+	requests, replies := d.api.TakeOrigins()
+	if !d.node.IsLeader() {
+		p.leaderSince, p.streak = time.Time{}, 0
+		return
+	}
+	if p.leaderSince.IsZero() {
+		p.leaderSince = now
+	}
+	if now.Sub(p.leaderSince) < PlacementSettle || requests < PlacementMinRequests || len(replies) == 0 {
+		p.streak = 0
+		return
+	}
+	rz, err := d.ns.Routez(&natsserver.RoutezOptions{Subscriptions: true})
+	if err != nil {
+		d.log.Debug("leader placement: routes not readable", "err", err)
+		p.streak = 0
+		return
+	}
+	c := sampleOrigins(replies, rz.Routes)
+	target := placementTarget(c)
+	switch {
+	case target == 0 || target == d.cfg.ID:
+		p.streak = 0
+		return
+	case target == p.target:
+		p.streak++
+	default:
+		p.target, p.streak = target, 1
+	}
+	if p.streak < PlacementWindows {
+		return
+	}
+	p.streak = 0
+	p.leaderSince = now // whatever happens, do not try again at once
+	d.log.Info("most requests come through another node's NATS server: handing leadership to it",
+		"to", target, "requests", requests, "sample", len(replies), "through_it", c.remote[target], "local", c.local)
+	tctx, cancel := context.WithTimeout(ctx, HandOverTimeout(d.cfg))
+	defer cancel()
+	p.transfers.Inc()
+	if err := d.node.TransferLeadership(tctx, target); err != nil {
+		d.log.Info("leader placement: leadership not moved", "to", target, "err", err)
+	}
+}
