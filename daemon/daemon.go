@@ -96,7 +96,8 @@ type Daemon struct {
 	controlServerTLS, controlClientTLS *tls.Config
 
 	// placementStop stops the leader-placement loop (placement.go) and
-	// waits for it; nil when it does not run.
+	// waits for it, once (later calls return at once); nil when it does
+	// not run.
 	placementStop func()
 
 	closeOnce sync.Once
@@ -742,6 +743,9 @@ func (d *Daemon) Done() <-chan struct{} { return d.node.Done() }
 // leader and the requests this leader took are answered, not left
 // indeterminate; then Close.
 func (d *Daemon) Shutdown(ctx context.Context) {
+	if d.placementStop != nil {
+		d.placementStop() // no placement move during the hand-over
+	}
 	if d.node != nil {
 		if err := d.node.HandOver(ctx); err != nil {
 			d.log.Warn("stopping without handing leadership over", "err", err)

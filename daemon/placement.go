@@ -5,6 +5,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"sync"
 	"time"
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
@@ -38,11 +39,20 @@ import (
 // node can meet the rule until the clients themselves move: leadership
 // does not bounce. With clients spread evenly nothing moves.
 //
-// Why it is safe: it is raft's leadership transfer (TransferLeadership),
-// to a voter that is active and replicating, as a planned stop does. A
-// request that meets the hand-over (raft drops proposals during it) was
-// certainly not proposed and is forwarded to the new leader (natsapi
-// replyLockErr). Tokens and the lock table do not depend on who leads.
+// Why it is safe: it is the planned move of a SIGTERM stop
+// (raftstore.TransferLeadership: drain, then raft's leadership transfer
+// to a voter that is active and replicating). A request that meets the
+// move was refused before anything was proposed and is forwarded to the
+// new leader (natsapi replyLockErr); tokens and the lock table do not
+// depend on who leads. What a move costs: a few milliseconds in which the
+// leader proposes nothing, and the waiters queued on the old leader, which
+// get not_leader and queue again on the new one (FIFO order among them is
+// not kept, as in any change of leader).
+//
+// What bounds it: a move needs PlacementWindows windows in a row, and a
+// node moves leadership to the same node at most once per
+// PlacementRetargetAfter (a client choosing its reply subjects, or a node
+// that yields leadership because its disk is full, cannot make it bounce).
 //
 // It needs the embedded server (an external one's routes are not this
 // node's to read) without gateways, and the embedded servers' default
@@ -66,6 +76,14 @@ const (
 	PlacementMinRequests = 200
 	// PlacementSettle is how long a node leads before it looks.
 	PlacementSettle = 3 * time.Second
+	// PlacementRetargetAfter is how long a node does not move leadership
+	// to a node it moved it to before: a node that yields leadership
+	// (a full disk) or a client that changes its reply subjects on
+	// purpose gets at most one move per pair of nodes in that time.
+	PlacementRetargetAfter = 5 * time.Minute
+	// PlacementMaxRouteSubs bounds the route subscriptions the leader
+	// copies (Routez) to place a sample; above it placement waits.
+	PlacementMaxRouteSubs = 1 << 16
 )
 
 // serverNamePrefix is the embedded servers' default name without the id.
@@ -119,14 +137,18 @@ func sampleOrigins(replies []string, routes []*natsserver.RouteInfo) originCount
 	type match struct {
 		node  uint64 // 0: a server that is not a ticketd node's
 		score int    // length of the matching subscription: longer is more specific
+		tie   bool   // another node's server has an equally specific match
 	}
 	best := make([]match, len(replies))
 	for _, ri := range routes {
 		node, _ := nodeOfServer(ri.RemoteName)
 		for _, sub := range ri.Subs {
 			for _, i := range want[sub] {
-				if len(sub) > best[i].score {
-					best[i] = match{node: node, score: len(sub)}
+				switch b := &best[i]; {
+				case len(sub) > b.score:
+					*b = match{node: node, score: len(sub)}
+				case len(sub) == b.score && node != b.node:
+					b.tie = true
 				}
 			}
 		}
@@ -136,8 +158,8 @@ func sampleOrigins(replies []string, routes []*natsserver.RouteInfo) originCount
 		switch {
 		case m.score == 0:
 			c.local++
-		case m.node == 0:
-			c.unknown++
+		case m.node == 0 || m.tie:
+			c.unknown++ // Routez lists routes in no fixed order: never pick one of a tie
 		default:
 			c.remote[m.node]++
 		}
@@ -160,26 +182,29 @@ type placement struct {
 	d         *Daemon
 	transfers prometheus.Counter
 	// leaderSince is when the loop first saw this node lead (zero: not
-	// leading); streak counts windows in a row naming target.
+	// leading); streak counts windows in a row naming target; movedTo is
+	// when this node last moved leadership to each node.
 	leaderSince time.Time
 	target      uint64
 	streak      int
+	movedTo     map[uint64]time.Time
 }
 
 // startPlacement runs the leader-placement loop until Close, when the
 // embedded server allows it and the configuration does not turn it off.
 func (d *Daemon) startPlacement() {
+	p := &placement{d: d, movedTo: map[uint64]time.Time{}, transfers: prometheus.NewCounter(prometheus.CounterOpts{
+		Name: "ticketd_leader_placement_transfers_total",
+		Help: "Leadership moves to another node, done because most requests came through its NATS server.",
+	})}
+	d.reg.MustRegister(p.transfers)
 	if d.cfg.LeaderPlacement == PlacementOff || d.ns == nil || d.ns.GatewayAddr() != nil || d.api == nil {
 		return
 	}
-	p := &placement{d: d, transfers: prometheus.NewCounter(prometheus.CounterOpts{
-		Name: "ticketd_leader_placement_transfers_total",
-		Help: "Leadership transfers this node started because most requests came through another node's NATS server.",
-	})}
-	d.reg.MustRegister(p.transfers)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	d.placementStop = func() { cancel(); <-done }
+	var once sync.Once
+	d.placementStop = func() { once.Do(func() { cancel(); <-done }) }
 	go func() {
 		defer close(done)
 		p.run(ctx)
@@ -215,7 +240,18 @@ func (p *placement) window(ctx context.Context, now time.Time) {
 		p.streak = 0
 		return
 	}
-	rz, err := d.ns.Routez(&natsserver.RoutezOptions{Subscriptions: true})
+	rz, err := d.ns.Routez(nil)
+	if err == nil {
+		subs := 0
+		for _, r := range rz.Routes {
+			subs += int(r.NumSubs)
+		}
+		if subs > PlacementMaxRouteSubs {
+			p.streak = 0
+			return
+		}
+		rz, err = d.ns.Routez(&natsserver.RoutezOptions{Subscriptions: true})
+	}
 	if err != nil {
 		d.log.Debug("leader placement: routes not readable", "err", err)
 		p.streak = 0
@@ -224,7 +260,7 @@ func (p *placement) window(ctx context.Context, now time.Time) {
 	c := sampleOrigins(replies, rz.Routes)
 	target := placementTarget(c)
 	switch {
-	case target == 0 || target == d.cfg.ID:
+	case target == 0 || target == d.cfg.ID || now.Sub(p.movedTo[target]) < PlacementRetargetAfter:
 		p.streak = 0
 		return
 	case target == p.target:
@@ -241,8 +277,10 @@ func (p *placement) window(ctx context.Context, now time.Time) {
 		"to", target, "requests", requests, "sample", len(replies), "through_it", c.remote[target], "local", c.local)
 	tctx, cancel := context.WithTimeout(ctx, HandOverTimeout(d.cfg))
 	defer cancel()
-	p.transfers.Inc()
 	if err := d.node.TransferLeadership(tctx, target); err != nil {
 		d.log.Info("leader placement: leadership not moved", "to", target, "err", err)
+		return
 	}
+	p.movedTo[target] = now
+	p.transfers.Inc()
 }

@@ -43,6 +43,9 @@ func TestSampleOrigins(t *testing.T) {
 		{RemoteName: "edge-1", Subs: []string{"_INBOX.ccc.*"}},
 		// A bigger number than int holds must still be a node id.
 		{RemoteName: "ticketd-18446744073709551615", Subs: []string{"_INBOX.big.*"}},
+		// The same pattern on two nodes' servers: nobody's.
+		{RemoteName: "ticketd-2", Subs: []string{"app.replies.>"}},
+		{RemoteName: "ticketd-3", Subs: []string{"app.replies.>"}},
 	}
 	replies := []string{
 		"_INBOX.aaa.1", "_INBOX.aaa.2", // node 2
@@ -54,9 +57,10 @@ func TestSampleOrigins(t *testing.T) {
 		"_INBOX.big.1",         // node 2^64-1
 		"no-dots",              // local
 		"ticketd.v1.watch.k.1", // node 2 through a 3-token prefix wildcard
+		"app.replies.x.1",      // a tie: unknown
 	}
 	c := sampleOrigins(replies, routes)
-	if c.local != 2 || c.unknown != 1 || c.remote[2] != 4 || c.remote[3] != 2 || c.remote[18446744073709551615] != 1 || len(c.remote) != 3 {
+	if c.local != 2 || c.unknown != 2 || c.remote[2] != 4 || c.remote[3] != 2 || c.remote[18446744073709551615] != 1 || len(c.remote) != 3 {
 		t.Fatalf("sampleOrigins = %+v", c)
 	}
 }

@@ -33,7 +33,8 @@ import (
 // target, ctx ends) the loop takes proposals again.
 
 // handOverPoll is how often a move looks whether the drain ended or
-// leadership moved.
+// leadership moved: each takes about a peer round trip and an fsync, so
+// a coarser poll would add most of a move's time.
 const handOverPoll = time.Millisecond
 
 // HandOver transfers leadership away from this node to the most
@@ -105,9 +106,23 @@ func (n *Node) TransferLeadership(ctx context.Context, target uint64) error {
 
 // move drains this leader's proposals and then runs start on the loop,
 // which begins the transfer to target (or says why not), and waits until
-// this node no longer leads.
+// this node no longer leads. One move runs at a time.
 func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawNode) error) error {
+	if !n.moving.TryLock() {
+		return fmt.Errorf("%w: another move is running", ErrNoTransfer)
+	}
+	defer n.moving.Unlock()
 	began := time.Now()
+	moved := false
+	// Registered before the call that sets the flag, which the loop may
+	// still run after call gave up on ctx: the loop takes functions in
+	// order, so this reset always comes after it. Once deposed the flag is
+	// already clear.
+	defer func() {
+		if !moved {
+			n.post(func(*raft.RawNode) { n.refuseProposals = false })
+		}
+	}()
 	leading := false
 	var taken []uint64 // the proposals to wait for: later ones are refused
 	if !n.call(ctx, func(rn *raft.RawNode) {
@@ -120,15 +135,6 @@ func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawN
 	if !leading {
 		return ErrNotLeader
 	}
-	moved := false
-	defer func() {
-		if !moved {
-			// Take proposals again (a no-op once deposed: losing
-			// leadership clears the flag). Not bound to ctx, which may
-			// have ended: the loop answers at once or has stopped.
-			n.call(context.Background(), func(*raft.RawNode) { n.refuseProposals = false })
-		}
-	}()
 	t := time.NewTicker(handOverPoll)
 	defer t.Stop()
 	for n.waiting.anyPending(taken) && n.isLeader.Load() {
@@ -148,7 +154,22 @@ func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawN
 	if err != nil {
 		return err
 	}
-	for n.isLeader.Load() {
+	for {
+		// Raft gives a transfer up after an election timeout; then stop
+		// refusing proposals at once rather than when ctx ends.
+		var leading, transferring bool
+		if !n.call(ctx, func(rn *raft.RawNode) {
+			st := rn.BasicStatus()
+			leading, transferring = st.RaftState == raft.StateLeader, st.LeadTransferee != 0
+		}) {
+			return fmt.Errorf("raftstore: move leadership to %d: %w", target, ctx.Err())
+		}
+		if !leading {
+			break
+		}
+		if !transferring {
+			return fmt.Errorf("%w: raft gave the transfer to %d up", ErrNoTransfer, target)
+		}
 		select {
 		case <-ctx.Done():
 			return fmt.Errorf("raftstore: move leadership to %d: %w", target, ctx.Err())
@@ -168,8 +189,11 @@ func transferCheck(rn *raft.RawNode, self, target uint64) error {
 	if st.RaftState != raft.StateLeader {
 		return ErrNotLeader
 	}
-	if target == self || st.LeadTransferee != 0 {
-		return ErrNoTransfer
+	if target == self {
+		return fmt.Errorf("%w: %d is this node", ErrNoTransfer, target)
+	}
+	if st.LeadTransferee != 0 {
+		return fmt.Errorf("%w: a transfer to %d is running", ErrNoTransfer, st.LeadTransferee)
 	}
 	if _, voter := st.Config.Voters.IDs()[target]; !voter {
 		return fmt.Errorf("%w: %d is not a voter", ErrNoTransfer, target)

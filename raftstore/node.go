@@ -110,6 +110,8 @@ type Node struct {
 	// proposals get ErrNotLeader (handover.go). Loop only; cleared when
 	// leadership is lost.
 	refuseProposals bool
+	// moving is held by the one leadership move that may run (handover.go).
+	moving sync.Mutex
 	// lastStatus is raft's status as the loop last saw it (Status).
 	lastStatus atomic.Pointer[raft.Status]
 

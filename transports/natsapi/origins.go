@@ -3,6 +3,7 @@ package natsapi
 import (
 	"math/rand/v2"
 	"sync"
+	"sync/atomic"
 )
 
 // Where the leader's requests come from.
@@ -19,35 +20,38 @@ import (
 // OriginSamples is how many reply subjects the sample holds at most.
 const OriginSamples = 64
 
-// originSampler is the sample and count since the last take.
+// originSampler is the sample and count since the last take. The count
+// is atomic and the lock is taken only for a request that goes into the
+// sample, so the leader's requests do not queue on it.
 type originSampler struct {
+	count   atomic.Uint64
 	mu      sync.Mutex
-	count   uint64
 	samples []string
 }
 
 // note counts one request and keeps its reply subject with the
-// reservoir's probability.
+// reservoir's probability (approximately, when requests race a take).
 func (o *originSampler) note(reply string) {
+	n := o.count.Add(1)
+	if n > OriginSamples && rand.Uint64N(n) >= OriginSamples {
+		return
+	}
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	o.count++
 	if len(o.samples) < OriginSamples {
 		o.samples = append(o.samples, reply)
 		return
 	}
-	if i := rand.Uint64N(o.count); i < OriginSamples {
-		o.samples[i] = reply
-	}
+	o.samples[rand.IntN(OriginSamples)] = reply
 }
 
 // take returns the count and sample and starts both over.
 func (o *originSampler) take() (uint64, []string) {
 	o.mu.Lock()
 	defer o.mu.Unlock()
-	n, s := o.count, o.samples
-	o.count, o.samples = 0, nil
-	return n, s
+	s := o.samples
+	o.samples = nil
+	return o.count.Swap(0), s
 }
 
 // TakeOrigins returns how many lock requests this node served as leader

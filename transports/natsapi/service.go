@@ -101,8 +101,10 @@ type request struct {
 	nodeAuthority bool
 	// forwarded: a follower sent it on the forward subject.
 	forwarded bool
-	// hops counts the times this node forwarded it (forwardTo).
-	hops int
+	// hops counts the times this node forwarded it (forwardTo); noted: it
+	// is in the origin sample (origins.go) already.
+	hops  int
+	noted bool
 	// received is when the request arrived on the real clock, for context
 	// deadlines; receivedLease is the same moment on the lock service's lease
 	// clock (Config.Now), which may be skewed or jumped in tests.
@@ -380,7 +382,8 @@ func (s *Service) handle(req *request, forwarded bool) {
 		s.forward(req)
 		return
 	}
-	if req.reply != "" {
+	if req.reply != "" && !req.noted {
+		req.noted = true
 		s.origins.note(req.reply)
 	}
 	switch req.op {
@@ -616,13 +619,25 @@ const MaxForwardHops = 3
 // moments of a leadership hand-over, not an election, which clients retry.
 const LeaderWaitMax = 250 * time.Millisecond
 
+// awaitPoll is how often await looks again: a hand-over takes a few
+// milliseconds.
+const awaitPoll = 2 * time.Millisecond
+
 // await polls cond until it holds, deadline passes or the service stops.
 func (s *Service) await(deadline time.Time, cond func() bool) {
-	for !cond() && time.Now().Before(deadline) {
+	if cond() {
+		return
+	}
+	t := time.NewTicker(awaitPoll)
+	defer t.Stop()
+	for time.Now().Before(deadline) {
 		select {
 		case <-s.ctx.Done():
 			return
-		case <-time.After(time.Millisecond):
+		case <-t.C:
+		}
+		if cond() {
+			return
 		}
 	}
 }
@@ -635,7 +650,11 @@ func (s *Service) await(deadline time.Time, cond func() bool) {
 // making every client retry.
 func (s *Service) replyLockErr(req *request, err error) {
 	var nl *lockservice.NotLeaderError
-	if !req.forwarded && errors.As(err, &nl) {
+	// Only a request that met the hand-over soon after it came: the next
+	// leader counts its wait and deadline from its own receipt, so an
+	// acquire that had waited here long would get a fresh wait there, past
+	// the time its requester gives it.
+	if !req.forwarded && errors.As(err, &nl) && time.Since(req.received) < LeaderWaitMax {
 		// Not back to this node at once: it may still lead, moving its
 		// leadership elsewhere (raftstore's drain refuses proposals).
 		s.forwardTo(req, s.cfg.Locks.ID())
