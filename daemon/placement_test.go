@@ -70,6 +70,21 @@ func (l *plainLoad) run(nc *nats.Conn, workers int, stop <-chan struct{}) (wait 
 	})
 }
 
+// clientOnFollower waits until c's leader has settled and connects a
+// plain NATS client to a follower's server.
+func clientOnFollower(t *testing.T, c *testcluster.Cluster) (lead, follower int, nc *nats.Conn) {
+	t.Helper()
+	lead = c.Leader(10 * time.Second)
+	testkit.Eventually(t, 10*time.Second, "cluster settled", func() bool { return testcluster.Settled(c.Node(lead)) })
+	follower = c.Follower(lead)
+	nc, err := nats.Connect(c.ClientURL(follower))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return lead, follower, nc
+}
+
 // TestLeadershipFollowsClients: a client connected to a follower's NATS
 // server makes every request cross a route to the leader and back; once
 // it has done so for a few seconds, leadership moves to that follower.
@@ -84,14 +99,7 @@ func TestLeadershipFollowsClients(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			t.Parallel()
 			c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *daemon.Config) { cfg.LeaderPlacement = tc.placement }))
-			lead := c.Leader(10 * time.Second)
-			testkit.Eventually(t, 10*time.Second, "cluster settled", func() bool { return testcluster.Settled(c.Node(lead)) })
-			follower := c.Follower(lead)
-			nc, err := nats.Connect(c.ClientURL(follower))
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(nc.Close)
+			lead, follower, nc := clientOnFollower(t, c)
 
 			var load plainLoad
 			stop := make(chan struct{})
@@ -149,13 +157,7 @@ func TestHandOversLoseNoRequest(t *testing.T) {
 	// elections, are what this test looks at.
 	c := testcluster.New(t, 3, testcluster.WithTicks(20, 50),
 		testcluster.WithConfig(func(_ int, cfg *daemon.Config) { cfg.LeaderPlacement = daemon.PlacementOff }))
-	lead := c.Leader(10 * time.Second)
-	testkit.Eventually(t, 10*time.Second, "cluster settled", func() bool { return testcluster.Settled(c.Node(lead)) })
-	nc, err := nats.Connect(c.ClientURL(c.Follower(lead)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(nc.Close)
+	lead, _, nc := clientOnFollower(t, c)
 	var load plainLoad
 	stop := make(chan struct{})
 	wait := load.run(nc, 8, stop)

@@ -55,12 +55,8 @@ func (n *Node) HandOver(ctx context.Context) error {
 		if !n.isLeader.Load() {
 			return nil // deposed meanwhile: nothing to hand over
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("raftstore: hand over leadership: no other active voter: %w", ctx.Err())
-		case <-n.donec:
-			return ErrStopped
-		case <-t.C:
+		if err := n.nextPoll(ctx, t); err != nil {
+			return fmt.Errorf("raftstore: hand over leadership: no other active voter: %w", err)
 		}
 	}
 	err := n.move(ctx, target, func(rn *raft.RawNode) error {
@@ -138,12 +134,8 @@ func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawN
 	t := time.NewTicker(handOverPoll)
 	defer t.Stop()
 	for n.waiting.anyPending(taken) && n.isLeader.Load() {
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("raftstore: move leadership to %d: proposals still in flight: %w", target, ctx.Err())
-		case <-n.donec:
-			return ErrStopped
-		case <-t.C:
+		if err := n.nextPoll(ctx, t); err != nil {
+			return fmt.Errorf("raftstore: move leadership to %d: proposals still in flight: %w", target, err)
 		}
 	}
 	drained := time.Since(began)
@@ -170,17 +162,26 @@ func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawN
 		if !transferring {
 			return fmt.Errorf("%w: raft gave the transfer to %d up", ErrNoTransfer, target)
 		}
-		select {
-		case <-ctx.Done():
-			return fmt.Errorf("raftstore: move leadership to %d: %w", target, ctx.Err())
-		case <-n.donec:
-			return ErrStopped
-		case <-t.C:
+		if err := n.nextPoll(ctx, t); err != nil {
+			return fmt.Errorf("raftstore: move leadership to %d: %w", target, err)
 		}
 	}
 	moved = true
 	n.log.Info("leadership handed over", "to", target, "took", time.Since(began), "drain", drained)
 	return nil
+}
+
+// nextPoll waits for t's next tick: ctx's error when ctx ends first,
+// ErrStopped when the node stops.
+func (n *Node) nextPoll(ctx context.Context, t *time.Ticker) error {
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-n.donec:
+		return ErrStopped
+	case <-t.C:
+		return nil
+	}
 }
 
 // transferCheck says whether self leads and target can take over at once.
