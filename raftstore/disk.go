@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -290,7 +291,18 @@ func (n *Node) yieldLoop() {
 		if target := n.transferTarget(); target != 0 {
 			last = time.Now()
 			n.log.Warn("leader on a low disk hands leadership over", "to", target, "alarm", alarm.Error())
-			n.post(func(rn *raft.RawNode) { transferIfLeader(rn, target) })
+			// The planned move (handover.go): drained first, so nothing
+			// it took ends indeterminate. It ends when the node stops.
+			ctx, cancel := context.WithTimeout(context.Background(), 2*election)
+			if err := n.move(ctx, target, func(rn *raft.RawNode) error {
+				if !transferIfLeader(rn, target) {
+					return ErrNotLeader
+				}
+				return nil
+			}); err != nil && !errors.Is(err, ErrNotLeader) {
+				n.log.Warn("leader on a low disk could not hand leadership over", "to", target, "err", err)
+			}
+			cancel()
 		}
 	}
 }

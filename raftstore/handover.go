@@ -10,8 +10,9 @@ import (
 	"go.etcd.io/raft/v3/tracker"
 )
 
-// Handing leadership over: before a planned stop (HandOver) and to the
-// node the clients use (TransferLeadership, daemon's leader placement).
+// Handing leadership over: before a planned stop (HandOver), to the node
+// the clients use (TransferLeadership, daemon's leader placement) and away
+// from a disk running full (yieldLoop, disk.go).
 //
 // A leader that just stops leaves the cluster leaderless for an election
 // timeout, and every proposal it had taken but not yet applied ends
