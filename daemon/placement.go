@@ -17,9 +17,9 @@ import (
 // Only the leader serves the lock subjects, so a request from a client
 // connected to a follower's NATS server crosses a route to the leader's
 // server and its reply crosses back: measured on three local nodes, that
-// is up to a third more CPU per lock cycle and 0.15–0.45 ms more per request than a
-// client on the leader's own server (docs/benchmarks.md, "Where the client
-// lands"). When most requests come through one other node's server, the
+// is up to a third more CPU per lock cycle and 0.15–0.45 ms more per
+// request than a client on the leader's own server (docs/benchmarks.md,
+// "Where the client lands"). When most requests come through one other node's server, the
 // leader hands leadership to that node, as CockroachDB moves a range's
 // lease towards the region its requests come from.
 //
