@@ -2,6 +2,7 @@ package daemon
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"strconv"
 	"strings"
@@ -10,6 +11,8 @@ import (
 
 	natsserver "github.com/nats-io/nats-server/v2/server"
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/ticketd/ticketd/raftstore"
 )
 
 // Leader placement: leadership follows the clients.
@@ -77,9 +80,11 @@ const (
 	// PlacementSettle is how long a node leads before it looks.
 	PlacementSettle = 3 * time.Second
 	// PlacementRetargetAfter is how long a node does not move leadership
-	// to a node it moved it to before: a node that yields leadership
-	// (a full disk) or a client that changes its reply subjects on
-	// purpose gets at most one move per pair of nodes in that time.
+	// to a node it moved it to, or failed to, before: a node that yields
+	// leadership (a full disk) or a client that changes its reply
+	// subjects on purpose gets at most one move per pair of nodes in that
+	// time. (A node whose disk stays low gets leadership back that often
+	// and yields it again, refusing grants meanwhile.)
 	PlacementRetargetAfter = 5 * time.Minute
 	// PlacementMaxRouteSubs bounds the route subscriptions the leader
 	// copies (Routez) to place a sample; above it placement waits.
@@ -277,10 +282,15 @@ func (p *placement) window(ctx context.Context, now time.Time) {
 		"to", target, "requests", requests, "sample", len(replies), "through_it", c.remote[target], "local", c.local)
 	tctx, cancel := context.WithTimeout(ctx, HandOverTimeout(d.cfg))
 	defer cancel()
-	if err := d.node.TransferLeadership(tctx, target); err != nil {
+	err = d.node.TransferLeadership(tctx, target)
+	if !errors.Is(err, raftstore.ErrNotLeader) {
+		// Moved, or failed (perhaps after raft dropped proposals for an
+		// election timeout): either way not to that node again soon.
+		p.movedTo[target] = now
+	}
+	if err != nil {
 		d.log.Info("leader placement: leadership not moved", "to", target, "err", err)
 		return
 	}
-	p.movedTo[target] = now
 	p.transfers.Inc()
 }

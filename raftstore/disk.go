@@ -312,8 +312,15 @@ func (n *Node) yieldLoop() {
 // follower raft would forward the request to the leader, which would then
 // drop proposals for a transfer nobody asked of it. Loop only.
 func transferIfLeader(rn *raft.RawNode, target uint64) bool {
-	if rn.BasicStatus().RaftState != raft.StateLeader {
+	st := rn.BasicStatus()
+	if st.RaftState != raft.StateLeader {
 		return false
+	}
+	if st.LeadTransferee != 0 {
+		// A transfer left by a move that gave up waiting: raft would
+		// ignore a second one to the same node and keep the first one's
+		// deadline. Asking for itself aborts it; then start afresh.
+		rn.TransferLeader(st.ID)
 	}
 	rn.TransferLeader(target)
 	return true

@@ -51,6 +51,14 @@ func (n *Node) HandOver(ctx context.Context) error {
 	defer t.Stop()
 	// With CheckQuorum raft marks every follower inactive at each election
 	// timeout until its next response: look again for a moment.
+	// A move already running (the low-disk yield) goes first: a stop
+	// waits for it rather than stop in the middle of its drain.
+	for !n.moving.TryLock() {
+		if err := n.nextPoll(ctx, t); err != nil {
+			return fmt.Errorf("raftstore: hand over leadership: another move is running: %w", err)
+		}
+	}
+	n.moving.Unlock()
 	var target uint64
 	for target = n.transferTarget(); target == 0; target = n.transferTarget() {
 		if !n.isLeader.Load() {
@@ -147,6 +155,7 @@ func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawN
 	if err != nil {
 		return err
 	}
+	var lead uint64
 	for {
 		// Raft gives a transfer up after an election timeout; then stop
 		// refusing proposals at once rather than when ctx ends.
@@ -154,6 +163,7 @@ func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawN
 		if !n.call(ctx, func(rn *raft.RawNode) {
 			st := rn.BasicStatus()
 			leading, transferring = st.RaftState == raft.StateLeader, st.LeadTransferee != 0
+			lead = st.Lead
 		}) {
 			return fmt.Errorf("raftstore: move leadership to %d: %w", target, ctx.Err())
 		}
@@ -168,6 +178,11 @@ func (n *Node) move(ctx context.Context, target uint64, start func(rn *raft.RawN
 		}
 	}
 	moved = true
+	if lead != 0 && lead != target {
+		// Deposed by another election (a higher term, a lost quorum),
+		// not by this move.
+		return fmt.Errorf("%w: node %d leads, not the move's target %d", ErrNotLeader, lead, target)
+	}
 	n.log.Info("leadership handed over", "to", target, "took", time.Since(began), "drain", drained)
 	return nil
 }

@@ -446,9 +446,10 @@ func (s *Service) forwardTo(req *request, notFrom uint64) {
 	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout+ForwardGraceDefault))
 	defer cancel()
 	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Data: req.data, Header: forwardHeader(req.header, req.identity)})
-	if err == nil && m.Header.Get(micro.ErrorCodeHeader) == string(protocol.CodeNotLeader) {
+	if err == nil && m.Header.Get(micro.ErrorCodeHeader) == string(protocol.CodeNotLeader) && time.Since(req.received) < LeaderWaitMax {
 		// The node asked did nothing (it never forwards again) and
-		// leadership has moved on: ask whoever leads now.
+		// leadership has moved on: ask whoever leads now (only a young
+		// request, as in replyLockErr).
 		cancel()
 		s.forwardTo(req, leader)
 		return
