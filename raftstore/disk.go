@@ -294,12 +294,7 @@ func (n *Node) yieldLoop() {
 			// The planned move (handover.go): drained first, so nothing
 			// it took ends indeterminate. It ends when the node stops.
 			ctx, cancel := context.WithTimeout(context.Background(), 2*election)
-			if err := n.move(ctx, target, func(rn *raft.RawNode) error {
-				if !transferIfLeader(rn, target) {
-					return ErrNotLeader
-				}
-				return nil
-			}); err != nil && !errors.Is(err, ErrNotLeader) {
+			if err := n.handOverTo(ctx, target); err != nil && !errors.Is(err, ErrNotLeader) {
 				n.log.Warn("leader on a low disk could not hand leadership over", "to", target, "err", err)
 			}
 			cancel()

@@ -49,8 +49,6 @@ func (n *Node) HandOver(ctx context.Context) error {
 	}
 	t := time.NewTicker(handOverPoll)
 	defer t.Stop()
-	// With CheckQuorum raft marks every follower inactive at each election
-	// timeout until its next response: look again for a moment.
 	// A move already running (the low-disk yield) goes first: a stop
 	// waits for it rather than stop in the middle of its drain.
 	for !n.moving.TryLock() {
@@ -59,6 +57,8 @@ func (n *Node) HandOver(ctx context.Context) error {
 		}
 	}
 	n.moving.Unlock()
+	// With CheckQuorum raft marks every follower inactive at each election
+	// timeout until its next response: look again for a moment.
 	var target uint64
 	for target = n.transferTarget(); target == 0; target = n.transferTarget() {
 		if !n.isLeader.Load() {
@@ -68,16 +68,21 @@ func (n *Node) HandOver(ctx context.Context) error {
 			return fmt.Errorf("raftstore: hand over leadership: no other active voter: %w", err)
 		}
 	}
-	err := n.move(ctx, target, func(rn *raft.RawNode) error {
+	if err := n.handOverTo(ctx, target); !errors.Is(err, ErrNotLeader) {
+		return err
+	}
+	return nil // deposed meanwhile: nothing to hand over
+}
+
+// handOverTo is the move of HandOver and of the low-disk yield: to target,
+// aborting a transfer a given-up move left running (transferIfLeader).
+func (n *Node) handOverTo(ctx context.Context, target uint64) error {
+	return n.move(ctx, target, func(rn *raft.RawNode) error {
 		if !transferIfLeader(rn, target) {
 			return ErrNotLeader
 		}
 		return nil
 	})
-	if errors.Is(err, ErrNotLeader) {
-		return nil // deposed meanwhile: nothing to hand over
-	}
-	return err
 }
 
 // ErrNoTransfer says a leadership transfer was not started: the target is

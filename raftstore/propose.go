@@ -285,6 +285,12 @@ func (w *waiting) failLostLeadership(err error) {
 			ch <- proposalResult{err: err}
 		}
 	}
+	w.failReads()
+}
+
+// failReads ends every waiting read with ErrNotLeader (raft drops the
+// pending reads of a node that stops leading). The caller holds w.mu.
+func (w *waiting) failReads() {
 	for key, ch := range w.reads {
 		delete(w.reads, key)
 		ch <- readResult{err: ErrNotLeader}
@@ -302,8 +308,5 @@ func (w *waiting) failAll(err error) {
 		ch <- proposalResult{err: err}
 	}
 	clear(w.stepped)
-	for key, ch := range w.reads {
-		delete(w.reads, key)
-		ch <- readResult{err: ErrNotLeader}
-	}
+	w.failReads()
 }

@@ -206,15 +206,11 @@ func stillDraining(subs []*nats.Subscription) []*nats.Subscription {
 // delivered to this node to be handed to their handlers.
 const StopDrainTimeout = 2 * time.Second
 
-// awaitDrained waits until none of subs is draining any more, or timeout.
-func awaitDrained(subs []*nats.Subscription, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
+// noneDraining reports whether none of subs is draining any more.
+func noneDraining(subs []*nats.Subscription) bool {
 	for _, sub := range subs {
-		for sub.IsDraining() {
-			if time.Now().After(deadline) {
-				return false
-			}
-			time.Sleep(time.Millisecond)
+		if sub.IsDraining() {
+			return false
 		}
 	}
 	return true

@@ -206,7 +206,9 @@ func (s *Service) Stop() error {
 	if derr := s.fwd.Drain(); derr != nil && !errors.Is(derr, nats.ErrConnectionClosed) && !errors.Is(derr, nats.ErrBadSubscription) {
 		err = errors.Join(err, derr)
 	}
-	if !awaitDrained(append(drained, s.fwd), StopDrainTimeout) {
+	drained = append(drained, s.fwd)
+	done := func() bool { return noneDraining(drained) }
+	if s.await(time.Now().Add(StopDrainTimeout), done); !done() {
 		s.log.Warn("stopping with lock requests still queued", "waited", StopDrainTimeout)
 	}
 	s.mu.Lock()
