@@ -6,14 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"net"
 	"net/http"
-	"net/http/pprof"
-	"net/url"
 	"os"
 	"path/filepath"
-	"strconv"
-	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -23,11 +18,9 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/core"
-	"github.com/ticketd/ticketd/internal/loglimit"
 	"github.com/ticketd/ticketd/internal/natsclient"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
@@ -445,239 +438,6 @@ var _ peer.Raft = (*raftstore.Node)(nil)
 // allowed), must fit what the peer transport streams: a negative constant
 // here does not compile.
 const _ = uint64(peer.MaxSnapshotSize - core.MaxSnapshotSize - 1<<20)
-
-func (d *Daemon) startNATS() error {
-	url := d.cfg.NATSURL
-	a := d.cfg.NATSAuth()
-	if url == "" {
-		ns, err := d.embeddedNATS()
-		if err != nil {
-			return err
-		}
-		d.ns = ns
-		// The node's own connection to its embedded server is an in-memory
-		// pipe, never the network: it authenticates like any client, but
-		// encrypting it would only cost CPU on every request and reply.
-		// nats-server does not require TLS in-process; a client
-		// certificate (which the server may map to a user) still brings it.
-		url = strings.Replace(ns.ClientURL(), "tls://", "nats://", 1)
-		if a.TLSCert == "" {
-			a.TLSCA = ""
-		}
-	}
-	auth, err := a.Options()
-	if err != nil {
-		return configErr("%v", err)
-	}
-	opts := append([]nats.Option{
-		nats.Name(fmt.Sprintf("ticketd-%d", d.cfg.ID)),
-		// A reply published while disconnected must fail at once, so the
-		// lost-reply path can release its grant, not sit in a buffer.
-		nats.ReconnectBufSize(-1),
-		nats.MaxReconnects(-1),
-		nats.ReconnectWait(100 * time.Millisecond),
-	}, auth...)
-	if d.ns != nil {
-		opts = append(opts, nats.InProcessServer(d.ns))
-	}
-	nc, err := nats.Connect(url, opts...)
-	if err != nil {
-		return fmt.Errorf("daemon: connect to NATS %s: %w", natsclient.Redact(url), err)
-	}
-	d.nc = nc
-	return nil
-}
-
-// watchInterest answers, for the watch publisher, whether anyone would
-// receive a message on a subject: the embedded server's own subscription
-// interest in the account the node's connection belongs to, which holds
-// local, route, leafnode and stream-import subscriptions. It is nil
-// (publish every event) for an external server, whose interest this node
-// cannot see, with gateways, which forward messages to other clusters
-// without registered interest, and when the account maps subjects.
-func (d *Daemon) watchInterest() natsapi.Interest {
-	if d.ns == nil || d.ns.GatewayAddr() != nil {
-		return nil
-	}
-	acc, err := d.ownAccount()
-	if err != nil {
-		d.log.Warn("watch events go out without an interest check", "err", err)
-		return nil
-	}
-	// A subject mapping of the account rewrites a subject before it is
-	// routed, so interest in the published subject says nothing.
-	az, err := d.ns.Accountz(&natsserver.AccountzOptions{Account: acc.GetName()})
-	if err != nil || az.Account == nil || len(az.Account.Mappings) > 0 {
-		return nil
-	}
-	return acc.SubscriptionInterest
-}
-
-// ownAccount is the embedded server's account of the node's own
-// connection.
-func (d *Daemon) ownAccount() (*natsserver.Account, error) {
-	cid, err := d.nc.GetClientID()
-	if err != nil {
-		return nil, fmt.Errorf("own client id: %w", err)
-	}
-	connz, err := d.ns.Connz(&natsserver.ConnzOptions{CID: cid, Username: true})
-	if err != nil {
-		return nil, fmt.Errorf("own connection: %w", err)
-	}
-	if len(connz.Conns) != 1 {
-		return nil, fmt.Errorf("own connection %d: %d found", cid, len(connz.Conns))
-	}
-	if name := connz.Conns[0].Account; name != "" {
-		return d.ns.LookupAccount(name)
-	}
-	return d.ns.GlobalAccount(), nil
-}
-
-func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
-	o, err := d.embeddedNATSOptions()
-	if err != nil {
-		return nil, err
-	}
-	if d.cfg.AuditStream != "" {
-		o.JetStream = true
-		if o.StoreDir == "" {
-			o.StoreDir = d.cfg.AuditStoreDir
-		}
-		if o.StoreDir == "" {
-			o.StoreDir = filepath.Join(d.cfg.Data, "jetstream")
-		}
-		// The whole JetStream store is bounded too (unless a nats-server
-		// configuration set its own), with room for the stream's own
-		// bookkeeping above its MaxBytes.
-		if o.JetStreamMaxStore <= 0 {
-			o.JetStreamMaxStore = d.cfg.AuditMaxBytes + d.cfg.AuditMaxBytes/8
-		}
-		if o.JetStreamMaxMemory <= 0 {
-			o.JetStreamMaxMemory = 64 << 20
-		}
-	}
-	ns, err := natsserver.NewServer(o)
-	if err != nil {
-		return nil, fmt.Errorf("daemon: embedded NATS: %w", err)
-	}
-	nlog := &natsLogger{log: d.log.With("component", "nats"), limit: loglimit.Limiter{Burst: natsLogBurst}}
-	ns.SetLoggerV2(nlog, false, false, false)
-	go ns.Start()
-	if !natsReady(ns, nlog, StartTimeoutDefault) {
-		ns.Shutdown()
-		if why := nlog.fatal(); why != "" {
-			return nil, fmt.Errorf("daemon: embedded NATS did not start on %s: %s", d.cfg.NATSListen, why)
-		}
-		return nil, fmt.Errorf("daemon: embedded NATS did not start on %s", d.cfg.NATSListen)
-	}
-	return ns, nil
-}
-
-// natsReady waits until ns accepts connections, for at most timeout, and
-// gives up at once when the server reported a fatal error.
-func natsReady(ns *natsserver.Server, nlog *natsLogger, timeout time.Duration) bool {
-	deadline := time.Now().Add(timeout)
-	for time.Now().Before(deadline) {
-		if ns.ReadyForConnections(50 * time.Millisecond) {
-			return true
-		}
-		if nlog.fatal() != "" {
-			return false
-		}
-	}
-	return false
-}
-
-// embeddedNATSOptions are the embedded server's options: the nats-server
-// configuration file when one is given (which then decides listen, TLS,
-// accounts, users, permissions and routes), else an open server from the
-// nats-* settings.
-func (d *Daemon) embeddedNATSOptions() (*natsserver.Options, error) {
-	if d.cfg.NATSConfig != "" {
-		o, err := natsserver.ProcessConfigFile(d.cfg.NATSConfig)
-		if err != nil {
-			return nil, configErr("nats-config %s: %v", d.cfg.NATSConfig, err)
-		}
-		o.NoSigs = true // ticketd owns the process's signals
-		o.NoLog = true
-		if o.ServerName == "" {
-			o.ServerName = fmt.Sprintf("ticketd-%d", d.cfg.ID)
-		}
-		return o, nil
-	}
-	host, portStr, _ := net.SplitHostPort(d.cfg.NATSListen)
-	port, err := strconv.Atoi(portStr)
-	if err != nil {
-		return nil, configErr("nats-listen port %q: %v", portStr, err)
-	}
-	if port == 0 {
-		port = natsserver.RANDOM_PORT
-	}
-	o := &natsserver.Options{
-		ServerName: fmt.Sprintf("ticketd-%d", d.cfg.ID),
-		Host:       host,
-		Port:       port,
-		NoSigs:     true,
-		NoLog:      true,
-		MaxPayload: 1 << 20,
-	}
-	if d.cfg.NATSClusterListen != "" {
-		ch, cp, err := net.SplitHostPort(d.cfg.NATSClusterListen)
-		if err != nil {
-			return nil, configErr("nats-cluster-listen %q: %v", d.cfg.NATSClusterListen, err)
-		}
-		cport, err := strconv.Atoi(cp)
-		if err != nil {
-			return nil, configErr("nats-cluster-listen port %q: %v", cp, err)
-		}
-		o.Cluster = natsserver.ClusterOpts{Name: d.cfg.NATSClusterName, Host: ch, Port: cport}
-		for _, r := range strings.Split(d.cfg.NATSRoutes, ",") {
-			r = strings.TrimSpace(r)
-			if r == "" || r == d.cfg.NATSClusterListen {
-				continue
-			}
-			u, err := url.Parse("nats://" + r)
-			if err != nil {
-				return nil, configErr("nats-routes entry %q: %v", r, err)
-			}
-			o.Routes = append(o.Routes, u)
-		}
-	}
-	return o, nil
-}
-
-func (d *Daemon) startHTTP() error {
-	mux := http.NewServeMux()
-	mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
-	if d.cfg.Pprof {
-		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
-		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
-		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
-		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)
-	}
-	mux.HandleFunc("/healthz", func(w http.ResponseWriter, r *http.Request) {
-		if err := d.node.Err(); err != nil {
-			http.Error(w, "raft loop stopped: "+err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ok\n"))
-	})
-	mux.HandleFunc("/readyz", func(w http.ResponseWriter, r *http.Request) {
-		if err := d.Ready(); err != nil {
-			http.Error(w, err.Error(), http.StatusServiceUnavailable)
-			return
-		}
-		_, _ = w.Write([]byte("ready\n"))
-	})
-	ln, err := net.Listen("tcp", d.cfg.MetricsListen)
-	if err != nil {
-		return fmt.Errorf("daemon: metrics listen: %w", err)
-	}
-	d.http = &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
-	go func() { _ = d.http.Serve(ln) }()
-	return nil
-}
 
 // Ready reports nil when the node can serve clients: its loop runs, it
 // knows a leader, and NATS is connected.

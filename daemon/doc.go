@@ -11,7 +11,7 @@
 // anything starts, with secrets read from their *-file settings
 // (LoadSecretFiles). The embedded NATS server from a nats-server
 // configuration file (--nats-config) and the node's own authenticated NATS
-// connection; the access list file. TLS of the peer transport and the
+// connection (nats.go); the access list file. TLS of the peer transport and the
 // control API from PEM files (tls.go). The cluster ID and the refusal to
 // bootstrap a static member on an empty data directory (clusterid.go). Start and Close (daemon.go): start the parts in
 // dependency order, hand each one the others it needs, stop them in
@@ -19,7 +19,7 @@
 // leadership over first. Plugin loading from the configured files and the adapter
 // that makes a plugin set the lock service's Grant policy (plugins.go).
 // The node's health, readiness and status views, which read several parts
-// at once. cmd/ticketd parses files, TICKETD_* env and flags into a
+// at once; the metrics listener (http.go). cmd/ticketd parses files, TICKETD_* env and flags into a
 // Config; tests start in-process nodes with Start, directly or through
 // internal/testkit/testcluster.
 //
