@@ -11,7 +11,7 @@ import "strconv"
 // printable ASCII without escapes, integers without fraction, exponent or
 // leading zeros, JSON whitespace — and fills the struct exactly as the
 // strict decoder would. On anything else (too large, unknown or
-// differently cased keys, escapes, non-ASCII, null, wrong types, overflow,
+// differently cased keys, a key twice, escapes, non-ASCII, null, wrong types, overflow,
 // trailing data, bad syntax) it gives up and the caller runs Decode on the
 // untouched input, whose answer stands. So a body is accepted and decoded
 // to the same value, or rejected with the same error, as before
@@ -41,6 +41,7 @@ func decodeFlat(data []byte, fields []flatField) bool {
 	if i < len(data) && data[i] == '}' {
 		return skipWS(data, i+1) == len(data)
 	}
+	var seen uint64 // fields already set, by index (a request has < 64)
 	for {
 		name, j, ok := plainString(data, i)
 		if !ok {
@@ -51,10 +52,12 @@ func decodeFlat(data []byte, fields []flatField) bool {
 			return false
 		}
 		i = skipWS(data, i+1)
-		f := findField(fields, name)
-		if f == nil {
-			return false
+		k := findField(fields, name)
+		if k < 0 || seen&(1<<k) != 0 {
+			return false // unknown or duplicate: the strict path says which
 		}
+		seen |= 1 << k
+		f := &fields[k]
 		if i, ok = f.value(data, i); !ok {
 			return false
 		}
@@ -73,13 +76,13 @@ func decodeFlat(data []byte, fields []flatField) bool {
 	}
 }
 
-func findField(fields []flatField, name []byte) *flatField {
+func findField(fields []flatField, name []byte) int {
 	for k := range fields {
 		if fields[k].name == string(name) { // no allocation: compared in place
-			return &fields[k]
+			return k
 		}
 	}
-	return nil
+	return -1
 }
 
 // value decodes f's value at data[i:] and returns the index after it.

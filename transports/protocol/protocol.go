@@ -269,8 +269,9 @@ func (r *ReleaseRequest) Validate() error {
 func (r *GetRequest) Validate() error { return fromCore(core.ValidateKey(r.Key)) }
 
 // Decode strictly decodes a JSON request body into v: at most
-// MaxRequestSize bytes, one JSON object, no unknown fields, nothing after
-// it.
+// MaxRequestSize bytes, one JSON object, field names exactly as tagged, no
+// unknown, duplicate or null field, every string valid UTF-8 (strict.go),
+// nothing after it.
 func Decode(data []byte, v any) error {
 	if len(data) > MaxRequestSize {
 		return Errorf(CodeTooLarge, "request is %d bytes, the limit is %d", len(data), MaxRequestSize)
@@ -278,6 +279,9 @@ func Decode(data []byte, v any) error {
 	trimmed := bytes.TrimSpace(data)
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return Errorf(CodeMalformed, "request must be a JSON object")
+	}
+	if err := checkStrict(trimmed, v); err != nil {
+		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(trimmed))
 	dec.DisallowUnknownFields()

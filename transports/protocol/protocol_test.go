@@ -37,6 +37,26 @@ func TestDecodeAcquire(t *testing.T) {
 		{"timeout negative", `{"key":"a","lease_ms":100,"timeout_ms":-1}`, CodeInvalidArgument},
 		{"key NUL", `{"key":"a\u0000b","lease_ms":100}`, CodeInvalidArgument},
 		{"too large", `{"key":"` + strings.Repeat("k", MaxRequestSize) + `","lease_ms":100}`, CodeTooLarge},
+		// docs/protocol.md §2: what encoding/json alone would let through.
+		{"key invalid byte", "{\"key\":\"bad\xff\",\"lease_ms\":100}", CodeInvalidArgument},
+		{"key lone high surrogate", `{"key":"bad\ud800","lease_ms":100}`, CodeInvalidArgument},
+		{"key lone low surrogate", `{"key":"bad\udc00","lease_ms":100}`, CodeInvalidArgument},
+		{"key high surrogate then letter", `{"key":"bad\ud800x","lease_ms":100}`, CodeInvalidArgument},
+		{"key two high surrogates", `{"key":"\ud800\ud800","lease_ms":100}`, CodeInvalidArgument},
+		{"owner invalid byte", "{\"key\":\"a\",\"owner\":\"\xc3\",\"lease_ms\":100}", CodeInvalidArgument},
+		{"surrogate pair", `{"key":"\ud83d\ude00","lease_ms":100}`, ""},
+		{"escaped backslash then u", `{"key":"a\\ud800","lease_ms":100}`, ""},
+		{"owner null", `{"key":"a","owner":null,"lease_ms":100}`, CodeMalformed},
+		{"wait_id null", `{"key":"a","lease_ms":100,"wait_id":null}`, CodeMalformed},
+		{"wait_ms null", `{"key":"a","lease_ms":100,"wait_ms":null}`, CodeMalformed},
+		{"timeout_ms null", `{"key":"a","lease_ms":100,"timeout_ms":null}`, CodeMalformed},
+		{"key null", `{"key":null,"lease_ms":100}`, CodeMalformed},
+		{"other case", `{"key":"a","Lease_Ms":100}`, CodeMalformed},
+		{"both cases", `{"lease_ms":1000,"Lease_Ms":100,"key":"a"}`, CodeMalformed},
+		{"upper key", `{"KEY":"a","lease_ms":100}`, CodeMalformed},
+		{"duplicate key", `{"key":"A","key":"B","lease_ms":100}`, CodeMalformed},
+		{"duplicate lease", `{"key":"a","lease_ms":1000,"lease_ms":100}`, CodeMalformed},
+		{"duplicate escaped name", `{"key":"a","lease_ms":1000,"lease\u005fms":100}`, CodeMalformed},
 	}
 	for _, tc := range cases {
 		t.Run(tc.name, func(t *testing.T) {
@@ -224,5 +244,44 @@ func TestWatchSubject(t *testing.T) {
 	}
 	if WatchSubject("a") == WatchSubject("b") {
 		t.Fatal("distinct keys share a subject")
+	}
+}
+
+// TestEveryDecoderIsStrict: the rules of docs/protocol.md §2 that
+// encoding/json alone would not enforce hold for every request a client
+// can send, not only acquire.
+func TestEveryDecoderIsStrict(t *testing.T) {
+	decoders := map[string]struct {
+		dec  func([]byte) error
+		good string // a valid body whose first field is "key" or "prefix"
+	}{
+		"release":  {func(b []byte) error { _, err := DecodeRelease(b); return err }, `{"key":"a","token":1}`},
+		"get":      {func(b []byte) error { _, err := DecodeGet(b); return err }, `{"key":"a"}`},
+		"renew":    {func(b []byte) error { _, err := DecodeRenew(b); return err }, `{"key":"a","token":1}`},
+		"withdraw": {func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a","wait_id":"w"}`},
+		"list":     {func(b []byte) error { _, err := DecodeList(b); return err }, `{"prefix":"a"}`},
+		"acquire":  {func(b []byte) error { _, err := DecodeAcquire(b); return err }, `{"key":"a","lease_ms":100}`},
+	}
+	for name, d := range decoders {
+		if err := d.dec([]byte(d.good)); err != nil {
+			t.Fatalf("%s: good body %s rejected: %v", name, d.good, err)
+		}
+		field := d.good[2 : strings.Index(d.good[2:], `"`)+2] // "key" or "prefix"
+		rest := d.good[strings.Index(d.good, `":"a"`)+5:]     // what follows the first field
+		for _, tc := range []struct {
+			body string
+			code Code
+		}{
+			{`{"` + field + "\":\"a\xff\"" + rest, CodeInvalidArgument},
+			{`{"` + field + `":"a\udfff"` + rest, CodeInvalidArgument},
+			{`{"` + field + `":null` + rest, CodeMalformed},
+			{`{"` + strings.ToUpper(field) + `":"a"` + rest, CodeMalformed},
+			{`{"` + field + `":"b","` + field + `":"a"` + rest, CodeMalformed},
+		} {
+			err := d.dec([]byte(tc.body))
+			if !errors.Is(err, &Error{Code: tc.code}) {
+				t.Errorf("%s %q: got %v, want %s", name, tc.body, err, tc.code)
+			}
+		}
 	}
 }

@@ -1,0 +1,70 @@
+package protocol
+
+import (
+	"go/ast"
+	"go/parser"
+	"go/token"
+	"os"
+	"regexp"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+)
+
+// TestDocumentedCodesMatch: the error table of docs/protocol.md §4 lists
+// exactly the codes protocol.go defines, so neither can drift from the
+// other.
+func TestDocumentedCodesMatch(t *testing.T) {
+	defined := definedCodes(t)
+	doc, err := os.ReadFile("../../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := string(doc)
+	start := strings.Index(sec, "\n## 4. Errors")
+	end := strings.Index(sec, "\n### 4.1")
+	if start < 0 || end < start {
+		t.Fatal("docs/protocol.md: section 4's error table not found")
+	}
+	var documented []string
+	for _, m := range regexp.MustCompile("(?m)^\\| `([a-z_]+)` \\|").FindAllStringSubmatch(sec[start:end], -1) {
+		documented = append(documented, m[1])
+	}
+	slices.Sort(documented)
+	if !slices.Equal(documented, defined) {
+		t.Fatalf("docs/protocol.md §4 lists %v\nprotocol.go defines %v", documented, defined)
+	}
+}
+
+// definedCodes parses protocol.go for its Code constants.
+func definedCodes(t *testing.T) []string {
+	t.Helper()
+	f, err := parser.ParseFile(token.NewFileSet(), "protocol.go", nil, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var codes []string
+	ast.Inspect(f, func(n ast.Node) bool {
+		vs, ok := n.(*ast.ValueSpec)
+		if !ok || vs.Type == nil || len(vs.Values) != 1 {
+			return true
+		}
+		if id, ok := vs.Type.(*ast.Ident); !ok || id.Name != "Code" {
+			return true
+		}
+		if lit, ok := vs.Values[0].(*ast.BasicLit); ok {
+			s, err := strconv.Unquote(lit.Value)
+			if err != nil {
+				t.Fatal(err)
+			}
+			codes = append(codes, s)
+		}
+		return true
+	})
+	if len(codes) < 10 {
+		t.Fatalf("found only %d codes in protocol.go", len(codes))
+	}
+	slices.Sort(codes)
+	return codes
+}
