@@ -60,5 +60,10 @@ func (p *Plane) maybeRaiseClusterVersion(ctx context.Context) {
 		p.log.Warn("propose cluster version", "version", target, "err", err)
 		return
 	}
-	p.log.Info("cluster version raised", "from", current, "to", target, "result", a.Result.String())
+	if a.Result.Kind != core.ResultControlApplied {
+		// Another proposal (a leader before this one) raised it first.
+		p.log.Debug("cluster version not raised", "from", current, "to", target, "result", a.Result.String())
+		return
+	}
+	p.log.Info("cluster version raised", "from", current, "to", target)
 }

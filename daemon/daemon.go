@@ -110,7 +110,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, baseLog: log, log: log.With("node", cfg.ID), reg: prometheus.NewRegistry()}
+	d := &Daemon{cfg: cfg, baseLog: log, log: startLogger(log, cfg), reg: prometheus.NewRegistry()}
 	// Every error return below leaves through here: undo what started.
 	defer func() {
 		if err != nil {
@@ -144,6 +144,21 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	}
 	d.log.Info("node started", "data", d.cfg.Data, "nats", natsclient.Redact(d.ClientURL()), "members", len(m.peers), "acl", d.cfg.ACL != "")
 	return d, nil
+}
+
+// startLogger is the node's logger until its identity is settled
+// (resolveMembership): under the id of its identity file when it has one,
+// under no id on a fresh join (the join assigns it), else under the
+// configured id. The store opens before then, and a joined node started
+// without --id must not log "raft storage opened node=1".
+func startLogger(log *slog.Logger, cfg Config) *slog.Logger {
+	if id, ok, err := control.ReadIdentity(cfg.Data); err == nil && ok {
+		return log.With("node", id.NodeID)
+	}
+	if cfg.Join != "" {
+		return log
+	}
+	return log.With("node", cfg.ID)
 }
 
 // openStore opens the raft store. It gives up when ctx ends (a signal
@@ -214,7 +229,7 @@ func (d *Daemon) resolveMembership(ctx context.Context) (membership, error) {
 	if err != nil {
 		return membership{}, err
 	}
-	if ident.NodeID != 0 && ident.NodeID != d.cfg.ID {
+	if ident.NodeID != 0 {
 		// A control-plane identity names the node: log under it, not
 		// under the configured id.
 		d.cfg.ID = ident.NodeID

@@ -6,3 +6,6 @@ func (d *Daemon) WatchInterest(subject string) bool {
 	f := d.watchInterest()
 	return f != nil && f(subject)
 }
+
+// GrepLines is the lines of out that contain s (logs_join_test.go).
+func GrepLines(out, s string) string { return grepLines(out, s) }

@@ -133,7 +133,8 @@ func (d *Daemon) embeddedNATS() (*natsserver.Server, error) {
 	if err != nil {
 		return nil, fmt.Errorf("daemon: embedded NATS: %w", err)
 	}
-	nlog := &natsLogger{log: d.log.With("component", "nats"), limit: loglimit.Limiter{Burst: natsLogBurst}}
+	nlog := &natsLogger{log: d.log.With("component", "nats"), limit: loglimit.Limiter{Burst: natsLogBurst},
+		retries: loglimit.Limiter{Burst: 1, Per: natsRetryLogEvery}}
 	ns.SetLoggerV2(nlog, false, false, false)
 	go ns.Start()
 	if !natsReady(ns, nlog, StartTimeoutDefault) {

@@ -247,6 +247,10 @@ func (n *Node) startRaft(applied uint64) error {
 	if err != nil {
 		return fmt.Errorf("raftstore: initial state: %w", err)
 	}
+	// The term raft restarts in: a restarted node's first Ready may name a
+	// leader before any HardState change, and the term logged and
+	// reported with it must not read 0.
+	n.term.Store(hs.Term)
 	last, err := cfg.Store.LastIndex()
 	if err != nil {
 		return fmt.Errorf("raftstore: last index: %w", err)

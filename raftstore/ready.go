@@ -3,6 +3,7 @@ package raftstore
 import (
 	"fmt"
 	"log/slog"
+	"slices"
 	"time"
 
 	"go.etcd.io/raft/v3"
@@ -17,7 +18,7 @@ type readyApply struct {
 	confState   raftpb.ConfState
 	restored    bool                // a received snapshot replaced the state
 	snapshot    *core.SnapshotState // its decoded content
-	confChanges []raftpb.ConfChangeV2
+	confChanges []appliedConfChange
 	events      []Applied
 	requestIDs  []uint64 // requestIDs[i] is the proposal events[i] answers
 	leaderReady bool     // this leader's first entry of its term applied
@@ -206,8 +207,9 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 		if err != nil {
 			return fmt.Errorf("conf change at %d: %w", e.Index, err)
 		}
+		prev := ra.confState
 		ra.confState = *n.rn.ApplyConfChange(cc)
-		ra.confChanges = append(ra.confChanges, cc)
+		ra.confChanges = append(ra.confChanges, appliedConfChange{index: e.Index, cc: cc, prev: prev, cs: ra.confState})
 	}
 	return nil
 }
@@ -283,10 +285,10 @@ func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 			o.OnRestored(ra.applied)
 		}
 	}
-	for _, cc := range ra.confChanges {
-		logConfChange(n.log, cc, ra.confState)
+	for _, c := range ra.confChanges {
+		logConfChange(n.log, c)
 		for _, o := range obs {
-			o.OnConfChange(cc, ra.confState)
+			o.OnConfChange(c.cc, c.cs)
 		}
 	}
 	for _, a := range ra.events {
@@ -312,20 +314,40 @@ func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 	}
 }
 
+// appliedConfChange is a membership change applied at index, with the
+// membership it left: a Ready that catches a node up may hold several, and
+// each is logged with its own result, not the last one's (a learner added
+// and later promoted would otherwise read "learner added" next to a voter
+// list that already holds it).
+type appliedConfChange struct {
+	index    uint64
+	cc       raftpb.ConfChangeV2
+	prev, cs raftpb.ConfState // before and after
+}
+
 // logConfChange logs each change of an applied membership change, one
-// line each, with the membership that results.
-func logConfChange(log *slog.Logger, cc raftpb.ConfChangeV2, cs raftpb.ConfState) {
+// line each, with its log index and the membership that results. Raft
+// promotes a learner with the same change that adds a voter, and demotes a
+// voter with the one that adds a learner: the line says which happened.
+func logConfChange(log *slog.Logger, ac appliedConfChange) {
+	cc, cs := ac.cc, ac.cs
 	for _, c := range cc.Changes {
 		msg := "member changed"
 		switch c.Type {
 		case raftpb.ConfChangeAddNode:
 			msg = "voter added"
+			if slices.Contains(ac.prev.Learners, c.NodeID) {
+				msg = "learner promoted to voter"
+			}
 		case raftpb.ConfChangeAddLearnerNode:
 			msg = "learner added"
+			if slices.Contains(ac.prev.Voters, c.NodeID) {
+				msg = "voter demoted to learner"
+			}
 		case raftpb.ConfChangeRemoveNode:
 			msg = "member removed"
 		}
-		log.Info(msg, "member", c.NodeID, "voters", cs.Voters, "learners", cs.Learners, "joint", len(cs.VotersOutgoing) > 0)
+		log.Info(msg, "member", c.NodeID, "index", ac.index, "voters", cs.Voters, "learners", cs.Learners, "joint", len(cs.VotersOutgoing) > 0)
 	}
 }
 

@@ -5,11 +5,14 @@ import (
 	"time"
 )
 
-// Limiter lets through at most Burst lines per second and counts the
-// rest, which the next line let through reports. The zero value is not
-// usable: set Burst. A nil *Limiter lets everything through.
+// Limiter lets through at most Burst lines per Per (a second when zero)
+// and counts the rest, which the next line let through reports. The zero
+// value is not usable: set Burst. A nil *Limiter lets everything through.
 type Limiter struct {
 	Burst int
+	// Per is the window Burst counts in: a second when zero; longer for a
+	// retry that goes on for as long as something is down.
+	Per time.Duration
 
 	mu         sync.Mutex // guards the fields below
 	window     time.Time
@@ -25,7 +28,11 @@ func (l *Limiter) Allow(now time.Time) (ok bool, suppressed int) {
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
-	if now.Sub(l.window) >= time.Second {
+	per := l.Per
+	if per <= 0 {
+		per = time.Second
+	}
+	if now.Sub(l.window) >= per {
 		l.window, l.n = now, 0
 	}
 	if l.n >= l.Burst {

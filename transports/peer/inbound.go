@@ -67,7 +67,15 @@ func (t *Transport) serveConn(raw net.Conn, source string) {
 		_ = raw.Close()
 		if t.ctx.Err() == nil {
 			t.handshakeFailures.Add(1)
-			if ok, suppressed := t.inboundLogs.Allow(time.Now()); ok {
+			if errors.Is(err, ErrUnknownPeer) {
+				// A joining node dials before this node applied its
+				// admission, and retries until it has: normal, so
+				// at most one line a minute (peer: connect failed on the
+				// dialer's side says whether it goes on).
+				if ok, suppressed := t.unknownPeerLogs.Allow(time.Now()); ok {
+					t.log.Info("peer: inbound handshake failed: not (yet) a member", "remote", remote, "err", err, "suppressed", suppressed)
+				}
+			} else if ok, suppressed := t.inboundLogs.Allow(time.Now()); ok {
 				t.log.Warn("peer: inbound handshake failed", "remote", remote, "err", err, "suppressed", suppressed)
 			}
 		}

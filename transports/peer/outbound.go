@@ -95,9 +95,14 @@ func (t *Transport) runPeer(p *peer) {
 			if p.ctx.Err() != nil {
 				return
 			}
-			if !failing {
+			switch {
+			case !failing && errors.Is(err, ErrUnknownPeer):
+				// A joining node, or one restarting before the peer
+				// applied its admission: retried until it has.
+				log.Info("peer: connect failed: not (yet) a member the peer knows; retrying", "err", err)
+			case !failing:
 				log.Warn("peer: connect failed", "err", err)
-			} else {
+			default:
 				log.Debug("peer: connect failed", "err", err)
 			}
 			failing = true

@@ -252,6 +252,11 @@ type peer struct {
 // through per second.
 const inboundLogBurst = 10
 
+// unknownPeerLogEvery is how often a handshake refused because the dialer
+// is not a member gets into the log: a join does that until its admission
+// applies here.
+const unknownPeerLogEvery = time.Minute
+
 // Transport carries raft messages between the members of one cluster. See
 // the package documentation.
 type Transport struct {
@@ -272,6 +277,9 @@ type Transport struct {
 	// inboundLogs rate-limits the logs anyone on the network can trigger
 	// (inboundLogBurst lines a second).
 	inboundLogs loglimit.Limiter
+	// unknownPeerLogs limits the lines about handshakes from ids that are
+	// not members (yet): one a minute (unknownPeerLogEvery).
+	unknownPeerLogs loglimit.Limiter
 
 	// mu guards the peer table, the inbound sessions and the lifecycle
 	// fields up to closed.
@@ -318,6 +326,7 @@ func New(cfg Config) (*Transport, error) {
 		t.peers[id] = t.newPeer(id, addr)
 	}
 	t.inboundLogs.Burst = inboundLogBurst
+	t.unknownPeerLogs = loglimit.Limiter{Burst: 1, Per: unknownPeerLogEvery}
 	return t, nil
 }
 
