@@ -14,7 +14,9 @@
 //
 // # Hostile input
 //
-// Decoders reject payloads over MaxRequestSize, unknown fields, trailing
+// Decoders reject payloads over MaxRequestSize, unknown fields (names are
+// matched case and all), a field given twice or as null, strings that are
+// not valid UTF-8 (raw or as a lone surrogate escape; strict.go), trailing
 // data, wrong JSON types and values outside the limits of package core,
 // each with an *Error carrying a stable Code. Acquire, release and get
 // bodies in plain JSON take a fast path (fastdecode.go) that accepts

@@ -169,27 +169,30 @@ func getFields(r *GetRequest) []flatField { return []flatField{{name: "key", str
 
 // decodeAcquireBody decodes an acquire body, fast when it can.
 func decodeAcquireBody(data []byte, r *AcquireRequest) error {
-	if decodeFlat(data, acquireFields(r)) {
+	fields := acquireFields(r)
+	if decodeFlat(data, fields) {
 		return nil
 	}
 	*r = AcquireRequest{}
-	return Decode(data, r)
+	return decodeStrict(data, r, fields)
 }
 
 // decodeReleaseBody decodes a release body, fast when it can.
 func decodeReleaseBody(data []byte, r *ReleaseRequest) error {
-	if decodeFlat(data, releaseFields(r)) {
+	fields := releaseFields(r)
+	if decodeFlat(data, fields) {
 		return nil
 	}
 	*r = ReleaseRequest{}
-	return Decode(data, r)
+	return decodeStrict(data, r, fields)
 }
 
 // decodeGetBody decodes a get body, fast when it can.
 func decodeGetBody(data []byte, r *GetRequest) error {
-	if decodeFlat(data, getFields(r)) {
+	fields := getFields(r)
+	if decodeFlat(data, fields) {
 		return nil
 	}
 	*r = GetRequest{}
-	return Decode(data, r)
+	return decodeStrict(data, r, fields)
 }

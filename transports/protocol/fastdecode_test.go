@@ -173,12 +173,24 @@ func corpusSeeds(tb testing.TB) [][]byte {
 var benchBodies = map[string][]byte{
 	"acquire": []byte(`{"key":"lock/000123","owner":"bench-7","lease_ms":10000,"wait_ms":5000}`),
 	"release": []byte(`{"key":"lock/000123","token":123456}`),
+	// Outside the fast path's subset (non-ASCII key): the strict path
+	// with the typed field list, what a client with such keys pays.
+	"acquire-utf8": []byte(`{"key":"zamówienie/000123","owner":"bench-7","lease_ms":10000,"wait_ms":5000}`),
 }
 
 func BenchmarkDecodeAcquire(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		if _, err := DecodeAcquire(benchBodies["acquire"]); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkDecodeAcquireUTF8(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := DecodeAcquire(benchBodies["acquire-utf8"]); err != nil {
 			b.Fatal(err)
 		}
 	}

@@ -272,7 +272,10 @@ func (r *GetRequest) Validate() error { return fromCore(core.ValidateKey(r.Key))
 // MaxRequestSize bytes, one JSON object, field names exactly as tagged, no
 // unknown, duplicate or null field, every string valid UTF-8 (strict.go),
 // nothing after it.
-func Decode(data []byte, v any) error {
+func Decode(data []byte, v any) error { return decodeStrict(data, v, fieldsOf(v)) }
+
+// decodeStrict is Decode for a request whose JSON fields are known.
+func decodeStrict(data []byte, v any, fields []flatField) error {
 	if len(data) > MaxRequestSize {
 		return Errorf(CodeTooLarge, "request is %d bytes, the limit is %d", len(data), MaxRequestSize)
 	}
@@ -280,7 +283,7 @@ func Decode(data []byte, v any) error {
 	if len(trimmed) == 0 || trimmed[0] != '{' {
 		return Errorf(CodeMalformed, "request must be a JSON object")
 	}
-	if err := checkStrict(trimmed, v); err != nil {
+	if err := checkStrict(trimmed, fields); err != nil {
 		return err
 	}
 	dec := json.NewDecoder(bytes.NewReader(trimmed))

@@ -1,10 +1,14 @@
 package protocol
 
 import (
+	"bytes"
+	"encoding/json"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 
 	"github.com/ticketd/ticketd/plugins/audit"
 )
@@ -171,7 +175,67 @@ func FuzzDecodeRequests(f *testing.F) {
 		if r, err := DecodeWithdraw(data); err == nil && (r.Key == "" || r.WaitID == "" || len(r.WaitID) > MaxWaitIDLen) {
 			t.Fatalf("accepted bad withdraw %+v", r)
 		}
+		// docs/protocol.md §2's rules beyond encoding/json, checked on
+		// every accepted body by an independent reading.
+		for _, d := range []struct {
+			v   any
+			err error
+		}{
+			{&AcquireRequest{}, second(DecodeAcquire(data))}, {&ReleaseRequest{}, second(DecodeRelease(data))},
+			{&GetRequest{}, second(DecodeGet(data))}, {&RenewRequest{}, second(DecodeRenew(data))},
+			{&ListRequest{}, second(DecodeList(data))}, {&WithdrawRequest{}, second(DecodeWithdraw(data))},
+		} {
+			if d.err == nil {
+				checkStrictRules(t, data, d.v)
+			}
+		}
 	})
+}
+
+func second[T any](_ T, err error) error { return err }
+
+// checkStrictRules fails t unless data, accepted as a request of v's type,
+// is valid UTF-8 without a lone surrogate escape and is one object whose
+// field names are v's json names exactly, each at most once and none null.
+// It reads data with encoding/json's tokenizer, not with strict.go.
+func checkStrictRules(t *testing.T, data []byte, v any) {
+	t.Helper()
+	if !utf8.Valid(data) {
+		t.Fatalf("%T accepted invalid UTF-8 %q", v, data)
+	}
+	dec := json.NewDecoder(bytes.NewReader(data))
+	dec.UseNumber()
+	if tok, err := dec.Token(); err != nil || tok != json.Delim('{') {
+		t.Fatalf("%T accepted %q, not an object", v, data)
+	}
+	seen := map[string]bool{}
+	for dec.More() {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatalf("%T accepted %q: %v", v, data, err)
+		}
+		name := tok.(string)
+		if seen[name] || findField(fieldsOf(v), []byte(name)) < 0 {
+			t.Fatalf("%T accepted %q: field %q twice or unknown", v, data, name)
+		}
+		seen[name] = true
+		val, err := dec.Token()
+		if err != nil || val == nil {
+			t.Fatalf("%T accepted %q: field %q is null (%v)", v, data, name, err)
+		}
+		// encoding/json turns a lone surrogate into U+FFFD; an accepted
+		// U+FFFD must have been in the body as itself.
+		if s, ok := val.(string); ok && strings.ContainsRune(s, utf8.RuneError) &&
+			!bytes.ContainsRune(data, utf8.RuneError) && !bytes.Contains(bytes.ToLower(data), []byte(`\ufffd`)) {
+			t.Fatalf("%T accepted %q: field %q decodes to U+FFFD", v, data, name)
+		}
+	}
+	if _, err := dec.Token(); err != nil {
+		t.Fatalf("%T accepted %q: %v", v, data, err)
+	}
+	if _, err := dec.Token(); err != io.EOF {
+		t.Fatalf("%T accepted %q with trailing data", v, data)
+	}
 }
 
 // The audit publisher cannot import this package (only the NATS edge, the

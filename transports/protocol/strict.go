@@ -21,16 +21,16 @@ import (
 //     would read null as "absent").
 
 // checkStrict checks data, already known to be at most MaxRequestSize
-// bytes starting with '{', against those rules for the request struct v
-// points to. It returns nil when data is not valid JSON at all: the
-// decoder that runs next reports that. It is one pass over the bytes: the
-// strict path is what every body outside the fast path's subset takes.
-func checkStrict(data []byte, v any) error {
+// bytes starting with '{', against those rules for a request with the
+// given fields (only their names are read). It returns nil when data is
+// not valid JSON at all: the decoder that runs next reports that. It is
+// one pass over the bytes: the strict path is what every body outside the
+// fast path's subset takes.
+func checkStrict(data []byte, fields []flatField) error {
 	if !validStrings(data) {
 		return Errorf(CodeInvalidArgument, "request contains a string that is not valid UTF-8")
 	}
-	names := fieldNames(v)
-	var seen uint64 // by index into names; a request has far fewer than 64 fields
+	var seen uint64 // by index into fields; a request has far fewer than 64
 	i := skipWS(data, 1)
 	if i < len(data) && data[i] == '}' {
 		return nil
@@ -40,18 +40,18 @@ func checkStrict(data []byte, v any) error {
 		if !ok {
 			return nil
 		}
-		name := string(data[i+1 : end-1])
-		if strings.IndexByte(name, '\\') >= 0 {
-			if json.Unmarshal(data[i:end], &name) != nil {
+		raw := data[i+1 : end-1] // compared in place unless escaped
+		if bytes.IndexByte(raw, '\\') >= 0 {
+			if raw, ok = unescape(data[i:end]); !ok {
 				return nil
 			}
 		}
-		k := indexOf(names, name)
+		k := findField(fields, raw)
 		switch {
 		case k < 0:
-			return Errorf(CodeMalformed, "bad request JSON: json: unknown field %q", name)
+			return Errorf(CodeMalformed, "bad request JSON: json: unknown field %q", raw)
 		case k < 64 && seen&(1<<k) != 0:
-			return Errorf(CodeMalformed, "field %q appears more than once", name)
+			return Errorf(CodeMalformed, "field %q appears more than once", raw)
 		case k < 64:
 			seen |= 1 << k
 		}
@@ -61,7 +61,7 @@ func checkStrict(data []byte, v any) error {
 		}
 		i = skipWS(data, i+1)
 		if bytes.HasPrefix(data[i:], []byte("null")) {
-			return Errorf(CodeMalformed, "field %q is null: leave a field out instead", name)
+			return Errorf(CodeMalformed, "field %q is null: leave a field out instead", raw)
 		}
 		if i, ok = valueEnd(data, i); !ok {
 			return nil
@@ -73,6 +73,15 @@ func checkStrict(data []byte, v any) error {
 		i = skipWS(data, i+1)
 	}
 	return nil
+}
+
+// unescape decodes the JSON string lit (quotes included).
+func unescape(lit []byte) ([]byte, bool) {
+	var s string
+	if json.Unmarshal(lit, &s) != nil {
+		return nil, false
+	}
+	return []byte(s), true
 }
 
 // stringEnd returns the index after the JSON string starting at data[i].
@@ -122,18 +131,10 @@ func valueEnd(data []byte, i int) (int, bool) {
 	return 0, false
 }
 
-func indexOf(names []string, name string) int {
-	for i, n := range names {
-		if n == name {
-			return i
-		}
-	}
-	return -1
-}
-
-// fieldNames are the JSON names of the struct v points to, from its json
-// tags. Requests are flat structs of a handful of fields.
-func fieldNames(v any) []string {
+// fieldsOf names the JSON fields of the struct v points to, from its json
+// tags (only the names are set). Requests are flat structs of a handful of
+// fields; the hot decoders pass their own lists (fastdecode.go) instead.
+func fieldsOf(v any) []flatField {
 	t := reflect.TypeOf(v)
 	for t.Kind() == reflect.Pointer {
 		t = t.Elem()
@@ -141,7 +142,7 @@ func fieldNames(v any) []string {
 	if t.Kind() != reflect.Struct {
 		return nil
 	}
-	names := make([]string, 0, t.NumField())
+	fields := make([]flatField, 0, t.NumField())
 	for i := 0; i < t.NumField(); i++ {
 		f := t.Field(i)
 		if !f.IsExported() {
@@ -154,9 +155,9 @@ func fieldNames(v any) []string {
 		case "":
 			name = f.Name
 		}
-		names = append(names, name)
+		fields = append(fields, flatField{name: name})
 	}
-	return names
+	return fields
 }
 
 // validStrings reports whether every JSON string in data is valid UTF-8
