@@ -46,8 +46,16 @@ type Config struct {
 	NATSTLSKey       string `koanf:"nats-tls-key"`
 	NATSInboxPrefix  string `koanf:"nats-inbox-prefix"`
 	// ACL is the access list file (lockservice.ACL); "" allows every
-	// request, as in development.
+	// request, as in development. It, and every per-identity limit, needs
+	// identities nats-server writes (identity.go).
 	ACL string `koanf:"acl"`
+	// NATSTrustRequestInfo is the operator's word that the external server
+	// at NATSURL writes who is asking (ticketd's account holds only
+	// ticketd's own user and exports the lock subjects, never
+	// ticketd.v1.fwd.>, as a service that tenants import): ticketd cannot
+	// inspect that server, and if the word is wrong any client can claim
+	// any identity.
+	NATSTrustRequestInfo bool `koanf:"nats-trust-request-info"`
 
 	PeerListen     string `koanf:"peer-listen"`
 	PeerSecret     string `koanf:"peer-secret"`
@@ -355,15 +363,62 @@ func (c Config) validateNATS() error {
 		return configErr("nats-config configures the embedded server; nats-url uses another one: choose one")
 	case c.NATSConfig != "" && (c.NATSClusterListen != "" || c.NATSRoutes != ""):
 		return configErr("with nats-config, the cluster block of that file sets routes (nats-cluster-listen and nats-routes are refused)")
-	case c.ACL != "" && c.NATSURL == "" && c.NATSConfig == "":
-		// Identities come from Nats-Request-Info; on an open NATS any
-		// client can write that header.
-		return configErr("acl needs a secured NATS (nats-config, or nats-url to a server with accounts): an open NATS cannot tell who is asking")
+	}
+	if err := c.validateIdentity(); err != nil {
+		return err
 	}
 	if err := c.NATSAuth().Validate(); err != nil {
 		return configErr("%v", err)
 	}
 	return nil
+}
+
+// IdentitySettings names the settings in use that act on who is asking:
+// the access list and every per-identity limit. A per-identity setting
+// added later belongs here, so that it starts only where identities
+// cannot be forged.
+func (c Config) IdentitySettings() []string {
+	var out []string
+	if c.ACL != "" {
+		out = append(out, "acl")
+	}
+	if c.MaxLocksPerIdentity > 0 {
+		out = append(out, "max-locks-per-identity")
+	}
+	return out
+}
+
+// validateIdentity refuses, before anything starts, the configurations in
+// which the identity settings would trust a header any client can write
+// (identity.go checks the embedded server's accounts once it runs).
+func (c Config) validateIdentity() error {
+	if c.NATSTrustRequestInfo && c.NATSURL == "" {
+		return configErr("nats-trust-request-info vouches for an external server (nats-url); the embedded server's accounts are checked by ticketd itself")
+	}
+	uses := c.IdentitySettings()
+	if len(uses) == 0 {
+		return nil
+	}
+	switch {
+	case c.NATSURL == "" && c.NATSConfig == "":
+		// Identities come from Nats-Request-Info; on an open NATS any
+		// client can write that header.
+		return configErr("%s %s: an open NATS cannot tell who is asking (any client can write the Nats-Request-Info header); "+
+			"start the embedded server from a nats-config with accounts, ticketd alone in its account exporting ticketd.v1.lock.> as a service that tenant accounts import (examples/secure)",
+			strings.Join(uses, ", "), needIdentities(len(uses)))
+	case c.NATSURL != "" && !c.NATSTrustRequestInfo:
+		return configErr("%s %s, and ticketd cannot inspect the server at nats-url: unless that server puts ticketd's user alone in its account, "+
+			"exporting ticketd.v1.lock.> (never ticketd.v1.fwd.>) as a service that tenant accounts import, any client can claim any identity; "+
+			"once it does, say so with nats-trust-request-info (docs/protocol.md §10)", strings.Join(uses, ", "), needIdentities(len(uses)))
+	}
+	return nil
+}
+
+func needIdentities(n int) string {
+	if n == 1 {
+		return "needs identities that NATS writes"
+	}
+	return "need identities that NATS writes"
 }
 
 func (c Config) validateControl() error {

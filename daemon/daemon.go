@@ -384,6 +384,10 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	if err := d.startNATS(); err != nil {
 		return err
 	}
+	trust, err := d.identityTrust()
+	if err != nil {
+		return err
+	}
 	if d.cfg.AuditStream != "" {
 		sctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
 		err := audit.EnsureStream(sctx, d.nc, d.cfg.AuditStream, d.cfg.AuditMaxBytes)
@@ -396,10 +400,9 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 		d.audit.Start(d.nc)
 	}
 	d.watch.Start(d.nc, d.watchInterest())
-	var err error
 	d.api, err = natsapi.Start(natsapi.Config{
 		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins, Disk: d.store.Disk(),
-		Logger: d.log.With("component", "natsapi"), Now: opts.Now,
+		Logger: d.log.With("component", "natsapi"), Now: opts.Now, Identity: trust,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: start client service: %w", err)

@@ -11,7 +11,11 @@
 // anything starts, with secrets read from their *-file settings
 // (LoadSecretFiles). The embedded NATS server from a nats-server
 // configuration file (--nats-config) and the node's own authenticated NATS
-// connection (nats.go); the access list file. TLS of the peer transport and the
+// connection (nats.go), whose warnings reach the node's log rate-limited
+// (natslog.go); the access list file, and the start-up check that the
+// access list and per-identity limits run only where a client cannot forge
+// the Nats-Request-Info header they rely on (identity.go, Config.
+// IdentitySettings). TLS of the peer transport and the
 // control API from PEM files (tls.go). The cluster ID and the refusal to
 // bootstrap a static member on an empty data directory (clusterid.go). Start and Close (daemon.go): start the parts in
 // dependency order, hand each one the others it needs, stop them in

@@ -21,10 +21,12 @@ func TestCLIAuthAndPermissionDenied(t *testing.T) {
 	dir := t.TempDir()
 	listen := testkit.FreeAddr(t)
 	conf := filepath.Join(dir, "nats.conf")
-	imp := `imports = [{ service: { account: TICKETD, subject: "ticketd.v1.>" }, share: true }]`
+	// The lock subjects only: an export of ticketd.v1.> would hold the
+	// followers' forward subjects, and --acl refuses to start with it.
+	imp := `imports = [{ service: { account: TICKETD, subject: "ticketd.v1.lock.>" }, share: true }]`
 	body := fmt.Sprintf(`listen: %s
 accounts {
-  TICKETD { users = [{ user: ticketd, password: ticketd-password }], exports = [{ service: "ticketd.v1.>" }] }
+  TICKETD { users = [{ user: ticketd, password: ticketd-password }], exports = [{ service: "ticketd.v1.lock.>" }] }
   TENANT_A { users = [{ user: alice, password: alice-password }], %s }
 }
 `, listen, imp)

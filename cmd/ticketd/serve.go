@@ -40,6 +40,7 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	// TICKETD_NATS_PASSWORD or --nats-password-file).
 	natsclient.Flags(fs, func(string) string { return "" })
 	fs.String("acl", "", "access list file (YAML: identity -> key prefix -> operations); none: every request is allowed")
+	fs.Bool("nats-trust-request-info", false, "vouch that the server at --nats-url writes who is asking (ticketd alone in its account, exporting ticketd.v1.lock.> to tenant accounts); needed there by --acl and per-identity limits; wrong, it lets clients claim identities")
 	fs.String("peer-listen", "", "raft peer listen address (multi-node)")
 	fs.String("peer-secret", "", "cluster secret shared by all nodes (>= 16 bytes)")
 	fs.String("peer-secret-file", "", "file holding the peer secret (or TICKETD_PEER_SECRET)")

@@ -67,7 +67,11 @@
 // identity.go reads who is asking from the Nats-Request-Info header that
 // nats-server writes on a request crossing a service import, and carries it
 // from a follower to the leader in Ticketd-Identity on the forward subject,
-// trusted only there. The lock service checks it against its access list.
+// trusted only there. It believes the header only where Config.Identity
+// says the deployment lets nobody else publish in ticketd's account (the
+// daemon decides that at start), and only on a request whose reply subject
+// shows it crossed an import; every other request is anonymous. The lock
+// service checks the identity against its access list.
 //
 // # Control
 //

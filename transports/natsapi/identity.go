@@ -2,6 +2,7 @@ package natsapi
 
 import (
 	"encoding/json"
+	"strings"
 
 	"github.com/nats-io/nats.go"
 )
@@ -15,17 +16,24 @@ import (
 // identity is the server's word. The identity is "ACCOUNT", or
 // "ACCOUNT/user" when the user is known.
 //
-// A request published inside ticketd's own account crosses no import: a
-// header on it is whatever its publisher wrote. The deployment rule that
-// makes this safe is that ticketd's account holds nobody but ticketd's own
-// NATS user (examples/secure). On an open NATS (no accounts) any client can
-// write the header, which is why an access list needs a secured NATS.
+// Anywhere else nats-server passes the header on as the client wrote it
+// (server/client.go, processServiceImport is the only place that sets it
+// for a client): on an open NATS, in an account without imports, or from a
+// client inside ticketd's own account, `{"acc":"TENANT_A"}` is whatever its
+// publisher claims. So a header counts only where the node was told it can
+// (IdentityTrust.Trusted: the daemon checked the embedded server's accounts
+// at start, or the operator vouched for an external server), and only on a
+// request that shows it crossed an import: its reply subject is the one
+// nats-server gives every imported request (_R_.…, behind a gateway's
+// _GR_.… prefix), and the account it names is not ticketd's own (no import
+// leads from an account into itself). Everything else is anonymous.
 //
 // A follower forwards the identity it read to the leader in
 // HeaderIdentity on the forward subject, which only ticketd's user can
-// publish to; the leader reads the identity there from HeaderIdentity only,
-// and on the client subjects from Nats-Request-Info only, so a client
-// writing HeaderIdentity itself changes nothing.
+// publish to (the daemon refuses to start with an identity check when
+// ticketd's account exports it); the leader reads the identity there from
+// HeaderIdentity only, and on the client subjects from Nats-Request-Info
+// only, so a client writing HeaderIdentity itself changes nothing.
 const (
 	// HeaderRequestInfo is nats-server's ClientInfoHdr.
 	HeaderRequestInfo = "Nats-Request-Info"
@@ -37,6 +45,28 @@ const (
 	HeaderLostReply = "Ticketd-Lost-Reply"
 )
 
+// Reply subject prefixes nats-server writes: every request that crosses a
+// service import gets a reply subject of the exporting account's own
+// (server/accounts.go, newServiceReply), and one that crosses a gateway
+// carries "_GR_.<cluster hash>.<server hash>." before it.
+const (
+	importReplyPrefix  = "_R_."
+	gatewayReplyPrefix = "_GR_."
+	gatewayHashLen     = 6
+)
+
+// IdentityTrust says whether the Nats-Request-Info header of a client
+// request can name who is asking.
+type IdentityTrust struct {
+	// Trusted: nobody but ticketd can publish inside ticketd's account, so
+	// a header on a request that crossed an import was written by the
+	// server. False: every client request is anonymous.
+	Trusted bool
+	// OwnAccount is ticketd's own NATS account when known ("" for an
+	// external server): a header naming it did not cross an import.
+	OwnAccount string
+}
+
 // requestInfo is the part of nats-server's ClientInfo that names the
 // requester.
 type requestInfo struct {
@@ -44,8 +74,46 @@ type requestInfo struct {
 	User    string `json:"user"`
 }
 
-// identityOf reads the identity nats-server attached to a client request
-// ("" when there is none, or it does not parse: anonymous).
+// clientIdentity is the identity of a request on a client subject with
+// header h and reply subject reply ("" when anonymous).
+func (t IdentityTrust) clientIdentity(h nats.Header, reply string) string {
+	if !t.Trusted || !crossedImport(reply) {
+		return ""
+	}
+	id := identityOf(h)
+	if t.OwnAccount != "" && (id == t.OwnAccount || strings.HasPrefix(id, t.OwnAccount+"/")) {
+		return ""
+	}
+	return id
+}
+
+// forwardedIdentity is the identity a follower passed on the forward
+// subject ("" when anonymous, or when identities are not trusted: then
+// anyone who can publish there could have written it).
+func (t IdentityTrust) forwardedIdentity(h nats.Header) string {
+	if !t.Trusted {
+		return ""
+	}
+	return h.Get(HeaderIdentity)
+}
+
+// crossedImport tells whether reply is a reply subject nats-server wrote
+// for a request that crossed a service import.
+func crossedImport(reply string) bool {
+	if rest, ok := strings.CutPrefix(reply, gatewayReplyPrefix); ok {
+		// _GR_.<cluster hash>.<server hash>.<reply>
+		skip := 2 * (gatewayHashLen + 1)
+		if len(rest) <= skip {
+			return false
+		}
+		reply = rest[skip:]
+	}
+	return strings.HasPrefix(reply, importReplyPrefix)
+}
+
+// identityOf reads the identity in a Nats-Request-Info header ("" when
+// there is none, or it does not parse: anonymous). It does not say whether
+// the header can be believed: clientIdentity does.
 func identityOf(h nats.Header) string {
 	v := h.Get(HeaderRequestInfo)
 	if v == "" {

@@ -29,6 +29,49 @@ func TestIdentityOf(t *testing.T) {
 	}
 }
 
+// TestIdentityTrust: a Nats-Request-Info header names the requester only
+// where the node trusts the deployment and only on a request whose reply
+// subject shows it crossed a service import; a header naming ticketd's own
+// account, or any header where identities are not trusted (an open NATS,
+// where `{"acc":"TENANT_A"}` is whatever a client wrote), is anonymous.
+func TestIdentityTrust(t *testing.T) {
+	trusted := IdentityTrust{Trusted: true, OwnAccount: "TICKETD"}
+	external := IdentityTrust{Trusted: true}
+	const imported = "_R_.abc123.xyz"
+	for _, tc := range []struct {
+		name   string
+		trust  IdentityTrust
+		header string
+		reply  string
+		want   string
+	}{
+		{"through an import", trusted, `{"acc":"TENANT_A","user":"alice"}`, imported, "TENANT_A/alice"},
+		{"through an import, tracked", trusted, `{"acc":"TENANT_A"}`, "_R_.abc123.xyz.srvhash.T", "TENANT_A"},
+		{"through a gateway and an import", trusted, `{"acc":"TENANT_A"}`, "_GR_.abcdef.ghijkl._R_.abc.xyz", "TENANT_A"},
+		{"external server vouched for", external, `{"acc":"TENANT_A"}`, imported, "TENANT_A"},
+		{"forged: no import (own inbox)", trusted, `{"acc":"TENANT_A"}`, "_INBOX.x.y", ""},
+		{"forged: no reply", trusted, `{"acc":"TENANT_A"}`, "", ""},
+		{"forged: a gateway prefix alone", trusted, `{"acc":"TENANT_A"}`, "_GR_.abcdef.ghijkl.x", ""},
+		{"forged: names ticketd's own account", trusted, `{"acc":"TICKETD"}`, imported, ""},
+		{"forged: ticketd's own account with a user", trusted, `{"acc":"TICKETD","user":"x"}`, imported, ""},
+		{"open NATS: the issue's OBSERVER", IdentityTrust{}, `{"acc":"OBSERVER"}`, imported, ""},
+		{"open NATS: the issue's TENANT_A", IdentityTrust{}, `{"acc":"TENANT_A"}`, "_INBOX.a", ""},
+	} {
+		h := nats.Header{}
+		h.Set(HeaderRequestInfo, tc.header)
+		if got := tc.trust.clientIdentity(h, tc.reply); got != tc.want {
+			t.Errorf("%s: identity %q, want %q", tc.name, got, tc.want)
+		}
+	}
+	fwd := nats.Header{HeaderIdentity: {"TENANT_A/alice"}}
+	if got := trusted.forwardedIdentity(fwd); got != "TENANT_A/alice" {
+		t.Errorf("trusted forward: %q", got)
+	}
+	if got := (IdentityTrust{}).forwardedIdentity(fwd); got != "" {
+		t.Errorf("an untrusted deployment took the forwarded identity %q: anyone can publish on an open NATS's forward subject", got)
+	}
+}
+
 // A follower forwards the identity it read, never one a client wrote,
 // and never a client's lost-reply mark.
 func TestForwardHeader(t *testing.T) {

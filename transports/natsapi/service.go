@@ -49,6 +49,9 @@ type Config struct {
 	// only to stamp requests for it; context deadlines use the real clock.
 	// nil means time.Now.
 	Now func() time.Time
+	// Identity says whether requests' Nats-Request-Info can name who is
+	// asking (identity.go); the zero value makes every request anonymous.
+	Identity IdentityTrust
 }
 
 // Service is the running NATS endpoint set of one node.
@@ -251,7 +254,7 @@ func waitGroupTimeout(wg *sync.WaitGroup, timeout time.Duration) bool {
 func (s *Service) microHandler(op string) func(*endpoint, *nats.Msg) {
 	return func(ep *endpoint, m *nats.Msg) {
 		req := s.newRequest(ep, op, m.Data, m.Reply, m.Header)
-		req.identity = identityOf(req.header)
+		req.identity = s.cfg.Identity.clientIdentity(req.header, req.reply)
 		s.dispatch(req, false)
 	}
 }
@@ -262,7 +265,7 @@ func (s *Service) microHandler(op string) func(*endpoint, *nats.Msg) {
 func (s *Service) forwardHandler(m *nats.Msg) {
 	op := m.Subject[strings.LastIndexByte(m.Subject, '.')+1:]
 	req := s.newRequest(nil, op, m.Data, m.Reply, m.Header)
-	req.identity = m.Header.Get(HeaderIdentity)
+	req.identity = s.cfg.Identity.forwardedIdentity(m.Header)
 	req.nodeAuthority = op == "release" && m.Header.Get(HeaderLostReply) != ""
 	req.forwarded = true
 	s.dispatch(req, true)

@@ -1,0 +1,171 @@
+package daemon
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+
+	"github.com/nats-io/jwt/v2"
+	natsserver "github.com/nats-io/nats-server/v2/server"
+
+	"github.com/ticketd/ticketd/transports/natsapi"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// Who is asking comes from the Nats-Request-Info header, which nats-server
+// writes only on a request that crosses a service import and otherwise
+// passes on as the client wrote it (transports/natsapi/identity.go). It
+// names the requester only if nobody but ticketd can publish inside
+// ticketd's account: then a request there either crossed an import or is
+// ticketd's own. identityTrust decides, once the NATS connection is up,
+// whether that holds; the identity settings (Config.IdentitySettings)
+// start only where it does.
+
+// identityTrust decides whether requests' Nats-Request-Info can be
+// trusted. With the embedded server it inspects the server's own
+// configuration; an external one it cannot inspect, and trusts it only on
+// the operator's word (NATSTrustRequestInfo, which Validate requires
+// there for the identity settings). It returns an error when an identity
+// setting is in use and the header could be forged, saying what to
+// configure.
+func (d *Daemon) identityTrust() (natsapi.IdentityTrust, error) {
+	uses := d.cfg.IdentitySettings()
+	if d.ns == nil {
+		return natsapi.IdentityTrust{Trusted: d.cfg.NATSTrustRequestInfo}, nil
+	}
+	acc, err := d.ownAccount()
+	if err != nil {
+		return natsapi.IdentityTrust{}, fmt.Errorf("daemon: identities: %w", err)
+	}
+	var opts *natsserver.Options
+	if d.cfg.NATSConfig != "" {
+		if opts, err = d.embeddedNATSOptions(); err != nil {
+			return natsapi.IdentityTrust{}, err
+		}
+	}
+	problems := d.identityProblems(acc.GetName(), opts)
+	if len(problems) == 0 {
+		return natsapi.IdentityTrust{Trusted: true, OwnAccount: acc.GetName()}, nil
+	}
+	if len(uses) > 0 {
+		return natsapi.IdentityTrust{}, configErr("%s %s, but in the embedded NATS server any client can write the Nats-Request-Info header: %s "+
+			"(ticketd's account must hold only ticketd's user and export ticketd.v1.lock.> as a service that tenant accounts import: examples/secure)",
+			strings.Join(uses, ", "), needIdentities(len(uses)), strings.Join(problems, "; "))
+	}
+	d.log.Debug("requests are anonymous: identities could be forged", "why", strings.Join(problems, "; "))
+	return natsapi.IdentityTrust{}, nil
+}
+
+// identityProblems lists what lets a client other than ticketd publish
+// inside account own of the embedded server (configured by opts; nil for
+// the open server of the nats-* settings), or leaves the lock subjects
+// unreachable through an import. None: a Nats-Request-Info header on a
+// request that crossed an import was written by the server.
+func (d *Daemon) identityProblems(own string, opts *natsserver.Options) []string {
+	if opts == nil || own == natsserver.DEFAULT_GLOBAL_ACCOUNT {
+		return []string{"it has no accounts, so every client shares ticketd's"}
+	}
+	var out []string
+	if len(opts.TrustedOperators) > 0 || len(opts.TrustedKeys) > 0 {
+		out = append(out, "its accounts come from JWTs (operator mode), so ticketd cannot see who else is in its account")
+	}
+	if opts.AuthCallout != nil {
+		out = append(out, "an auth callout decides which account a client lands in")
+	}
+	users := usersIn(opts, own)
+	if len(users) > 1 {
+		out = append(out, fmt.Sprintf("account %s holds %d users (%s): any but ticketd's own could write the header", own, len(users), strings.Join(users, ", ")))
+	}
+	for _, nu := range []struct{ setting, user string }{
+		{"no_auth_user", opts.NoAuthUser}, {"websocket no_auth_user", opts.Websocket.NoAuthUser}, {"mqtt no_auth_user", opts.MQTT.NoAuthUser},
+	} {
+		if nu.user != "" && slices.Contains(users, nu.user) {
+			out = append(out, fmt.Sprintf("%s %s puts clients without credentials in account %s", nu.setting, nu.user, own))
+		}
+	}
+	if opts.LeafNode.Account == own || len(usersOf(opts.LeafNode.Users, nil, own)) > 0 {
+		out = append(out, fmt.Sprintf("leaf node connections land in account %s", own))
+	}
+	for _, r := range opts.LeafNode.Remotes {
+		if r.LocalAccount == own {
+			out = append(out, fmt.Sprintf("a leaf node remote binds account %s", own))
+			break
+		}
+	}
+	return append(out, d.exportProblems(own)...)
+}
+
+// exportProblems checks account own's exports: the lock subjects exported
+// as a service that some account imports, the forward subjects not
+// exported at all.
+func (d *Daemon) exportProblems(own string) []string {
+	az, err := d.ns.Accountz(&natsserver.AccountzOptions{Account: own})
+	if err != nil || az.Account == nil {
+		return []string{fmt.Sprintf("its exports cannot be read (%v)", err)}
+	}
+	// A subject of the followers' forward subjects: an export covering it
+	// lets a tenant write the identity a follower passes to the leader.
+	forward := protocol.ForwardSubject(1, "acquire")
+	var out []string
+	exported := false
+	for _, e := range az.Account.Exports {
+		subj := string(e.Subject)
+		if natsserver.SubjectsCollide(subj, forward) {
+			out = append(out, fmt.Sprintf("account %s exports %s, which holds the followers' forward subjects (ticketd.v1.fwd.>): export ticketd.v1.lock.> instead", own, subj))
+		}
+		if e.Type == jwt.Service && natsserver.SubjectMatchesFilter(protocol.SubjectAcquire, subj) {
+			exported = true
+		}
+	}
+	switch {
+	case !exported:
+		out = append(out, fmt.Sprintf("account %s does not export the lock subjects (ticketd.v1.lock.>) as a service", own))
+	case !d.lockServiceImported(own):
+		out = append(out, fmt.Sprintf("no account imports the lock subjects from account %s", own))
+	}
+	return out
+}
+
+// lockServiceImported tells whether another account of the embedded server
+// imports the acquire subject from account own as a service.
+func (d *Daemon) lockServiceImported(own string) bool {
+	all, err := d.ns.Accountz(&natsserver.AccountzOptions{})
+	if err != nil {
+		return false
+	}
+	for _, name := range all.Accounts {
+		if name == own {
+			continue
+		}
+		az, err := d.ns.Accountz(&natsserver.AccountzOptions{Account: name})
+		if err != nil || az.Account == nil {
+			continue
+		}
+		for _, im := range az.Account.Imports {
+			if im.Type == jwt.Service && im.Account == own && !im.Invalid && natsserver.SubjectMatchesFilter(protocol.SubjectAcquire, string(im.Subject)) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// usersIn names the users and nkeys of opts in account own.
+func usersIn(opts *natsserver.Options, own string) []string {
+	return usersOf(opts.Users, opts.Nkeys, own)
+}
+
+func usersOf(users []*natsserver.User, nkeys []*natsserver.NkeyUser, own string) []string {
+	var out []string
+	for _, u := range users {
+		if u.Account != nil && u.Account.GetName() == own {
+			out = append(out, u.Username)
+		}
+	}
+	for _, u := range nkeys {
+		if u.Account != nil && u.Account.GetName() == own {
+			out = append(out, u.Nkey)
+		}
+	}
+	return out
+}
