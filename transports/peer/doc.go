@@ -10,7 +10,8 @@
 // authenticated sessions with per-frame integrity, and how either side
 // opens one (session.go); per-peer bounded send queues, one writer per
 // peer and reconnection with backoff (outbound.go); snapshot streaming
-// (snapshot.go); and the accept loop and delivery of inbound messages
+// (snapshot.go); which inbound connections wait for their handshake
+// (admission.go); and the accept loop and delivery of inbound messages
 // (inbound.go). It does not own raft state: it delivers to the local raft
 // node through the Raft interface (Step, ReportUnreachable,
 // ReportSnapshot; raft.Node satisfies it), bound by Start. Fault injection
@@ -106,10 +107,18 @@
 //   - MaxSnapshotSize (2 GiB, above the snapshot of the largest lock
 //     table a node can hold) bounds one streamed message; the receiver
 //     preallocates at most 1 MiB and grows as chunks arrive.
-//   - MaxPendingHandshakes (64) bounds unauthenticated inbound connections,
-//     and MaxPendingHandshakesPerSource (8) those from one source address,
-//     so idle connections from one place cannot keep members out;
-//     HandshakeTimeout bounds each handshake.
+//   - Inbound connections not yet authenticated are bounded so that a
+//     member always gets through, however many addresses a flood comes
+//     from (admission.go, internal/connlimit): at most
+//     MaxPendingHandshakesPerSource (8) from one source address and
+//     MaxPendingHandshakes (64) from addresses that are not a member's; a
+//     new connection beyond either evicts the oldest pending one (of its
+//     address, or of all strangers) instead of being refused. A member's
+//     addresses (the IP of its peer address, what its host name resolves
+//     to, every 30 s, and the addresses it authenticated from) are
+//     reserved: outside the 64, and never evicted by anyone else. A
+//     connection must send its hello, TLS handshake included, within
+//     HelloTimeout (2 s) and finish within HandshakeTimeout (5 s).
 //   - Config.QueueSize (QueueSizeDefault 4096) bounds each peer's queue.
 //     Send never blocks: a message that does not fit is dropped and counted
 //     (raft tolerates loss); so is everything queued while a peer is

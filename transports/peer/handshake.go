@@ -176,12 +176,18 @@ func dialHandshake(raw, conn net.Conn, secret []byte, self, target uint64, kind 
 }
 
 // acceptHandshake runs the listener's side. known reports whether an id is
-// a current member other than self.
-func acceptHandshake(raw, conn net.Conn, secret []byte, self uint64, known func(uint64) bool, binding []byte) (*session, error) {
+// a current member other than self; helloRead, if set, is called once the
+// hello has arrived (the caller extends its deadline).
+func acceptHandshake(raw, conn net.Conn, secret []byte, self uint64, known func(uint64) bool, binding []byte, helloRead func() error) (*session, error) {
 	r := newHandshakeReader(conn)
 	f, err := readHandshake(r, FrameHello)
 	if err != nil {
 		return nil, err
+	}
+	if helloRead != nil {
+		if err := helloRead(); err != nil {
+			return nil, err
+		}
 	}
 	h, err := decodeHello(f.Payload)
 	if err != nil {

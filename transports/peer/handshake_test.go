@@ -35,7 +35,7 @@ func pipeHandshake(t *testing.T, dialerSecret, listenerSecret []byte, dialer, ta
 	}
 	lc := make(chan handshakeResult, 1)
 	go func() {
-		s, err := acceptHandshake(c2, c2, listenerSecret, listener, known, nil)
+		s, err := acceptHandshake(c2, c2, listenerSecret, listener, known, nil, nil)
 		if err != nil {
 			c2.Close() // as the transport does; unblocks a dialer still reading
 		}

@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"go.etcd.io/raft/v3"
+
+	"github.com/ticketd/ticketd/internal/connlimit"
 	"go.etcd.io/raft/v3/raftpb"
 )
 
@@ -17,9 +19,8 @@ import (
 // against the authenticated peer and delivers it to Raft.Step (a snapshot
 // connection also gets its acknowledgement, snapshot.go).
 
-// acceptLoop accepts connections until the listener closes, with at most
-// MaxPendingHandshakes of them not yet authenticated at a time, and at
-// most MaxPendingHandshakesPerSource from one source address.
+// acceptLoop accepts connections until the listener closes, and admits
+// each to the pending table (admission.go) until it authenticates.
 func (t *Transport) acceptLoop(ln net.Listener) {
 	defer t.wg.Done()
 	var delay time.Duration
@@ -40,7 +41,11 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 		}
 		delay = 0
 		source := sourceOf(raw.RemoteAddr())
-		if !t.takeHandshakeSlot(source) {
+		pc := &pendingConn{raw: raw}
+		e, _ := t.pending.Admit(source, t.isMemberSource(source), pc.evict)
+		if e == nil {
+			// Only when every pending connection from source is
+			// reserved and source is at its limit.
 			t.handshakeFailures.Add(1)
 			if ok, suppressed := t.inboundLogs.Allow(time.Now()); ok {
 				t.log.Warn("peer: too many pending handshakes, connection refused",
@@ -50,24 +55,30 @@ func (t *Transport) acceptLoop(ln net.Listener) {
 			continue
 		}
 		t.wg.Add(1)
-		go t.serveConn(raw, source)
+		go t.serveConn(pc, source, e)
 	}
 }
 
 // serveConn authenticates one inbound connection, makes it its peer's
 // current one of its kind, and reads it until it fails or closes.
-func (t *Transport) serveConn(raw net.Conn, source string) {
+func (t *Transport) serveConn(pc *pendingConn, source string, e *connlimit.Entry) {
 	defer t.wg.Done()
+	raw := pc.raw
 	stop := context.AfterFunc(t.ctx, func() { _ = raw.Close() })
 	remote := raw.RemoteAddr().String()
 	s, err := t.serverHandshake(raw)
-	t.releaseHandshakeSlot(source)
+	t.pending.Done(e)
 	if err != nil {
 		stop()
 		_ = raw.Close()
 		if t.ctx.Err() == nil {
 			t.handshakeFailures.Add(1)
-			if errors.Is(err, ErrUnknownPeer) {
+			switch {
+			case pc.evicted.Load():
+				if ok, suppressed := t.inboundLogs.Allow(time.Now()); ok {
+					t.log.Warn("peer: unauthenticated connection closed to make room for a newer one", "remote", remote, "suppressed", suppressed)
+				}
+			case errors.Is(err, ErrUnknownPeer):
 				// A joining node dials before this node applied its
 				// admission, and retries until it has: normal, so
 				// at most one line a minute (peer: connect failed on the
@@ -75,12 +86,15 @@ func (t *Transport) serveConn(raw net.Conn, source string) {
 				if ok, suppressed := t.unknownPeerLogs.Allow(time.Now()); ok {
 					t.log.Info("peer: inbound handshake failed: not (yet) a member", "remote", remote, "err", err, "suppressed", suppressed)
 				}
-			} else if ok, suppressed := t.inboundLogs.Allow(time.Now()); ok {
-				t.log.Warn("peer: inbound handshake failed", "remote", remote, "err", err, "suppressed", suppressed)
+			default:
+				if ok, suppressed := t.inboundLogs.Allow(time.Now()); ok {
+					t.log.Warn("peer: inbound handshake failed", "remote", remote, "err", err, "suppressed", suppressed)
+				}
 			}
 		}
 		return
 	}
+	t.learnSource(s.peer, source)
 	s.stop = stop
 	defer s.close()
 	log := t.log.With("peer", s.peer, "kind", s.kind.String(), "remote", remote)
@@ -97,32 +111,6 @@ func (t *Transport) serveConn(raw net.Conn, source string) {
 		log.Debug("peer: inbound connection closed", "err", err)
 	default:
 		log.Warn("peer: inbound connection dropped", "err", err)
-	}
-}
-
-// takeHandshakeSlot reserves one of the pending-handshake slots, overall
-// and for source; false means none is free.
-func (t *Transport) takeHandshakeSlot(source string) bool {
-	t.pendingMu.Lock()
-	defer t.pendingMu.Unlock()
-	if t.pendingBySource[source] >= MaxPendingHandshakesPerSource {
-		return false
-	}
-	select {
-	case t.handshakes <- struct{}{}:
-	default:
-		return false
-	}
-	t.pendingBySource[source]++
-	return true
-}
-
-func (t *Transport) releaseHandshakeSlot(source string) {
-	t.pendingMu.Lock()
-	defer t.pendingMu.Unlock()
-	<-t.handshakes
-	if t.pendingBySource[source]--; t.pendingBySource[source] <= 0 {
-		delete(t.pendingBySource, source)
 	}
 }
 

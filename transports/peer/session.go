@@ -227,10 +227,14 @@ func (t *Transport) clientHandshake(p *peer, raw net.Conn, kind connKind) (*sess
 	return s, nil
 }
 
+// serverHandshake runs the listener's side: the TLS handshake and the
+// hello within HelloTimeout of accept, the whole within HandshakeTimeout.
 func (t *Transport) serverHandshake(raw net.Conn) (*session, error) {
-	if err := raw.SetDeadline(time.Now().Add(t.cfg.HandshakeTimeout)); err != nil {
+	accepted := time.Now()
+	if err := raw.SetDeadline(accepted.Add(min(t.cfg.HelloTimeout, t.cfg.HandshakeTimeout))); err != nil {
 		return nil, err
 	}
+	helloRead := func() error { return raw.SetDeadline(accepted.Add(t.cfg.HandshakeTimeout)) }
 	conn, binding := raw, []byte(nil)
 	if t.tlsServer != nil {
 		tc := tls.Server(raw, t.tlsServer)
@@ -243,7 +247,7 @@ func (t *Transport) serverHandshake(raw net.Conn) (*session, error) {
 		}
 		conn = tc
 	}
-	s, err := acceptHandshake(raw, conn, t.secret, t.cfg.ID, t.isMember, binding)
+	s, err := acceptHandshake(raw, conn, t.secret, t.cfg.ID, t.isMember, binding, helloRead)
 	if err != nil {
 		return nil, err
 	}

@@ -15,6 +15,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/ticketd/ticketd/internal/connlimit"
 	"github.com/ticketd/ticketd/internal/loglimit"
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -27,6 +28,7 @@ const (
 	DialTimeoutDefault      = 2 * time.Second
 	WriteTimeoutDefault     = 5 * time.Second
 	HandshakeTimeoutDefault = 5 * time.Second
+	HelloTimeoutDefault     = 2 * time.Second
 	SnapshotTimeoutDefault  = 30 * time.Second
 	BackoffMinDefault       = 50 * time.Millisecond
 	BackoffMaxDefault       = 2 * time.Second
@@ -36,14 +38,15 @@ const (
 const (
 	// MinSecretSize is the shortest cluster secret New accepts.
 	MinSecretSize = 16
-	// MaxPendingHandshakes bounds the inbound connections that have not yet
-	// authenticated; beyond it new connections are closed at once.
+	// MaxPendingHandshakes bounds the inbound connections not yet
+	// authenticated from addresses that are not a member's (admission.go);
+	// a new one beyond it evicts the oldest of them.
 	MaxPendingHandshakes = 64
 	// MaxPendingHandshakesPerSource bounds those from one source address,
-	// so idle connections from one place cannot take every slot and keep
-	// members out. A member has at most a message and a snapshot
-	// connection in handshake at once; several members may share an
-	// address (one machine), and a refused member retries with backoff.
+	// members' included; a new one beyond it evicts the oldest from that
+	// address. A member has at most a message and a snapshot connection
+	// in handshake at once; several members may share an address (one
+	// machine).
 	MaxPendingHandshakesPerSource = 8
 	// snapQueueSize bounds the MsgSnap messages waiting per peer. Raft sends
 	// one snapshot at a time to a follower, so a few is plenty.
@@ -118,7 +121,10 @@ type Config struct {
 	// DialTimeout bounds a TCP connect; WriteTimeout bounds each write.
 	DialTimeout, WriteTimeout time.Duration
 	// HandshakeTimeout bounds the TLS and HMAC handshakes of a connection.
-	HandshakeTimeout time.Duration
+	// HelloTimeout bounds, on the listener, the time from accept to the
+	// dialer's hello (TLS handshake included), so that connections that
+	// say nothing give their slot back early.
+	HandshakeTimeout, HelloTimeout time.Duration
 	// SnapshotTimeout bounds the gap between two frames of an inbound stream
 	// and the sender's wait for a snapshot's acknowledgement.
 	SnapshotTimeout time.Duration
@@ -153,6 +159,7 @@ func (c Config) withDefaults() (Config, error) {
 		{"DialTimeout", &c.DialTimeout, DialTimeoutDefault},
 		{"WriteTimeout", &c.WriteTimeout, WriteTimeoutDefault},
 		{"HandshakeTimeout", &c.HandshakeTimeout, HandshakeTimeoutDefault},
+		{"HelloTimeout", &c.HelloTimeout, HelloTimeoutDefault},
 		{"SnapshotTimeout", &c.SnapshotTimeout, SnapshotTimeoutDefault},
 		{"BackoffMin", &c.BackoffMin, BackoffMinDefault},
 		{"BackoffMax", &c.BackoffMax, BackoffMaxDefault},
@@ -232,12 +239,20 @@ type Stats struct {
 }
 
 // peer is one member the transport sends to: its queues, the context of
-// its goroutines and its counters.
+// its goroutines, its counters, and the source addresses its inbound
+// connections are expected from (admission.go).
 type peer struct {
 	id    uint64
 	addr  string
 	queue chan raftpb.Message
 	snaps chan raftpb.Message
+
+	// Under Transport.mu: hostIP is addr's host when it is an IP; resolved
+	// the addresses its host name resolves to; learned the addresses the
+	// member authenticated from, newest last. At most maxMemberSources
+	// each.
+	hostIP            string
+	resolved, learned []string
 
 	// Set under Transport.mu when the peer's goroutines start.
 	ctx    context.Context
@@ -265,13 +280,13 @@ type Transport struct {
 	tlsServer *tls.Config
 	filter    atomic.Pointer[func(from, to uint64) bool]
 
-	handshakes chan struct{} // semaphore of pending inbound handshakes
+	// pending holds the inbound connections not yet authenticated, per
+	// source address; members' addresses are reserved (admission.go).
+	pending *connlimit.Table
+	// resolveNow wakes the resolve loop when a peer is added.
+	resolveNow chan struct{}
 	// secret is the key the handshake proves: Secret bound to ClusterID.
 	secret []byte
-	// pendingMu guards pendingBySource, the pending inbound handshakes per
-	// source address (only the accept loop adds, serveConn removes).
-	pendingMu       sync.Mutex
-	pendingBySource map[string]int
 
 	handshakeFailures, rejected, unroutable atomic.Uint64
 	// inboundLogs rate-limits the logs anyone on the network can trigger
@@ -312,15 +327,15 @@ func New(cfg Config) (*Transport, error) {
 		return nil, fmt.Errorf("peer: listen on %s: %w", cfg.Listen, err)
 	}
 	t := &Transport{
-		ln:              ln,
-		cfg:             cfg,
-		log:             cfg.Logger.With("local", cfg.ID),
-		tlsServer:       cfg.TLS,
-		handshakes:      make(chan struct{}, MaxPendingHandshakes),
-		secret:          clusterKey(cfg.Secret, cfg.ClusterID),
-		pendingBySource: make(map[string]int),
-		peers:           make(map[uint64]*peer, len(cfg.Peers)),
-		inbound:         make(map[inKey]*session),
+		ln:         ln,
+		cfg:        cfg,
+		log:        cfg.Logger.With("local", cfg.ID),
+		tlsServer:  cfg.TLS,
+		pending:    connlimit.New(connlimit.Limits{Total: MaxPendingHandshakes, PerSource: MaxPendingHandshakesPerSource}),
+		resolveNow: make(chan struct{}, 1),
+		secret:     clusterKey(cfg.Secret, cfg.ClusterID),
+		peers:      make(map[uint64]*peer, len(cfg.Peers)),
+		inbound:    make(map[inKey]*session),
 	}
 	for id, addr := range cfg.Peers {
 		t.peers[id] = t.newPeer(id, addr)
@@ -332,10 +347,11 @@ func New(cfg Config) (*Transport, error) {
 
 func (t *Transport) newPeer(id uint64, addr string) *peer {
 	return &peer{
-		id:    id,
-		addr:  addr,
-		queue: make(chan raftpb.Message, t.cfg.QueueSize),
-		snaps: make(chan raftpb.Message, snapQueueSize),
+		id:     id,
+		addr:   addr,
+		queue:  make(chan raftpb.Message, t.cfg.QueueSize),
+		snaps:  make(chan raftpb.Message, snapQueueSize),
+		hostIP: hostIP(addr),
 	}
 }
 
@@ -363,8 +379,9 @@ func (t *Transport) Start(ctx context.Context, r Raft) error {
 	t.started = true
 	context.AfterFunc(t.ctx, func() { _ = ln.Close() })
 	t.log.Info("peer: listening", "addr", ln.Addr().String(), "tls", t.tlsServer != nil)
-	t.wg.Add(1)
+	t.wg.Add(2)
 	go t.acceptLoop(ln)
+	go t.resolveLoop()
 	for _, p := range t.peers {
 		t.startPeerLocked(p)
 	}
@@ -450,6 +467,7 @@ func (t *Transport) AddPeer(id uint64, addr string) {
 	if oldCancel != nil {
 		oldCancel()
 	}
+	t.resolveSoon()
 	t.log.Info("peer: added", "peer", id, "addr", addr)
 }
 

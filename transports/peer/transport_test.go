@@ -735,34 +735,46 @@ func refused(c net.Conn) bool {
 	return err != nil && !errors.Is(err, os.ErrDeadlineExceeded)
 }
 
-// At most MaxPendingHandshakes unauthenticated connections in all, from
-// as many sources as it takes.
+// pendingFrom is how many connections from source wait for their
+// handshake, and how many in all.
+func pendingFrom(n *node, source string) (total, fromSource int) {
+	return n.tr.pending.Len(source)
+}
+
+// At most MaxPendingHandshakes unauthenticated connections from addresses
+// that are not a member's, from as many sources as it takes: one more
+// evicts the oldest, rather than being refused.
 func TestPendingHandshakeLimit(t *testing.T) {
 	checkGoroutines(t)
-	n := startNode(t, 1, nil, func(c *Config) { c.HandshakeTimeout = time.Minute })
+	n := startNode(t, 1, nil, func(c *Config) { c.HandshakeTimeout, c.HelloTimeout = time.Minute, time.Minute })
+	var conns []net.Conn
 	for i := range MaxPendingHandshakes {
-		dialFrom(t, fmt.Sprintf("127.0.1.%d", 1+i/MaxPendingHandshakesPerSource), n.addr())
+		conns = append(conns, dialFrom(t, fmt.Sprintf("127.0.1.%d", 1+i/MaxPendingHandshakesPerSource), n.addr()))
 	}
-	testkit.Eventually(t, waitFor, "every slot taken", func() bool { return len(n.tr.handshakes) == MaxPendingHandshakes })
-	if extra := dialFrom(t, "127.0.2.1", n.addr()); !refused(extra) {
-		t.Fatal("a connection beyond the limit was kept")
+	testkit.Eventually(t, waitFor, "every slot taken", func() bool { total, _ := pendingFrom(n, ""); return total == MaxPendingHandshakes })
+	dialFrom(t, "127.0.2.1", n.addr())
+	if !refused(conns[0]) {
+		t.Fatal("the oldest pending connection was kept beyond the limit")
 	}
-	testkit.Eventually(t, waitFor, "refusal", func() bool {
-		return n.tr.Stats().HandshakeFailures == 1 && n.logs.has("too many pending handshakes")
+	testkit.Eventually(t, waitFor, "the newcomer admitted, the oldest evicted", func() bool {
+		total, newcomer := pendingFrom(n, "127.0.2.1")
+		return total == MaxPendingHandshakes && newcomer == 1 &&
+			n.tr.Stats().HandshakeFailures == 1 && n.logs.has("closed to make room")
 	})
 }
 
 // Idle connections from one source take at most
-// MaxPendingHandshakesPerSource slots: a member restarting elsewhere
-// still gets in (the 64 idle connections kept one out for 20 s).
+// MaxPendingHandshakesPerSource slots, its newest: a member restarting
+// elsewhere still gets in (the 64 idle connections kept one out
+// for 20 s).
 func TestIdleConnectionsFromOneSourceDoNotLockOutMembers(t *testing.T) {
 	checkGoroutines(t)
-	n2 := startNode(t, 2, map[uint64]string{1: "127.0.0.1:1"}, func(c *Config) { c.HandshakeTimeout = time.Minute })
+	n2 := startNode(t, 2, map[uint64]string{1: "127.0.0.1:1"}, func(c *Config) { c.HandshakeTimeout, c.HelloTimeout = time.Minute, time.Minute })
 	var idle []net.Conn
 	for range MaxPendingHandshakes {
 		idle = append(idle, dialFrom(t, "127.0.0.2", n2.addr()))
 	}
-	for _, c := range idle[MaxPendingHandshakesPerSource:] {
+	for _, c := range idle[:MaxPendingHandshakes-MaxPendingHandshakesPerSource] {
 		if !refused(c) {
 			t.Fatal("a connection beyond the per-source limit was kept")
 		}
@@ -772,8 +784,101 @@ func TestIdleConnectionsFromOneSourceDoNotLockOutMembers(t *testing.T) {
 		n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1)})
 		return n2.in.len() > 0
 	})
+	if _, got := pendingFrom(n2, "127.0.0.2"); got != MaxPendingHandshakesPerSource {
+		t.Fatalf("%d pending from the flooding source, want %d", got, MaxPendingHandshakesPerSource)
+	}
 	if got := n2.tr.Stats().HandshakeFailures; got != MaxPendingHandshakes-MaxPendingHandshakesPerSource {
 		t.Fatalf("%d refusals, want %d", got, MaxPendingHandshakes-MaxPendingHandshakesPerSource)
+	}
+}
+
+// A member the listener does not know by address (its peer address names
+// another IP) still gets in through a full table of idle connections from
+// many sources: it evicts the oldest. Once authenticated, its address is
+// learned and reserved.
+func TestFloodEvictsForAnUnknownMemberAddress(t *testing.T) {
+	checkGoroutines(t)
+	n2 := startNode(t, 2, map[uint64]string{1: "127.0.0.3:1"}, func(c *Config) { c.HandshakeTimeout, c.HelloTimeout = time.Minute, time.Minute })
+	for i := range MaxPendingHandshakes + 8 {
+		dialFrom(t, fmt.Sprintf("127.0.1.%d", 1+i/MaxPendingHandshakesPerSource), n2.addr())
+	}
+	testkit.Eventually(t, waitFor, "every slot taken", func() bool { total, _ := pendingFrom(n2, ""); return total == MaxPendingHandshakes })
+	if n2.tr.isMemberSource("127.0.0.1") {
+		t.Fatal("127.0.0.1 counts as a member's address before any member came from it")
+	}
+	n1 := startNode(t, 1, map[uint64]string{2: n2.addr()}, nil)
+	testkit.Eventually(t, waitFor, "the member's heartbeat delivered", func() bool {
+		n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1)})
+		return n2.in.len() > 0
+	})
+	if !n2.tr.isMemberSource("127.0.0.1") {
+		t.Fatal("the address the member authenticated from was not learned")
+	}
+}
+
+// Connections from a member's address are reserved: a flood from many
+// other addresses, dialling again as fast as it is evicted, never delays
+// the member, and never holds more than MaxPendingHandshakes.
+func TestMemberAddressesReservedUnderChurningFlood(t *testing.T) {
+	checkGoroutines(t)
+	n2 := startNode(t, 2, nil, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	floodConnect(ctx, t, []func() string{n2.addr}, 9, MaxPendingHandshakesPerSource)
+	t.Cleanup(cancel) // runs before the flood's cleanup waits for it
+	testkit.Eventually(t, waitFor, "the flood evicting", func() bool { return n2.tr.Stats().HandshakeFailures > 20 })
+	for round := range 3 {
+		n2.tr.AddPeer(1, "127.0.0.1:1") // the member's address, as its peer address names it
+		n1 := startNode(t, 1, map[uint64]string{2: n2.addr()}, nil)
+		testkit.Eventually(t, 2*time.Second, fmt.Sprint("the member's heartbeat delivered, round ", round), func() bool {
+			n1.tr.Send([]raftpb.Message{heartbeat(1, 2, uint64(round+1))})
+			return n2.in.len() > round
+		})
+		if total, member := pendingFrom(n2, "127.0.0.1"); total-member > MaxPendingHandshakes {
+			t.Fatalf("%d pending from strangers, the limit is %d", total-member, MaxPendingHandshakes)
+		}
+		n1.tr.Close()
+		n2.tr.RemovePeer(1)
+	}
+}
+
+// A member's peer address given as a host name counts once resolved, and
+// no longer once the member is removed.
+func TestMemberHostNameResolved(t *testing.T) {
+	checkGoroutines(t)
+	n := startNode(t, 2, nil, nil)
+	n.tr.AddPeer(1, "localhost:1")
+	testkit.Eventually(t, waitFor, "localhost resolved", func() bool { return n.tr.isMemberSource("127.0.0.1") })
+	n.tr.RemovePeer(1)
+	if n.tr.isMemberSource("127.0.0.1") {
+		t.Fatal("a removed member's address still counts")
+	}
+}
+
+// A connection that does not send its hello within HelloTimeout is
+// closed, however long HandshakeTimeout is; one that did send it has the
+// rest of HandshakeTimeout to finish.
+func TestHelloTimeout(t *testing.T) {
+	checkGoroutines(t)
+	const helloTimeout = 100 * time.Millisecond
+	n := startNode(t, 1, map[uint64]string{2: testkit.FreeAddr(t)}, func(c *Config) { c.HandshakeTimeout, c.HelloTimeout = time.Minute, helloTimeout })
+	silent := dialFrom(t, "127.0.0.1", n.addr())
+	if !refused(silent) {
+		t.Fatal("a silent connection outlived HelloTimeout")
+	}
+	testkit.Eventually(t, waitFor, "the timeout logged", func() bool { return n.logs.has("inbound handshake failed", "i/o timeout") })
+	talker := dialFrom(t, "127.0.0.1", n.addr())
+	h := hello{kind: kindMsg, dialer: 2, target: 1}
+	if _, err := talker.Write(mustFrame(t, FrameHello, h.encode())); err != nil {
+		t.Fatal(err)
+	}
+	r := newHandshakeReader(talker)
+	if _, err := readHandshake(r, FrameChallenge); err != nil {
+		t.Fatal(err)
+	}
+	// Still open well past HelloTimeout: the read ends by its own deadline.
+	_ = talker.SetReadDeadline(time.Now().Add(5 * helloTimeout))
+	if _, err := talker.Read(make([]byte, 1)); !errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the connection that sent its hello: %v, want it still open", err)
 	}
 }
 
