@@ -350,7 +350,14 @@ func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 		if lcfg.Policy == nil {
 			lcfg.Policy = d.plugins
 		}
-		d.audit = audit.NewPublisher(audit.Config{Auditor: d.plugins, Node: d.cfg.ID, Logger: d.log.With("component", "audit"), Registerer: d.reg})
+		key, err := d.auditIDKey()
+		if err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
+		if d.audit, err = audit.NewPublisher(audit.Config{Auditor: d.plugins, Node: d.cfg.ID, IDKey: key,
+			Logger: d.log.With("component", "audit"), Registerer: d.reg}); err != nil {
+			return fmt.Errorf("daemon: %w", err)
+		}
 	}
 	d.locks = lockservice.New(lcfg)
 	return nil

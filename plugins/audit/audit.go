@@ -42,7 +42,12 @@ type Config struct {
 	// Auditor runs the audit hooks (a *plugins.Set).
 	Auditor plugins.Auditor
 	// Node is this node's raft id, carried in every event.
-	Node   uint64
+	Node uint64
+	// IDKey keys the events' Nats-Msg-Id (msgid.go): every node of a
+	// cluster must have the same, and no client may know it.
+	// KeyFromSecret derives one from the peer secret, LoadOrCreateKey
+	// keeps one for a node without peers. At least MinIDKeySize bytes.
+	IDKey  []byte
 	Logger *slog.Logger
 	// Registerer, if set, gets the ticketd_audit_* counters.
 	Registerer prometheus.Registerer
@@ -53,11 +58,13 @@ type Config struct {
 // Publisher runs audit plugins off the raft loop and publishes their
 // events. Every node publishes the events of the entries it applies, so
 // none are lost across a leader change; subscribers de-duplicate on the
-// Nats-Msg-Id header (index, plugin, position), which JetStream does by
-// itself within its duplicate window (EnsureStream).
+// Nats-Msg-Id header (a keyed MAC of index, plugin and position: the same
+// on every node, unpredictable to clients, msgid.go), which JetStream does
+// by itself within its duplicate window (EnsureStream).
 type Publisher struct {
 	auditor plugins.Auditor
 	node    uint64
+	idKey   []byte
 	log     *slog.Logger
 	queue   chan raftstore.Applied
 	dropped prometheus.Counter
@@ -70,8 +77,13 @@ type Publisher struct {
 }
 
 // NewPublisher returns a Publisher that queues from now on and publishes
-// once started.
-func NewPublisher(cfg Config) *Publisher {
+// once started. It refuses an IDKey shorter than MinIDKeySize: without a
+// secret key a client could predict an event's Nats-Msg-Id and, publishing
+// first, make JetStream drop the real event as a duplicate.
+func NewPublisher(cfg Config) (*Publisher, error) {
+	if len(cfg.IDKey) < MinIDKeySize {
+		return nil, fmt.Errorf("audit: IDKey is %d bytes, need at least %d", len(cfg.IDKey), MinIDKeySize)
+	}
 	log := cfg.Logger
 	if log == nil {
 		log = slog.Default()
@@ -83,6 +95,7 @@ func NewPublisher(cfg Config) *Publisher {
 	p := &Publisher{
 		auditor: cfg.Auditor,
 		node:    cfg.Node,
+		idKey:   append([]byte(nil), cfg.IDKey...),
 		log:     log,
 		queue:   make(chan raftstore.Applied, size),
 		stop:    make(chan struct{}),
@@ -93,7 +106,7 @@ func NewPublisher(cfg Config) *Publisher {
 	if cfg.Registerer != nil {
 		cfg.Registerer.MustRegister(p.dropped, p.failed, p.events)
 	}
-	return p
+	return p, nil
 }
 
 // Offer queues an applied command. It never blocks: it is called on the
@@ -151,17 +164,11 @@ func (p *Publisher) audit(ap raftstore.Applied) {
 		}
 		m := nats.NewMsg(SubjectPrefix + "." + ev.Type)
 		m.Data = body
-		m.Header.Set(nats.MsgIdHdr, msgID(ev, i))
+		m.Header.Set(nats.MsgIdHdr, msgID(p.idKey, ev, i))
 		if err := p.nc.PublishMsg(m); err != nil {
 			p.log.Warn("publish audit event", "index", ev.Index, "err", err)
 			continue
 		}
 		p.events.Inc()
 	}
-}
-
-// msgID is the Nats-Msg-Id of the i-th event of one applied command: the
-// same on every node, so the copies every node publishes are one message.
-func msgID(ev plugins.Event, i int) string {
-	return fmt.Sprintf("%d-%s-%d", ev.Index, ev.Plugin, i)
 }

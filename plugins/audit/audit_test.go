@@ -72,8 +72,23 @@ func runNATS(t *testing.T, jetStream bool) *nats.Conn {
 	return testkit.Connect(t, testkit.NATSServer(t, tweaks...).ClientURL())
 }
 
+// testKey is the IDKey of the tests' publishers.
+const testKey = "audit-test-key-0123456789"
+
+func newPublisher(t *testing.T, cfg Config) *Publisher {
+	t.Helper()
+	if cfg.IDKey == nil {
+		cfg.IDKey = []byte(testKey)
+	}
+	p, err := NewPublisher(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return p
+}
+
 // TestPublish: every event of an applied command goes out as an Event on
-// its type's subject with a Nats-Msg-Id of index, plugin and position.
+// its type's subject with a Nats-Msg-Id keyed on index, plugin and position.
 func TestPublish(t *testing.T) {
 	nc := runNATS(t, false)
 	sub, err := nc.SubscribeSync(SubjectPrefix + ".>")
@@ -88,15 +103,15 @@ func TestPublish(t *testing.T) {
 		{Type: "lock.other", Plugin: "audit", Data: json.RawMessage(`{}`)},
 	}}
 	reg := prometheus.NewRegistry()
-	p := NewPublisher(Config{Auditor: a, Node: 3, Logger: testkit.QuietLogger(), Registerer: reg})
+	p := newPublisher(t, Config{Auditor: a, Node: 3, Logger: testkit.QuietLogger(), Registerer: reg})
 	p.Start(nc)
 	defer p.Close()
 	p.Offer(raftstore.Applied{Index: 13}) // the plugin fails: counted, nothing published
 	p.Offer(raftstore.Applied{Index: 42})
 
 	msgs := []struct{ subject, body, id string }{
-		{"ticketd.v1.audit.lock.granted", `{"index":42,"node":3,"plugin":"audit","type":"lock.granted","data":{"key":"k"}}`, "42-audit-0"},
-		{"ticketd.v1.audit.lock.other", `{"index":42,"node":3,"plugin":"audit","type":"lock.other","data":{}}`, "42-audit-1"},
+		{"ticketd.v1.audit.lock.granted", `{"index":42,"node":3,"plugin":"audit","type":"lock.granted","data":{"key":"k"}}`, msgID([]byte(testKey), plugins.Event{Index: 42, Plugin: "audit"}, 0)},
+		{"ticketd.v1.audit.lock.other", `{"index":42,"node":3,"plugin":"audit","type":"lock.other","data":{}}`, msgID([]byte(testKey), plugins.Event{Index: 42, Plugin: "audit"}, 1)},
 	}
 	for _, w := range msgs {
 		m, err := sub.NextMsg(5 * time.Second)
@@ -123,7 +138,7 @@ func TestPublish(t *testing.T) {
 func TestOfferNeverBlocks(t *testing.T) {
 	a := &fakeAuditor{block: make(chan struct{})}
 	reg := prometheus.NewRegistry()
-	p := NewPublisher(Config{Auditor: a, Logger: testkit.QuietLogger(), Registerer: reg, QueueSize: 4})
+	p := newPublisher(t, Config{Auditor: a, Logger: testkit.QuietLogger(), Registerer: reg, QueueSize: 4})
 	p.Start(nil) // no events, so nothing is published
 	done := make(chan struct{})
 	go func() {
@@ -176,7 +191,7 @@ func TestEnsureStream(t *testing.T) {
 	for node := 0; node < 3; node++ {
 		m := nats.NewMsg(SubjectPrefix + ".lock.granted")
 		m.Data = []byte(`{}`)
-		m.Header.Set(nats.MsgIdHdr, msgID(plugins.Event{Index: 7, Plugin: "audit"}, 0))
+		m.Header.Set(nats.MsgIdHdr, msgID([]byte(testKey), plugins.Event{Index: 7, Plugin: "audit"}, 0))
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
@@ -192,7 +207,7 @@ func TestEnsureStream(t *testing.T) {
 	for i := 0; i < 40; i++ { // 2.5 MiB into a 1 MiB stream
 		m := nats.NewMsg(SubjectPrefix + ".lock.granted")
 		m.Data = big
-		m.Header.Set(nats.MsgIdHdr, msgID(plugins.Event{Index: uint64(100 + i), Plugin: "audit"}, 0))
+		m.Header.Set(nats.MsgIdHdr, msgID([]byte(testKey), plugins.Event{Index: uint64(100 + i), Plugin: "audit"}, 0))
 		if _, err := js.PublishMsg(ctx, m); err != nil {
 			t.Fatal(err)
 		}
