@@ -13,8 +13,10 @@ import (
 	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/internal/natsclient"
 	"github.com/ticketd/ticketd/lockservice"
+	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/plugins/audit"
 	"github.com/ticketd/ticketd/raftstore"
+	"github.com/ticketd/ticketd/transports/natsapi"
 )
 
 // Config is one node's configuration. Field tags are the flat, kebab-case
@@ -123,6 +125,17 @@ type Config struct {
 	MaxLocksPerIdentity int `koanf:"max-locks-per-identity"`
 	MaxWaitersPerKey    int `koanf:"max-waiters-per-key"`
 	MaxWaiters          int `koanf:"max-waiters"`
+	// Fair shares (issue 21, lockservice fair.go): waiters and requests in
+	// progress of one identity (anonymous requests share one), the
+	// node's budget of requests in progress (acquires and the rest apart,
+	// waiting acquires not counted), and each identity's share of a policy
+	// plugin: calls at once (0: half the plugin's instances) and instance
+	// time per second.
+	MaxWaitersPerIdentity   int `koanf:"max-waiters-per-identity"`
+	MaxInflightPerIdentity  int `koanf:"max-inflight-per-identity"`
+	MaxInflight             int `koanf:"max-inflight"`
+	PluginCallsPerIdentity  int `koanf:"plugin-calls-per-identity"`
+	PluginTimePerIdentityMS int `koanf:"plugin-ms-per-identity"`
 
 	// Disk space of the raft store (raftstore/disk.go): below
 	// DiskAlarmBytes free the node refuses grants (resource_exhausted)
@@ -167,10 +180,15 @@ func Defaults() Config {
 		MaxLocks:         core.DefaultMaxLocks,
 		MaxWaitersPerKey: lockservice.MaxWaitersPerKeyDefault,
 		MaxWaiters:       lockservice.MaxWaitersDefault,
-		DiskAlarmBytes:   raftstore.DiskAlarmBytesDefault,
-		DiskBallastBytes: raftstore.DiskBallastBytesDefault,
-		AuditMaxBytes:    audit.MaxBytesDefault,
-		LeaderPlacement:  PlacementFollowClients,
+
+		MaxWaitersPerIdentity:   lockservice.MaxWaitersPerIdentityDefault,
+		MaxInflightPerIdentity:  lockservice.MaxInflightPerIdentityDefault,
+		MaxInflight:             natsapi.MaxInflightDefault,
+		PluginTimePerIdentityMS: int(plugins.IdentityTimeDefault / time.Millisecond),
+		DiskAlarmBytes:          raftstore.DiskAlarmBytesDefault,
+		DiskBallastBytes:        raftstore.DiskBallastBytesDefault,
+		AuditMaxBytes:           audit.MaxBytesDefault,
+		LeaderPlacement:         PlacementFollowClients,
 
 		InitialClusterState: ClusterStateExisting,
 		InitialClusterToken: "ticketd-cluster",
@@ -187,6 +205,12 @@ const (
 	MaxTick           = 10 * time.Second
 	MaxElectionTicks  = 1000
 	MaxHeartbeatTicks = 100
+	// MaxInflight bounds max-inflight: each request in progress is a
+	// goroutine.
+	MaxInflight = 100000
+	// MaxPluginTimePerIdentityMS is all the time of the most instances a
+	// plugin has (plugins.MaxInstancesDefault), per second.
+	MaxPluginTimePerIdentityMS = 1000 * plugins.MaxInstancesDefault
 )
 
 // Values of InitialClusterState.
@@ -335,6 +359,9 @@ func (c Config) Validate() error {
 	if c.MaxWaitersPerKey < 1 || c.MaxWaiters < 1 || c.MaxWaitersPerKey > c.MaxWaiters {
 		return configErr("max-waiters-per-key %d and max-waiters %d must be positive, per key at most per node", c.MaxWaitersPerKey, c.MaxWaiters)
 	}
+	if err := c.validateShares(); err != nil {
+		return err
+	}
 	if c.DiskAlarmBytes < 1<<20 || c.DiskBallastBytes < -1 || c.DiskBallastBytes > c.DiskAlarmBytes {
 		return configErr("disk-alarm-bytes %d must be at least 1 MiB, disk-ballast-bytes %d between -1 (none) and the alarm", c.DiskAlarmBytes, c.DiskBallastBytes)
 	}
@@ -353,6 +380,27 @@ func (c Config) Validate() error {
 	case "text", "json":
 	default:
 		return configErr("log-format %q is not text or json", c.LogFormat)
+	}
+	return nil
+}
+
+// validateShares checks the fair-share settings: each positive, a share
+// at most the whole.
+func (c Config) validateShares() error {
+	if c.MaxWaitersPerIdentity < 1 || c.MaxWaitersPerIdentity > c.MaxWaiters {
+		return configErr("max-waiters-per-identity %d is outside [1, max-waiters %d]", c.MaxWaitersPerIdentity, c.MaxWaiters)
+	}
+	if c.MaxInflight < 1 || c.MaxInflight > MaxInflight {
+		return configErr("max-inflight %d is outside [1, %d]", c.MaxInflight, MaxInflight)
+	}
+	if c.MaxInflightPerIdentity < 1 || c.MaxInflightPerIdentity > c.MaxInflight {
+		return configErr("max-inflight-per-identity %d is outside [1, max-inflight %d]", c.MaxInflightPerIdentity, c.MaxInflight)
+	}
+	if c.PluginCallsPerIdentity < 0 {
+		return configErr("plugin-calls-per-identity %d is negative (0: half the plugin instances)", c.PluginCallsPerIdentity)
+	}
+	if c.PluginTimePerIdentityMS < 1 || c.PluginTimePerIdentityMS > MaxPluginTimePerIdentityMS {
+		return configErr("plugin-ms-per-identity %d is outside [1, %d]", c.PluginTimePerIdentityMS, MaxPluginTimePerIdentityMS)
 	}
 	return nil
 }

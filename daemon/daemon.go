@@ -54,6 +54,10 @@ type Options struct {
 	// the process there. Without it the node stops (fail-stop) when the
 	// failure happens in its raft loop's write.
 	OnStorageFailure func(error)
+	// KeepLeftWaits turns off the sweep that ends the waits of requesters
+	// that left (natsapi fair.go): tests of what happens to such a wait
+	// when its turn comes use it.
+	KeepLeftWaits bool
 }
 
 // Daemon is one running node.
@@ -335,6 +339,9 @@ func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 			MaxLocksPerIdentity: d.cfg.MaxLocksPerIdentity,
 			MaxWaitersPerKey:    d.cfg.MaxWaitersPerKey,
 			MaxWaiters:          d.cfg.MaxWaiters,
+			// Fair shares (issue 21).
+			MaxWaitersPerIdentity:  d.cfg.MaxWaitersPerIdentity,
+			MaxInflightPerIdentity: d.cfg.MaxInflightPerIdentity,
 		},
 	}
 	var err error
@@ -410,6 +417,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	d.api, err = natsapi.Start(natsapi.Config{
 		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins, Disk: d.store.Disk(),
 		Logger: d.log.With("component", "natsapi"), Now: opts.Now, Identity: trust,
+		MaxInflight: d.cfg.MaxInflight, ReplyInterest: d.replyInterest(opts),
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: start client service: %w", err)

@@ -29,6 +29,8 @@ func loadPlugins(ctx context.Context, cfg Config, log *slog.Logger) (*plugins.Se
 			Name:             strings.TrimSuffix(filepath.Base(path), ".wasm"),
 			MemoryLimitPages: cfg.PluginMemoryPages,
 			CallTimeout:      time.Duration(cfg.PluginCallTimeoutMS) * time.Millisecond,
+			IdentityCalls:    cfg.PluginCallsPerIdentity,
+			IdentityTime:     time.Duration(cfg.PluginTimePerIdentityMS) * time.Millisecond,
 			Logger:           log.With("plugin", filepath.Base(path)),
 		})
 		if err != nil {

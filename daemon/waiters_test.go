@@ -108,7 +108,9 @@ func queueB(t *testing.T, ncB *nats.Conn, waiters func(float64) func() bool) *na
 // responders", the leader releases it with its exact token at once, and
 // the next waiter is granted within a second (not after B's lease).
 func TestLeftWaiterReleasedAtOnce(t *testing.T) {
-	d := startNode(t, t.TempDir(), daemon.Options{})
+	// B's wait must still be queued when its turn comes (with the sweep,
+	// it ends within seconds of B leaving: TestWaitFloodIsolated).
+	d := startNode(t, t.TempDir(), daemon.Options{KeepLeftWaits: true})
 	defer d.Close()
 	took := waitersNext(t, []*daemon.Daemon{d}, 0, 0)
 	if n := counterValue(t, d, "ticketd_grants_abandoned_total", "", ""); n != 1 {
@@ -123,7 +125,7 @@ func TestLeftWaiterReleasedAtOnce(t *testing.T) {
 // B's inbox lost its interest over the route, answers the grant "no
 // responders", and the leader releases it at once.
 func TestLeftWaiterOnAnotherServer(t *testing.T) {
-	c := testcluster.New(t, 3)
+	c := testcluster.New(t, 3, testcluster.WithOptions(func(_ int, o *daemon.Options) { o.KeepLeftWaits = true }))
 	lead := c.Leader(10 * time.Second)
 	testkit.Eventually(t, 10*time.Second, "cluster settled", func() bool { return testcluster.Settled(c.Node(lead)) })
 	took := waitersNext(t, c.Nodes(), lead, c.Follower(lead))

@@ -41,10 +41,19 @@
 //     identity on the lock once the cluster version allows it.
 //   - Quotas and bounds (quota.go): every Grant reservation is admitted
 //     against the total lock limit, the caller's identity quota and the
-//     storage alarm, and every waiter against the per-key and per-node
-//     waiter limits; a refusal is a *LimitError (ErrResourceExhausted)
-//     before anything is proposed. Releases and expiries are never
-//     refused.
+//     storage alarm, and every waiter against the per-key, per-identity
+//     and per-node waiter limits; a refusal is a *LimitError
+//     (ErrResourceExhausted) before anything is proposed. Releases and
+//     expiries are never refused.
+//   - Fair shares (fair.go): each identity's share of the requests in
+//     progress on a node (BeginRequest, which the transport calls; a
+//     waiting acquire leaves it once queued, AcquireParams.Parked), and of
+//     a policy plugin's time (the plugin's refusal becomes a *LimitError).
+//   - Release and renew are tied to the identity a lock was granted to:
+//     another identity's release or renew, even with the right token, is
+//     ErrPermissionDenied and nothing is proposed; a release of a token
+//     above the last one issued is ErrNotFound after a ReadIndex, without
+//     a proposal (it could only meet a Grant still in flight).
 //   - Expiry (expiry.go): one loop and a fixed pool of workers propose
 //     the Expires of leases that ran out; no goroutine per lease.
 //

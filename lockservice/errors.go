@@ -12,8 +12,9 @@ var (
 	// ErrHeld: the key is held (or has a Grant in flight) and the request
 	// would not wait. Nothing was proposed.
 	ErrHeld = errors.New("lockservice: key is held")
-	// ErrNotFound: no lock with that key and token. The Release applied
-	// and changed nothing.
+	// ErrNotFound: no lock with that key and token. Nothing changed (the
+	// Release applied and found nothing, or its token was above the last
+	// one issued and it was not proposed).
 	ErrNotFound = errors.New("lockservice: no lock with that key and token")
 	// ErrDenied: the Grant policy refused the request (or failed, which
 	// denies). Nothing was proposed and no token was consumed.

@@ -45,7 +45,7 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		Expiries:         prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_expiries_total", Help: "Expires applied."}, []string{"existed"}),
 		Denied:           prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_grants_denied_total", Help: "Acquires denied by policy before proposing."}),
 		PermissionDenied: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_permission_denied_total", Help: "Requests the access list refused, by operation."}, []string{"op"}),
-		Exhausted:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_resource_exhausted_total", Help: "Acquires refused by a limit before proposing, by resource."}, []string{"resource"}),
+		Exhausted:        prometheus.NewCounterVec(prometheus.CounterOpts{Name: "ticketd_resource_exhausted_total", Help: "Requests refused by a limit (nothing proposed), by resource."}, []string{"resource"}),
 		Abandoned:        prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_grants_abandoned_total", Help: "Grants released because their reply could not reach the requester."}),
 		Waiters:          prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_waiters", Help: "Acquires waiting in key queues on this leader."}),
 		HeldLocks:        prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_locks_held", Help: "Locks in the applied table."}),

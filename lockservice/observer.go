@@ -104,6 +104,7 @@ func (s *Service) OnLeadershipLost() {
 		delete(s.lead.queues, key)
 	}
 	s.lead.waiters = 0
+	s.lead.waitersBy = make(map[string]int)
 	s.cfg.Metrics.Waiters.Set(0)
 	s.resetWaits()
 	s.lead.reserved = make(map[string]reservation)

@@ -25,9 +25,13 @@ import (
 // requests, and locks granted before version 2, all count under the empty
 // identity "": with MaxLocksPerIdentity set they share one quota.
 //
-// Waiters are bounded too: at most MaxWaitersPerKey in one key's queue and
-// MaxWaiters on the node; an acquire beyond either fails the same way at
-// once instead of queueing.
+// Waiters are bounded too: at most MaxWaitersPerKey in one key's queue,
+// MaxWaitersPerIdentity of one identity and MaxWaiters on the node; an
+// acquire beyond any of them fails the same way at once instead of
+// queueing. The per-identity bound is each tenant's share: one identity
+// that parks waits by the thousand fills its own share, never the node's
+// (issue 21). Requests in flight and plugin time have per-identity shares
+// too (fair.go).
 
 // Defaults of Limits.
 const (
@@ -36,18 +40,28 @@ const (
 	MaxLocksDefault = core.DefaultMaxLocks
 	// MaxWaitersPerKeyDefault bounds one key's queue.
 	MaxWaitersPerKeyDefault = 1000
-	// MaxWaitersDefault bounds the waiters of the whole node. The NATS
-	// edge bounds acquires in flight at the same number.
+	// MaxWaitersDefault bounds the waiters of the whole node.
 	MaxWaitersDefault = 10000
+	// MaxWaitersPerIdentityDefault bounds the waiters of one identity: a
+	// tenth of the node's.
+	MaxWaitersPerIdentityDefault = 1000
+	// MaxInflightPerIdentityDefault bounds the requests of one identity
+	// in progress on a node, waiting acquires not counted (fair.go): a
+	// tenth of the transport's node-wide budget.
+	MaxInflightPerIdentityDefault = 1000
 )
 
 // Limits bounds what clients can make the leader hold. Zero fields take
 // their defaults; MaxLocksPerIdentity 0 means no per-identity limit.
 type Limits struct {
-	MaxLocks            int
-	MaxLocksPerIdentity int
-	MaxWaitersPerKey    int
-	MaxWaiters          int
+	MaxLocks              int
+	MaxLocksPerIdentity   int
+	MaxWaitersPerKey      int
+	MaxWaiters            int
+	MaxWaitersPerIdentity int
+	// MaxInflightPerIdentity bounds one identity's requests in progress on
+	// this node (BeginRequest).
+	MaxInflightPerIdentity int
 }
 
 func (l *Limits) withDefaults() {
@@ -60,6 +74,12 @@ func (l *Limits) withDefaults() {
 	if l.MaxWaiters <= 0 {
 		l.MaxWaiters = MaxWaitersDefault
 	}
+	if l.MaxWaitersPerIdentity <= 0 {
+		l.MaxWaitersPerIdentity = MaxWaitersPerIdentityDefault
+	}
+	if l.MaxInflightPerIdentity <= 0 {
+		l.MaxInflightPerIdentity = MaxInflightPerIdentityDefault
+	}
 }
 
 // Resources a LimitError names. They are stable: they appear in messages
@@ -70,6 +90,13 @@ const (
 	ResourceKeyWaiters    = "key_waiters"    // the key's queue is full
 	ResourceWaiters       = "waiters"        // the node's waiters are at MaxWaiters
 	ResourceStorage       = "storage"        // the leader's storage is low on space
+	// Per-identity shares (fair.go): the caller's identity has
+	// MaxWaitersPerIdentity acquires waiting, MaxInflightPerIdentity
+	// requests in progress, or has spent its share of a policy plugin's
+	// time (Limit: milliseconds per second).
+	ResourceIdentityWaiters    = "identity_waiters"
+	ResourceIdentityInflight   = "identity_inflight"
+	ResourceIdentityPluginTime = "identity_plugin_time"
 )
 
 // LimitError is a request refused by a limit. It matches
@@ -77,14 +104,20 @@ const (
 type LimitError struct {
 	Resource string // one of the Resource* names
 	Limit    int    // the limit reached (0 for storage)
-	Identity string // the identity whose quota was reached (identity_locks)
+	Identity string // the identity whose quota was reached (identity_*)
 	Detail   string // for storage: the alarm
 }
 
 func (e *LimitError) Error() string {
 	switch e.Resource {
 	case ResourceIdentityLocks:
-		return fmt.Sprintf("lockservice: identity %q holds its limit of %d locks", e.Identity, e.Limit)
+		return fmt.Sprintf("lockservice: %s holds its limit of %d locks", who(e.Identity), e.Limit)
+	case ResourceIdentityWaiters:
+		return fmt.Sprintf("lockservice: %s has its limit of %d acquires waiting", who(e.Identity), e.Limit)
+	case ResourceIdentityInflight:
+		return fmt.Sprintf("lockservice: %s has its limit of %d requests in progress; retry when they are answered", who(e.Identity), e.Limit)
+	case ResourceIdentityPluginTime:
+		return fmt.Sprintf("lockservice: %s spent its share of policy plugin time (%dms per second); retry later", who(e.Identity), e.Limit)
 	case ResourceStorage:
 		return "lockservice: grants refused while storage is low on space: " + e.Detail
 	case ResourceLocks:
@@ -95,6 +128,15 @@ func (e *LimitError) Error() string {
 
 // Is makes errors.Is(err, ErrResourceExhausted) hold.
 func (e *LimitError) Is(target error) bool { return target == ErrResourceExhausted }
+
+// who names an identity in a message; the caller's own, so showing it back
+// reveals nothing.
+func who(identity string) string {
+	if identity == "" {
+		return "anonymous callers (one shared identity)"
+	}
+	return fmt.Sprintf("identity %q", identity)
+}
 
 // reservation is a key reserved for a Grant in flight.
 type reservation struct {
@@ -142,12 +184,15 @@ func (s *Service) admitGrant(identity string) error {
 	return nil
 }
 
-// admitWaiter decides whether an acquire may wait in key's queue.
-// s.lead.mu held.
-func (s *Service) admitWaiter(key string) error {
+// admitWaiter decides whether an acquire of identity may wait in key's
+// queue. s.lead.mu held.
+func (s *Service) admitWaiter(key, identity string) error {
 	lim := &s.cfg.Limits
 	if q := s.lead.queues[key]; q != nil && q.len() >= lim.MaxWaitersPerKey {
 		return s.refuse(&LimitError{Resource: ResourceKeyWaiters, Limit: lim.MaxWaitersPerKey})
+	}
+	if s.lead.waitersBy[identity] >= lim.MaxWaitersPerIdentity {
+		return s.refuse(&LimitError{Resource: ResourceIdentityWaiters, Limit: lim.MaxWaitersPerIdentity, Identity: identity})
 	}
 	if s.lead.waiters >= lim.MaxWaiters {
 		return s.refuse(&LimitError{Resource: ResourceWaiters, Limit: lim.MaxWaiters})

@@ -166,7 +166,7 @@ func TestQuotaPerIdentity(t *testing.T) {
 	s.OnLeaderReady(2)
 	_, err = acquire(s, "A", "a2", 0)
 	wantLimit(t, err, ResourceIdentityLocks)
-	if err := s.Release(context.Background(), "a0", l.Token); err != nil {
+	if err := s.Release(WithIdentity(context.Background(), "A"), "a0", l.Token); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := acquire(s, "A", "a2", 0); err != nil {
@@ -236,21 +236,21 @@ func TestWaiterBounds(t *testing.T) {
 	_, err = acquire(s, "E", "k2", 10*time.Second)
 	wantLimit(t, err, ResourceWaiters)
 
-	if err := s.Release(context.Background(), "k", g.Token); err != nil {
+	if err := s.Release(WithIdentity(context.Background(), "holder"), "k", g.Token); err != nil {
 		t.Fatal(err)
 	}
 	r := <-results
 	if r.err != nil || r.g.Key != "k" {
 		t.Fatalf("first waiter: %+v %v", r.g, r.err)
 	}
-	if err := s.Release(context.Background(), "k", r.g.Token); err != nil {
+	if err := s.Release(WithIdentity(context.Background(), "A"), "k", r.g.Token); err != nil {
 		t.Fatal(err)
 	}
 	r = <-results
 	if r.err != nil || r.g.Key != "k" {
 		t.Fatalf("second waiter: %+v %v", r.g, r.err)
 	}
-	if err := s.Release(context.Background(), "k2", g2.Token); err != nil {
+	if err := s.Release(WithIdentity(context.Background(), "C"), "k2", g2.Token); err != nil {
 		t.Fatal(err)
 	}
 	if r = <-results; r.err != nil || r.g.Key != "k2" {
@@ -283,7 +283,7 @@ func TestWaiterRefusedAtItsTurn(t *testing.T) {
 		defer s.lead.mu.Unlock()
 		return s.lead.waiters == 2
 	})
-	if err := s.Release(context.Background(), "k", g.Token); err != nil {
+	if err := s.Release(WithIdentity(context.Background(), "B"), "k", g.Token); err != nil {
 		t.Fatal(err)
 	}
 	wantLimit(t, <-errA, ResourceIdentityLocks)

@@ -88,6 +88,10 @@ type AcquireParams struct {
 	// WaitID, if set, names the request so that its requester can
 	// withdraw it (Withdraw) while it waits or just after its grant.
 	WaitID string
+	// Parked, if set, is called once the acquire waits in its key's queue,
+	// where the waiter limits bound it: the transport stops counting it
+	// as a request in progress (BeginRequest, fair.go).
+	Parked func()
 }
 
 // Grant is an issued lock.
@@ -128,6 +132,8 @@ type Service struct {
 	expireq chan leaseItem
 
 	lead leaderState
+	// inflight counts each identity's requests in progress (fair.go).
+	inflight inflight
 }
 
 // leaderState is valid only while this node is the ready leader; it is
@@ -146,6 +152,7 @@ type leaderState struct {
 	reservedBy map[string]int
 	queues     map[string]*waitQueue
 	waiters    int
+	waitersBy  map[string]int // waiters by identity (quota.go)
 	// waits are the acquires with a wait id in progress (queued or with
 	// their Grant in flight); recent the grants of such acquires that
 	// completed lately (withdraw.go).
@@ -193,11 +200,13 @@ func New(cfg Config) *Service {
 		cancel:        cancel,
 		timersChanged: make(chan struct{}, 1),
 		expireq:       make(chan leaseItem, expireBatch),
+		inflight:      inflight{by: make(map[string]int)},
 		lead: leaderState{
 			leases:     newLeaseHeap(),
 			reserved:   make(map[string]reservation),
 			reservedBy: make(map[string]int),
 			queues:     make(map[string]*waitQueue),
+			waitersBy:  make(map[string]int),
 			waits:      make(map[waitRef]*waiter),
 		},
 	}
@@ -309,12 +318,15 @@ func (s *Service) acquireOnce(ctx context.Context, p AcquireParams, cmd core.Com
 		s.lead.mu.Unlock()
 		return Grant{}, !confirmed, fmt.Errorf("%w: %q", ErrHeld, p.Key)
 	}
-	if err := s.admitWaiter(p.Key); err != nil {
+	if err := s.admitWaiter(p.Key, identity); err != nil {
 		s.lead.mu.Unlock()
 		return Grant{}, false, err
 	}
 	w := s.trackWait(ref, s.enqueue(p.Key, identity))
 	s.lead.mu.Unlock()
+	if p.Parked != nil {
+		p.Parked()
+	}
 	if err := s.await(ctx, p, w, deadline); err != nil {
 		g, err := s.endWait(w, Grant{}, err)
 		return g, false, err
@@ -342,6 +354,9 @@ func (s *Service) checkPolicy(ctx context.Context, p AcquireParams, leaseMS uint
 	v, err := s.cfg.Policy.ValidateGrant(ctx, p.Key, p.Owner, IdentityFrom(ctx), leaseMS)
 	if err == nil && v.Allow {
 		return nil
+	}
+	if lerr := s.policyLimit(err); lerr != nil {
+		return lerr
 	}
 	s.cfg.Metrics.Denied.Inc()
 	reason := v.Reason
@@ -418,6 +433,9 @@ func (s *Service) Release(ctx context.Context, key string, token uint64) error {
 	if !s.IsLeader() {
 		return s.notLeader()
 	}
+	if err := s.checkReleaser(ctx, key, token); err != nil {
+		return err
+	}
 	a, err := s.propose(ctx, cmd)
 	if err != nil {
 		return err
@@ -429,6 +447,49 @@ func (s *Service) Release(ctx context.Context, key string, token uint64) error {
 		return fmt.Errorf("%w: %q with token %d", ErrNotFound, key, token)
 	}
 	return fmt.Errorf("lockservice: release applied as %v", a.Result)
+}
+
+// checkReleaser holds a release to the rule renew follows (checkRenewal):
+// only the identity the lock was granted to may release it. Another
+// identity that may release under the prefix could otherwise read the
+// token with get or list (or guess it: tokens are small integers) and
+// free someone else's lock. A lock without a recorded identity (anonymous,
+// or granted before cluster version 2) may be released by anyone who may
+// release under its prefix, as before; the cluster's own lost-reply
+// release (WithNodeAuthority) passes.
+//
+// A token above the last one the table issued is not_found without a
+// proposal, once a ReadIndex confirms that this node still leads and its
+// table includes every commit before the request: no client was answered
+// that token yet, so a Release proposed for it could only meet a Grant
+// still in flight, which it would free whoever that Grant is for. Older
+// tokens no longer held are proposed as before (they apply as not_found):
+// no later Grant can carry them.
+func (s *Service) checkReleaser(ctx context.Context, key string, token uint64) error {
+	held, last := s.lockOf(key)
+	if held.Token != token && token > last {
+		if err := s.node.ReadIndex(ctx); err != nil {
+			return s.nodeErr(err)
+		}
+		if held, last = s.lockOf(key); held.Token != token && token > last {
+			return fmt.Errorf("%w: %q with token %d (no lock was granted that token yet)", ErrNotFound, key, token)
+		}
+	}
+	if id := IdentityFrom(ctx); held.Token == token && held.Identity != "" && held.Identity != id && !nodeAuthority(ctx) {
+		s.cfg.Metrics.PermissionDenied.WithLabelValues(string(OpRelease)).Inc()
+		return &PermissionError{Identity: id, Op: "release the lock of another identity on", Key: key}
+	}
+	return nil
+}
+
+// lockOf reads key's lock (the zero Lock when it is not held) and the last
+// token issued from the applied table.
+func (s *Service) lockOf(key string) (held core.Lock, lastToken uint64) {
+	s.node.View(func(m *core.Machine) {
+		held, _ = m.Get(key)
+		lastToken = m.LastToken()
+	})
+	return held, lastToken
 }
 
 // Get returns the current holder of key, read linearizably (ReadIndex).

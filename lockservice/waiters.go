@@ -70,8 +70,21 @@ func (s *Service) enqueue(key, identity string) *waiter {
 	}
 	q.push(w)
 	s.lead.waiters++
+	s.lead.waitersBy[identity]++
 	s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
 	return w
+}
+
+// unqueued counts out a waiter just taken out of its queue. s.lead.mu
+// held.
+func (s *Service) unqueued(w *waiter) {
+	s.lead.waiters--
+	if n := s.lead.waitersBy[w.identity] - 1; n > 0 {
+		s.lead.waitersBy[w.identity] = n
+	} else {
+		delete(s.lead.waitersBy, w.identity)
+	}
+	s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
 }
 
 // await blocks until w's turn, its wait runs out, ctx ends or leadership
@@ -108,8 +121,7 @@ func (s *Service) await(ctx context.Context, p AcquireParams, w *waiter, deadlin
 	if q := s.lead.queues[p.Key]; q != nil {
 		if w.elem != nil {
 			q.remove(w)
-			s.lead.waiters--
-			s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
+			s.unqueued(w)
 		}
 		if q.len() == 0 {
 			delete(s.lead.queues, p.Key)
@@ -149,8 +161,7 @@ func (s *Service) handOff(key string) {
 		return
 	}
 	for w := q.pop(); w != nil; w = q.pop() {
-		s.lead.waiters--
-		s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
+		s.unqueued(w)
 		if err := s.admitGrant(w.identity); err != nil {
 			w.refused = err
 			w.turn <- struct{}{}

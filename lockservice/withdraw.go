@@ -195,8 +195,7 @@ func (s *Service) withdrawWait(ctx context.Context, w *waiter) (Withdrawal, erro
 		if q.len() == 0 {
 			delete(s.lead.queues, w.ref.key)
 		}
-		s.lead.waiters--
-		s.cfg.Metrics.Waiters.Set(float64(s.lead.waiters))
+		s.unqueued(w)
 		delete(s.lead.waits, w.ref)
 		close(w.gone)
 		s.lead.mu.Unlock()

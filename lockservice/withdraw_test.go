@@ -52,7 +52,7 @@ func TestWithdraw(t *testing.T) {
 			}
 			var granted Grant
 			if tc.grantFirst {
-				if err := s.Release(context.Background(), "k", held.Token); err != nil {
+				if err := s.Release(WithIdentity(context.Background(), "A"), "k", held.Token); err != nil {
 					t.Fatal(err)
 				}
 				r := <-done
@@ -94,7 +94,7 @@ func TestWithdraw(t *testing.T) {
 				if n != 1 {
 					t.Fatalf("%d waiters after a foreign withdrawal", n)
 				}
-				if err := s.Release(context.Background(), "k", held.Token); err != nil {
+				if err := s.Release(WithIdentity(context.Background(), "A"), "k", held.Token); err != nil {
 					t.Fatal(err)
 				}
 				if r := <-done; r.err != nil {

@@ -193,6 +193,12 @@ func loadBytes(tb testing.TB, wasm []byte, cfg Config) *Plugin {
 	if cfg.InitTimeout == 0 {
 		cfg.InitTimeout = testCallTimeout // a Go guest's _initialize on a loaded machine
 	}
+	if cfg.IdentityTime == 0 {
+		// Not the 500ms default: traps and timeouts cost their
+		// replacement's start-up, seconds under -race. Tests about
+		// shares set it.
+		cfg.IdentityTime = time.Hour
+	}
 	p, err := Load(context.Background(), wasm, cfg)
 	if err != nil {
 		tb.Fatalf("Load: %v", err)

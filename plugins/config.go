@@ -21,6 +21,9 @@ const (
 	// MaxInstancesDefault caps the instance pool; the default is also
 	// capped at GOMAXPROCS.
 	MaxInstancesDefault = 8
+	// IdentityTimeDefault is the instance time one identity's policy
+	// calls may use per second (share.go): half an instance.
+	IdentityTimeDefault = 500 * time.Millisecond
 )
 
 // maxMemoryLimitPages is the WebAssembly 32-bit limit (4 GiB); wazero
@@ -47,6 +50,15 @@ type Config struct {
 	// finds none idle and the cap reached waits for one (under its own
 	// context). Default min(GOMAXPROCS, MaxInstancesDefault).
 	MaxInstances int
+	// IdentityCalls caps the policy calls of one identity running at once
+	// (share.go); its further calls wait for one of them. Default: half
+	// of MaxInstances, at least 1; at most MaxInstances.
+	IdentityCalls int
+	// IdentityTime is the instance time one identity's policy calls may
+	// use per second, at most one second's worth saved up; while it is
+	// spent, its calls are refused with a *ShareError. Default
+	// IdentityTimeDefault.
+	IdentityTime time.Duration
 	// Logger receives a warning for every failed call. Default: discard.
 	Logger *slog.Logger
 	// CompilationCache, if set, is shared with other runtimes so the same
@@ -82,6 +94,20 @@ func (c Config) withDefaults(sha string) (Config, error) {
 		c.MaxInstances = min(runtime.GOMAXPROCS(0), MaxInstancesDefault)
 	case c.MaxInstances < 0:
 		return c, fmt.Errorf("%w: negative MaxInstances %d", ErrConfig, c.MaxInstances)
+	}
+	switch {
+	case c.IdentityCalls == 0:
+		c.IdentityCalls = max(1, c.MaxInstances/2)
+	case c.IdentityCalls < 0:
+		return c, fmt.Errorf("%w: negative IdentityCalls %d", ErrConfig, c.IdentityCalls)
+	case c.IdentityCalls > c.MaxInstances:
+		c.IdentityCalls = c.MaxInstances // more could never run at once
+	}
+	switch {
+	case c.IdentityTime == 0:
+		c.IdentityTime = IdentityTimeDefault
+	case c.IdentityTime < 0:
+		return c, fmt.Errorf("%w: negative IdentityTime %v", ErrConfig, c.IdentityTime)
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)

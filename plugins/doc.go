@@ -46,8 +46,9 @@
 // unknown ABI version gives a typed error (ErrPluginTrap, ErrPluginMemory,
 // ErrPluginTimeout, ErrPluginABI; see errors.go), and ValidateGrant then
 // also returns a denying Verdict whose Reason starts "plugin error: ". The
-// instance that failed is discarded and the next call gets a fresh one, so
-// one bad call never poisons the next. wazero reports guest faults as
+// instance that failed is replaced by a fresh one, on the failed call's
+// time (so its caller pays for it, not the next one), and one bad call
+// never poisons the next. wazero reports guest faults as
 // errors; nothing here recovers panics.
 //
 // # Compile once, pool instances
@@ -65,6 +66,15 @@
 // arbitrary instances, which are discarded at will, such state would not
 // even be consistent on one node. An instance is used by one call at a
 // time, which is what makes the Plugin safe for concurrent use.
+//
+// # Shares between identities
+//
+// share.go divides a plugin's policy calls among the identities that make
+// them: each runs at most Config.IdentityCalls calls at once and may use
+// Config.IdentityTime of instance time per second; beyond that its calls
+// are refused at once with a *ShareError. An identity whose keys make the
+// policy slow therefore cannot hold the instances every other identity's
+// Grants need (issue 21).
 //
 // # Sets of plugins
 //

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"github.com/tetratelabs/wazero"
 	"github.com/tetratelabs/wazero/api"
@@ -62,6 +63,8 @@ type Plugin struct {
 	// (idle or busy), so len(slots) <= cfg.MaxInstances.
 	idle  chan *instance
 	slots chan struct{}
+	// shares divides the instances' time among identities (share.go).
+	shares *shares
 
 	closed    atomic.Bool
 	done      chan struct{}
@@ -104,6 +107,7 @@ func Load(ctx context.Context, wasm []byte, cfg Config) (*Plugin, error) {
 		slots: make(chan struct{}, cfg.MaxInstances),
 		done:  make(chan struct{}),
 	}
+	p.shares = newShares(cfg.Name, cfg.IdentityCalls, cfg.IdentityTime)
 
 	// The sandbox is wazero's default: no file system, environment,
 	// arguments or sockets; fake wall and monotonic clocks; a fixed
@@ -301,17 +305,38 @@ func (p *Plugin) discard(inst *instance) {
 	<-p.slots
 }
 
+// replace closes an instance that trapped, timed out or broke the ABI and
+// makes a fresh one in its slot, on the failed call's time: the caller
+// whose call broke it pays for its replacement (and its identity's share
+// is charged for it, share.go), not whoever calls next. If the fresh
+// instance fails too, the slot is freed and the next call tries again.
+func (p *Plugin) replace(ctx context.Context, inst *instance) {
+	if p.closed.Load() {
+		p.discard(inst)
+		return
+	}
+	_ = inst.mod.Close(context.Background())
+	fresh, err := p.instantiate(context.WithoutCancel(ctx))
+	if err != nil {
+		<-p.slots
+		return
+	}
+	p.release(fresh)
+}
+
 // call runs one hook on a pooled instance: it copies req into guest
 // memory, calls fn, copies the response out and hands it to decode. On
-// any failure the instance is discarded.
-func (p *Plugin) call(ctx context.Context, hook string, pick func(*instance) api.Function, req []byte, decode func([]byte) error) error {
+// any failure the instance is replaced. held is how long the call held an
+// instance (a replacement included).
+func (p *Plugin) call(ctx context.Context, hook string, pick func(*instance) api.Function, req []byte, decode func([]byte) error) (held time.Duration, _ error) {
 	if len(req) > MaxRequestBytes {
-		return fmt.Errorf("%w: %s request is %d bytes, the limit is %d", ErrRequestTooLarge, hook, len(req), MaxRequestBytes)
+		return 0, fmt.Errorf("%w: %s request is %d bytes, the limit is %d", ErrRequestTooLarge, hook, len(req), MaxRequestBytes)
 	}
 	inst, err := p.acquire(ctx, hook)
 	if err != nil {
-		return p.logged(err)
+		return 0, p.logged(err)
 	}
+	start := time.Now()
 	cctx, cancel := context.WithTimeout(ctx, p.cfg.CallTimeout)
 	resp, err := p.roundTrip(cctx, hook, inst, pick(inst), req)
 	cancel()
@@ -321,11 +346,11 @@ func (p *Plugin) call(ctx context.Context, hook string, pick func(*instance) api
 		}
 	}
 	if err != nil {
-		p.discard(inst)
-		return p.logged(err)
+		p.replace(ctx, inst)
+		return time.Since(start), p.logged(err)
 	}
 	p.release(inst)
-	return nil
+	return time.Since(start), nil
 }
 
 func (p *Plugin) roundTrip(ctx context.Context, hook string, inst *instance, fn api.Function, req []byte) ([]byte, error) {
@@ -374,12 +399,20 @@ func (p *Plugin) ValidateGrant(ctx context.Context, key, owner, identity string,
 	if err != nil {
 		return Verdict{Reason: "plugin error: cannot encode request"}, fmt.Errorf("plugins: encoding grant: %w", err)
 	}
+	sh, err := p.shares.begin(ctx, identity)
+	if err != nil {
+		if !errors.Is(err, ErrShareSpent) {
+			err = p.ctxError(exportValidateGrant, err)
+		}
+		return failClosed(p.name, err), err
+	}
 	var v Verdict
-	err = p.call(ctx, exportValidateGrant, func(i *instance) api.Function { return i.validate }, req, func(b []byte) error {
+	held, err := p.call(ctx, exportValidateGrant, func(i *instance) api.Function { return i.validate }, req, func(b []byte) error {
 		var derr error
 		v, derr = decodeVerdict(b)
 		return derr
 	})
+	p.shares.end(identity, sh, held)
 	if err != nil {
 		return failClosed(p.name, err), err
 	}
@@ -401,7 +434,7 @@ func (p *Plugin) OnApplied(ctx context.Context, index uint64, cmd core.Command, 
 		return nil, fmt.Errorf("plugins: encoding applied command: %w", err)
 	}
 	var evs []Event
-	err = p.call(ctx, exportOnApplied, func(i *instance) api.Function { return i.onApplied }, req, func(b []byte) error {
+	_, err = p.call(ctx, exportOnApplied, func(i *instance) api.Function { return i.onApplied }, req, func(b []byte) error {
 		var derr error
 		evs, derr = decodeEvents(b, index, p.name)
 		return derr
@@ -493,6 +526,9 @@ func failClosed(name string, err error) Verdict {
 	var ce *CallError
 	if errors.As(err, &ce) {
 		return Verdict{Reason: "plugin error: " + ce.Plugin + ": " + ce.short()}
+	}
+	if errors.Is(err, ErrShareSpent) {
+		return Verdict{Reason: "plugin error: " + name + ": the caller's share of its time is spent"}
 	}
 	return Verdict{Reason: "plugin error: " + name + ": failed"}
 }

@@ -33,6 +33,18 @@
 // queue; workers.go reuses idle ones (with their grown stacks) instead of
 // starting a fresh one per request. Nothing queues behind a busy worker.
 //
+// # Fair shares
+//
+// fair.go admits every request but a release against its identity's share
+// of the requests in progress (lockservice.BeginRequest:
+// resource_exhausted) and against the node's budget (Config.MaxInflight,
+// acquires and the rest apart: unavailable, "node overloaded"). An acquire
+// waiting in a key's queue is parked: it counts against neither, only
+// against the waiter limits. With Config.ReplyInterest (the daemon's view
+// of its embedded NATS server), a sweep each second ends the parked waits
+// whose requester no longer listens on its reply subject. forward.go holds
+// the follower's forwarding to the leader.
+//
 // # Errors
 //
 // The lock service returns domain errors (lockservice.ErrHeld,

@@ -18,7 +18,8 @@ import (
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
-// MaxInflightDefault bounds requests handled at once by one node.
+// MaxInflightDefault bounds the requests handled at once by one node,
+// acquires and the rest apart (fair.go); parked waits are not counted.
 const MaxInflightDefault = 10000
 
 // ForwardTimeoutDefault bounds a follower's wait for the leader's answer
@@ -45,6 +46,11 @@ type Config struct {
 	Plugins     *plugins.Set
 	Logger      *slog.Logger
 	MaxInflight int
+	// ReplyInterest, if set, tells whether the requesters of parked waits
+	// are still there; the waits of those gone end within about
+	// ParkSweep (fair.go). nil: they end at their wait_ms.
+	ReplyInterest ReplyInterest
+	ParkSweep     time.Duration // ParkSweepDefault when 0
 	// Now is the lock service's lease clock (lockservice.Config.Now), used
 	// only to stamp requests for it; context deadlines use the real clock.
 	// nil means time.Now.
@@ -70,11 +76,14 @@ type Service struct {
 	origins originSampler
 	// workers run requests, reusing idle goroutines (workers.go).
 	workers *workers
-	// acqSem bounds acquires (which may wait in a queue); sem bounds the
-	// rest, so waiting acquires can never starve the releases that would
-	// free their keys.
+	// acqSem bounds acquires in progress; sem bounds the rest, so a burst
+	// of acquires can never starve the releases that would free their
+	// keys. An acquire waiting in a key's queue is parked and counted by
+	// neither (fair.go).
 	acqSem chan struct{}
 	sem    chan struct{}
+	// parked are the acquires waiting in a key's queue (fair.go).
+	parked parkedWaits
 	// mu guards refusing and stopped; dispatch and background add to wg
 	// under it, so Stop's waits never race a late message. refusing: no
 	// new requests (Stop is waiting for the ones in flight); stopped: no
@@ -108,6 +117,9 @@ type request struct {
 	// is in the origin sample (origins.go) already.
 	hops  int
 	noted bool
+	// leave gives back the request's place in its identity's share and
+	// in the node's budget (fair.go admit); nil when it has none.
+	leave func()
 	// received is when the request arrived on the real clock, for context
 	// deadlines; receivedLease is the same moment on the lock service's lease
 	// clock (Config.Now), which may be skewed or jumped in tests.
@@ -149,6 +161,9 @@ func Start(cfg Config) (*Service, error) {
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
+	}
+	if cfg.ParkSweep <= 0 {
+		cfg.ParkSweep = ParkSweepDefault
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel,
@@ -195,6 +210,10 @@ func Start(cfg Config) (*Service, error) {
 	}
 	s.wg.Add(1)
 	go s.runLeaderSubs()
+	if cfg.ReplyInterest != nil {
+		s.wg.Add(1)
+		go s.runParkSweep(cfg.ReplyInterest, cfg.ParkSweep)
+	}
 	return s, nil
 }
 
@@ -330,7 +349,7 @@ func (s *Service) newRequest(ep *endpoint, op string, data []byte, reply string,
 }
 
 // dispatch runs a request on its own goroutine (acquires may wait) under
-// the in-flight bound.
+// the in-flight bounds (fair.go admit).
 func (s *Service) dispatch(req *request, forwarded bool) {
 	if req.reply == "" {
 		// A publish without a reply subject asks nothing. micro counts it
@@ -339,20 +358,15 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 		_ = req.ok(nil)
 		return
 	}
-	sem := s.sem
-	if req.op == "acquire" {
-		sem = s.acqSem
-	}
-	select {
-	case sem <- struct{}{}:
-	default:
-		_ = req.fail(protocol.Errorf(protocol.CodeUnavailable, "node overloaded: %d %s requests in flight", cap(sem), req.op))
+	leave, ok := s.admit(req)
+	if !ok {
 		return
 	}
+	req.leave = leave
 	s.mu.Lock()
 	if s.refusing {
 		s.mu.Unlock()
-		<-sem
+		leave()
 		_ = req.fail(protocol.Errorf(protocol.CodeShuttingDown, "node %d is shutting down", s.cfg.Locks.ID()))
 		return
 	}
@@ -362,7 +376,7 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 	s.workers.spawn(func() {
 		defer s.wg.Done()
 		defer s.requests.Done()
-		defer func() { <-sem }()
+		defer leave()
 		s.handle(req, forwarded)
 	})
 }
@@ -409,83 +423,6 @@ func (s *Service) handle(req *request, forwarded bool) {
 	}
 }
 
-// forward proxies a request to the leader and relays its reply. The
-// follower never answers from its own state: it relays what the leader
-// said, or says why it could not reach it.
-func (s *Service) forward(req *request) { s.forwardTo(req, 0) }
-
-// forwardTo forwards req to the leader, once one other than notFrom (a
-// node that just answered not_leader) is known or LeaderWaitMax passed,
-// or serves it here if this node leads by then. A request goes through at
-// most MaxForwardHops forwards.
-func (s *Service) forwardTo(req *request, notFrom uint64) {
-	srv := s.cfg.Locks
-	if req.hops >= MaxForwardHops {
-		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leadership kept moving while the request was forwarded; retry"))
-		return
-	}
-	req.hops++
-	s.await(time.Now().Add(LeaderWaitMax), func() bool {
-		l := srv.Leader()
-		return l != 0 && l != notFrom && (l != srv.ID() || srv.IsLeader())
-	})
-	leader := srv.Leader()
-	if leader == srv.ID() && srv.IsLeader() {
-		s.handle(req, req.forwarded) // this node leads now
-		return
-	}
-	if leader == 0 || leader == srv.ID() {
-		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "no leader is known; retry"))
-		return
-	}
-	s.lead.forwarded.Add(1)
-	timeout := ForwardTimeoutDefault
-	if req.op == "acquire" {
-		ar, err := protocol.DecodeAcquire(req.data)
-		if err != nil {
-			s.replyErr(req, toProtocolError(err))
-			return
-		}
-		_, _, timeout, _ = ar.Validate()
-	}
-	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout+ForwardGraceDefault))
-	defer cancel()
-	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Data: req.data, Header: forwardHeader(req.header, req.identity)})
-	if err == nil && m.Header.Get(micro.ErrorCodeHeader) == string(protocol.CodeNotLeader) && time.Since(req.received) < LeaderWaitMax {
-		// The node asked did nothing (it never forwards again) and
-		// leadership has moved on: ask whoever leads now (only a young
-		// request, as in replyLockErr).
-		cancel()
-		s.forwardTo(req, leader)
-		return
-	}
-	switch {
-	case errors.Is(err, nats.ErrNoResponders):
-		// Nobody received it: certainly no effect.
-		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leader %d is not reachable; retry", leader))
-		return
-	case err != nil && (req.op == "get" || req.op == "list"):
-		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leader %d did not answer: %v", leader, err))
-		return
-	case err != nil:
-		// The leader may have applied it: do not guess.
-		s.replyErr(req, protocol.Errorf(protocol.CodeIndeterminate, "leader %d did not answer in time: %v", leader, err))
-		return
-	}
-	var onLost func()
-	if req.op == "acquire" && m.Header.Get(HeaderQueued) != "" {
-		// The requester waited: it may be gone (delivery.go).
-		m.Header.Del(HeaderQueued)
-		onLost = func() { s.releaseUndelivered(leader, req.identity, m.Data) }
-	}
-	if err := req.relay(m.Data, m.Header, onLost); err != nil {
-		s.log.Debug("relayed reply not written", "op", req.op, "err", err)
-		if req.op == "acquire" {
-			s.releaseUndelivered(leader, req.identity, m.Data)
-		}
-	}
-}
-
 // background runs f on its own goroutine until Stop (which waits for it);
 // after Stop it does nothing.
 func (s *Service) background(f func()) {
@@ -501,25 +438,6 @@ func (s *Service) background(f func()) {
 	}()
 }
 
-// releaseUndelivered asks the leader to release a grant whose reply this
-// follower could not relay: nobody can hold that token (SPEC §4.4). It is
-// the cluster's own request (HeaderLostReply): the requester's access list
-// entry may allow acquire and not release, and the grant must go anyway.
-func (s *Service) releaseUndelivered(leader uint64, identity string, reply []byte) {
-	var ar protocol.AcquireReply
-	if protocol.ParseReply(reply, &ar) != nil || ar.Token == 0 {
-		return
-	}
-	body, _ := json.Marshal(protocol.ReleaseRequest{Key: ar.Key, Token: ar.Token})
-	ctx, cancel := context.WithTimeout(s.ctx, ForwardTimeoutDefault)
-	defer cancel()
-	h := forwardHeader(nil, identity)
-	h.Set(HeaderLostReply, "1")
-	if _, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, "release"), Data: body, Header: h}); err != nil {
-		s.log.Warn("release of an undelivered grant failed; it will expire with its lease", "key", ar.Key, "token", ar.Token, "err", err)
-	}
-}
-
 func (s *Service) acquire(req *request) {
 	ar, err := protocol.DecodeAcquire(req.data)
 	if err != nil {
@@ -529,8 +447,17 @@ func (s *Service) acquire(req *request) {
 	lease, wait, timeout, _ := ar.Validate()
 	ctx, cancel := context.WithDeadline(req.context(s.ctx), req.received.Add(timeout))
 	defer cancel()
+	unpark := func() {}
+	defer func() { unpark() }()
 	g, err := s.cfg.Locks.Acquire(ctx, lockservice.AcquireParams{
 		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout, WaitID: ar.WaitID,
+		// Called on this goroutine, inside Acquire.
+		Parked: func() {
+			if req.leave != nil {
+				req.leave()
+			}
+			unpark = s.parked.add(req.reply, cancel)
+		},
 	})
 	if err != nil {
 		s.replyLockErr(req, err)
@@ -615,10 +542,6 @@ func (s *Service) reply(req *request, v any) {
 		s.log.Debug("reply not written", "op", req.op, "err", err)
 	}
 }
-
-// MaxForwardHops bounds how many leaders in turn a forwarded request is
-// sent to while leadership keeps moving.
-const MaxForwardHops = 3
 
 // LeaderWaitMax bounds how long a request waits for a leader to be known
 // (to forward it there) or for this newly elected node to be ready: the
