@@ -71,6 +71,7 @@ func start(t testing.TB, opts ...func(*daemon.Config)) *node {
 	cfg.AuditStream = "AUDIT"
 	cfg.NoSync = true
 	cfg.TickMS, cfg.ElectionTicks = testkit.TickMS, testkit.ElectionTicks
+	applyExampleConfig(t, &cfg)
 	for _, o := range opts {
 		o(&cfg)
 	}
@@ -139,6 +140,8 @@ func TestSecureExample(t *testing.T) {
 	t.Run("no forged identity", n.noForgedIdentity)
 	t.Run("no forged audit or streams", n.noForgedAudit)
 	t.Run("observer reads only", n.observer)
+	t.Run("no release by a stranger in the same account", n.noStrangerRelease)
+	t.Run("wait flood", n.waitFlood)
 	t.Run("secrets absent from logs", n.secretsNotLogged)
 }
 
