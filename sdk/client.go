@@ -135,11 +135,19 @@ type Client struct {
 	nc        *nats.Conn
 	owned     bool
 	cfg       config
+	perms     *permWatch
 	closeOnce sync.Once
 }
 
 // New returns a client that sends its requests over nc. The caller keeps
 // ownership of nc: Close does not close it.
+//
+// New wraps nc's asynchronous error handler (the one set before keeps
+// being called) to learn at once of the requests the NATS server refuses
+// for lack of permission, which then fail with ErrPermissionDenied
+// instead of waiting for a reply that cannot come. A handler set on nc
+// after New replaces the wrapper: refused requests then fail only when
+// their reply times out.
 func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if nc == nil {
 		return nil, errors.New("ticketd: nil NATS connection")
@@ -167,7 +175,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{nc: nc, cfg: cfg}, nil
+	return &Client{nc: nc, cfg: cfg, perms: newPermWatch(nc)}, nil
 }
 
 // Connect dials NATS at url (a comma-separated list is allowed) and
@@ -181,7 +189,21 @@ func Connect(url string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, fmt.Errorf("ticketd: %w", err)
 	}
-	natsOpts := append(append([]nats.Option{nats.Name("ticketd-sdk")}, auth...), cfg.natsOpts...)
+	logger := cfg.logger
+	if logger == nil {
+		logger = slog.New(slog.DiscardHandler)
+	}
+	// nats.go's default handler prints every asynchronous error on
+	// stderr; the SDK reports the ones a request meets in its error
+	// (permissions.go), and logs them all (WithNATSOptions may set another).
+	quiet := nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		subject := ""
+		if sub != nil {
+			subject = sub.Subject
+		}
+		logger.Warn("ticketd: NATS reported an error", "err", err, "subscription", subject)
+	})
+	natsOpts := append(append([]nats.Option{nats.Name("ticketd-sdk"), quiet}, auth...), cfg.natsOpts...)
 	nc, err := nats.Connect(url, natsOpts...)
 	if err != nil {
 		// The URL may carry user:password; errors get logged.
@@ -203,6 +225,7 @@ func (c *Client) Conn() *nats.Conn { return c.nc }
 // does nothing otherwise (New). Locks still held are not released: they
 // expire within their leases.
 func (c *Client) Close() error {
+	c.perms.close()
 	if c.owned {
 		c.closeOnce.Do(c.nc.Close)
 	}
@@ -249,6 +272,7 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 		retryUntil = time.Now().Add(c.cfg.retryBudget)
 	}
 	var last *Error // the last failure after which a retry is safe
+	var lc leaderCheck
 	for n := 0; ; n++ {
 		if n > 0 && r.once {
 			return nil, last
@@ -284,22 +308,12 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 			return nil, c.giveUp(r, last, context.DeadlineExceeded)
 		}
 		sent := c.cfg.clock.Now()
-		actx, cancel := context.WithTimeout(ctx, wait)
-		var (
-			msg *nats.Msg
-			err error
-		)
-		if r.exchange != nil {
-			msg, err = r.exchange(actx, r.subject, body)
-		} else {
-			msg, err = c.nc.RequestWithContext(actx, r.subject, body)
-		}
-		cancel()
+		msg, err := c.send(ctx, r, body, wait)
 		if s, ok := err.(*settled); ok {
 			return nil, s.err
 		}
 		if err != nil {
-			retry, ferr := c.classifySendError(ctx, r, err)
+			retry, ferr := c.classifySendError(ctx, r, err, &lc)
 			c.hook(r.op, n, ferr)
 			if !retry {
 				return nil, ferr
@@ -337,15 +351,36 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 
 var errRetryBudget = errors.New("retry budget exhausted")
 
+// send makes one attempt: the request to r.subject, and its reply within
+// wait. A refusal by the NATS server (permissions.go) ends it at once as a
+// *settled error.
+func (c *Client) send(ctx context.Context, r *request, body []byte, wait time.Duration) (*nats.Msg, error) {
+	actx, cancel := context.WithTimeout(ctx, wait)
+	defer cancel()
+	if r.exchange != nil {
+		// It listens on an inbox of its own and watches for refusals itself.
+		return r.exchange(actx, r.subject, body)
+	}
+	if v := c.perms.checkMux(actx); v != nil {
+		return nil, &settled{c.deniedError(r, v, false)}
+	}
+	w := c.perms.watch(r.subject, c.perms.muxSubject(), func(error) { cancel() })
+	msg, err := c.nc.RequestWithContext(actx, r.subject, body)
+	if v := c.perms.stop(w); v != nil && err != nil {
+		return nil, &settled{c.deniedError(r, v, true)}
+	}
+	return msg, err
+}
+
 // classifySendError decides what a failed RequestWithContext means: retry
 // reports whether the request certainly had no effect (or is read-only)
 // and may be sent again.
-func (c *Client) classifySendError(ctx context.Context, r *request, err error) (retry bool, _ *Error) {
+func (c *Client) classifySendError(ctx context.Context, r *request, err error, lc *leaderCheck) (retry bool, _ *Error) {
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
-		// Nobody was subscribed: no node, or the leader a follower
-		// forwarded to is gone. Nothing received the request.
-		return true, c.newError(r, protocol.CodeUnavailable, "no ticketd node answered (no responders)", err)
+		// Nobody was subscribed: no node, no leader, or the leader a
+		// follower forwarded to is gone. Nothing received the request.
+		return true, c.noResponders(ctx, r, err, lc)
 	case errors.Is(err, nats.ErrReconnectBufExceeded):
 		// Rejected before it was written anywhere.
 		return true, c.newError(r, protocol.CodeUnavailable, "not connected to NATS", err)

@@ -388,3 +388,29 @@ func TestWatchAndObserve(t *testing.T) {
 		t.Fatal(err)
 	}
 }
+
+// TestNoLeaderAfterQuorumLoss: with two of three nodes gone, the last one
+// knows no leader and nobody serves the lock subjects; an acquire then
+// fails as unavailable saying "no leader", not "no ticketd node answered".
+func TestNoLeaderAfterQuorumLoss(t *testing.T) {
+	c, lead := cluster(t, 3)
+	left := c.Follower(lead)
+	for i := 0; i < c.Size(); i++ {
+		if i != left {
+			if err := c.Stop(i); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	testkit.Eventually(t, 20*c.ElectionTimeout(), "the last node knows no leader", func() bool {
+		return c.Node(left).Node().Status().Lead == 0
+	})
+	cl := client(t, c, left)
+	ctx, cancel := context.WithTimeout(t.Context(), time.Second)
+	defer cancel()
+	_, err := cl.Acquire(ctx, "orders/42")
+	var e *sdk.Error
+	if !errors.As(err, &e) || e.Code != "unavailable" || !strings.HasPrefix(e.Message, "no leader: ") {
+		t.Fatalf("got %v, want unavailable: no leader", err)
+	}
+}

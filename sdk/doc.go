@@ -58,6 +58,14 @@
 // the same settings as --nats-* flags. A server with an access list answers
 // what the identity NATS authenticated may not do with ErrPermissionDenied.
 //
+// A request the NATS server itself refuses (the user may not publish on
+// the subject, or may not subscribe to its reply inbox) is
+// ErrPermissionDenied at once, naming the subject (permissions.go), not a
+// reply timeout: a refused publish reached no node, and the reply inbox
+// is checked before the first request is sent, so nothing is sent on an
+// inbox the server refused. For this New wraps the connection's
+// asynchronous error handler.
+//
 // # Errors
 //
 // Every request failure is an *Error carrying the stable code
@@ -84,8 +92,12 @@
 // when the previous attempt certainly had no effect:
 //
 //	failure                                    acquire          release          get, status
-//	nats.ErrNoResponders (no node, or the      retry            retry            retry
-//	  leader a follower forwarded to is gone)
+//	nats.ErrNoResponders (no node, no leader,  retry            retry            retry
+//	  or the leader a follower forwarded to
+//	  is gone; status tells which: the error
+//	  says "no leader" when no node knows one)
+//	NATS permissions violation on the          ErrPermissionDenied at once, never retried
+//	  publish or the reply inbox
 //	reply code not_leader, unavailable,        retry            retry            retry
 //	  shutting_down (Code.Retryable)
 //	not connected / reconnect buffer full      retry            retry            retry

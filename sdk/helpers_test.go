@@ -42,7 +42,13 @@ type fake struct {
 
 func startFake(t *testing.T, s *server.Server, script func(subject string, n int, data []byte) action) *fake {
 	t.Helper()
-	f := &fake{t: t, nc: testkit.Connect(t, s.ClientURL()), script: script}
+	return startFakeAt(t, s.ClientURL(), script)
+}
+
+// startFakeAt is startFake on a server URL that may carry credentials.
+func startFakeAt(t *testing.T, url string, script func(subject string, n int, data []byte) action) *fake {
+	t.Helper()
+	f := &fake{t: t, nc: testkit.Connect(t, url), script: script}
 	for _, subj := range []string{protocol.SubjectAcquire, protocol.SubjectRelease, protocol.SubjectGet, protocol.SubjectStatus,
 		protocol.SubjectRenew, protocol.SubjectList, protocol.SubjectWithdraw} {
 		sub, err := f.nc.QueueSubscribe(subj, protocol.QueueGroup, f.handle)

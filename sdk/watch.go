@@ -3,6 +3,7 @@ package sdk
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -47,13 +48,24 @@ func (c *Client) Watch(ctx context.Context, key string) (<-chan WatchEvent, erro
 	// NATS drops what does not fit in msgs (a slow consumer), which
 	// bounds the memory a watch holds.
 	msgs := make(chan *nats.Msg, WatchBuffer)
-	sub, err := c.nc.ChanSubscribe(protocol.WatchSubject(key), msgs)
+	subject := protocol.WatchSubject(key)
+	fctx, cancel := context.WithTimeout(ctx, c.cfg.requestTimeout)
+	defer cancel()
+	check := c.perms.expect(fctx, subject)
+	sub, err := c.nc.ChanSubscribe(subject, msgs)
 	if err != nil {
+		check.abandon()
 		return nil, &Error{Code: protocol.CodeUnavailable, Message: "cannot subscribe", Op: "watch", Key: key, Err: err}
 	}
 	// Once the server has the subscription, every event published after
-	// Watch returns reaches it.
-	if err := c.nc.FlushTimeout(c.cfg.requestTimeout); err != nil {
+	// Watch returns reaches it; or it refused it (permissions.go).
+	v, err := check.confirm()
+	if v != nil {
+		_ = sub.Unsubscribe()
+		return nil, &Error{Code: protocol.CodePermissionDenied, Op: "watch", Key: key, Err: v.err,
+			Message: fmt.Sprintf("this NATS user may not subscribe to %s", subject)}
+	}
+	if err != nil {
 		_ = sub.Unsubscribe()
 		return nil, &Error{Code: protocol.CodeUnavailable, Message: "subscription not confirmed", Op: "watch", Key: key, Err: err}
 	}

@@ -47,24 +47,47 @@ type waiter struct {
 func (c *Client) waitExchange(r *request, waitID string) func(context.Context, string, []byte) (*nats.Msg, error) {
 	return func(ctx context.Context, subject string, body []byte) (*nats.Msg, error) {
 		w := &waiter{c: c, r: r, waitID: waitID, replies: make(chan *nats.Msg, 1)}
-		sub, err := c.nc.Subscribe(c.nc.NewInbox(), w.handle)
+		inbox := c.nc.NewInbox()
+		check := c.perms.expect(ctx, inbox)
+		sub, err := c.nc.Subscribe(inbox, w.handle)
 		if err != nil {
+			check.abandon()
 			return nil, &settled{c.newError(r, protocol.CodeUnavailable, "cannot listen for the reply", err)}
 		}
-		// One connection keeps order: the server has our SUB before the
-		// request, so the reply cannot miss it.
+		// The reply can come only here: before sending, make sure the
+		// server accepted the subscription (permissions.go). One
+		// connection keeps order, so the server has our SUB before the
+		// request and the reply cannot miss it.
+		if v, _ := check.confirm(); v != nil {
+			_ = sub.Unsubscribe()
+			return nil, &settled{c.deniedError(r, v, false)}
+		}
+		// A refusal of the publish or of the inbox ends the wait at once,
+		// with the violation as ctx's cause.
+		ctx, refused := context.WithCancelCause(ctx)
+		defer refused(nil)
+		pw := c.perms.watch(subject, sub.Subject, refused)
 		if err := c.nc.PublishRequest(subject, sub.Subject, body); err != nil {
+			c.perms.stop(pw)
 			_ = sub.Unsubscribe()
 			return nil, err
 		}
 		select {
 		case m := <-w.replies:
+			c.perms.stop(pw)
 			_ = sub.Unsubscribe()
 			if isNoResponders(m) {
 				return nil, nats.ErrNoResponders
 			}
 			return m, nil
 		case <-ctx.Done():
+		}
+		// A refused publish reached nobody: there is no wait to withdraw.
+		// A refused inbox (a reconnect changed the permissions) is
+		// abandoned like a timeout: the wait may exist.
+		if v := c.perms.stop(pw); v != nil && v.what != "subscribe" {
+			_ = sub.Unsubscribe()
+			return nil, &settled{c.deniedError(r, v, true)}
 		}
 		return w.abandon(ctx, sub)
 	}
