@@ -68,3 +68,30 @@ func definedCodes(t *testing.T) []string {
 	slices.Sort(codes)
 	return codes
 }
+
+// TestDocumentedSubjects: docs/protocol.md §1 names every subject this
+// package defines, so a client author meets none that the page does not
+// explain.
+func TestDocumentedSubjects(t *testing.T) {
+	doc, err := os.ReadFile("../../docs/protocol.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sec := string(doc)
+	start, end := strings.Index(sec, "\n## 1. Subjects"), strings.Index(sec, "\n## 2.")
+	if start < 0 || end < start {
+		t.Fatal("docs/protocol.md: section 1 not found")
+	}
+	sec = sec[start:end]
+	for _, subject := range []string{
+		SubjectAcquire, SubjectRelease, SubjectGet, SubjectRenew, SubjectList, SubjectWithdraw, SubjectStatus,
+		SubjectWatchPrefix + ".k.<key>", SubjectWatchPrefix + ".h.<hash>", SubjectAuditPrefix + ".<type>",
+		strings.Replace(NodeStatusSubject(7), "7", "<id>", 1),
+		strings.Replace(ForwardSubject(7, "<op>"), "7", "<leader-id>", 1),
+		SubjectPrefix + ".control.>",
+	} {
+		if !strings.Contains(sec, "`"+subject+"`") {
+			t.Errorf("docs/protocol.md §1 does not name `%s`", subject)
+		}
+	}
+}
