@@ -421,10 +421,15 @@ func (c Config) validateNATS() error {
 	return nil
 }
 
-// IdentitySettings names the settings in use that act on who is asking:
-// the access list and every per-identity limit. A per-identity setting
-// added later belongs here, so that it starts only where identities
-// cannot be forged.
+// IdentitySettings names the settings in use that exist to tell one
+// requester from another and are refused where identities can be forged:
+// the access list and the per-identity lock quota (off by default). A
+// per-identity setting added later that is off by default belongs here.
+// The fair shares (waiters, requests in progress and plugin time per
+// identity) are always on and are not: where identities cannot be
+// believed every request is the one anonymous identity, so a header cannot
+// dodge them, and they are limits on all clients together
+// (docs/operations.md); TunedShares names them for the start-up warning.
 func (c Config) IdentitySettings() []string {
 	var out []string
 	if c.ACL != "" {
@@ -432,6 +437,27 @@ func (c Config) IdentitySettings() []string {
 	}
 	if c.MaxLocksPerIdentity > 0 {
 		out = append(out, "max-locks-per-identity")
+	}
+	return out
+}
+
+// TunedShares names the fair-share settings set to other than their
+// defaults: an operator who sets them expects each tenant its own share.
+func (c Config) TunedShares() []string {
+	d := Defaults()
+	var out []string
+	for _, s := range []struct {
+		name string
+		set  bool
+	}{
+		{"max-waiters-per-identity", c.MaxWaitersPerIdentity != d.MaxWaitersPerIdentity},
+		{"max-inflight-per-identity", c.MaxInflightPerIdentity != d.MaxInflightPerIdentity},
+		{"plugin-calls-per-identity", c.PluginCallsPerIdentity != d.PluginCallsPerIdentity},
+		{"plugin-ms-per-identity", c.PluginTimePerIdentityMS != d.PluginTimePerIdentityMS},
+	} {
+		if s.set {
+			out = append(out, s.name)
+		}
 	}
 	return out
 }

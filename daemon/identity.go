@@ -31,6 +31,9 @@ import (
 func (d *Daemon) identityTrust() (natsapi.IdentityTrust, error) {
 	uses := d.cfg.IdentitySettings()
 	if d.ns == nil {
+		if !d.cfg.NATSTrustRequestInfo {
+			d.warnSharedShares("nats-url without nats-trust-request-info")
+		}
 		return natsapi.IdentityTrust{Trusted: d.cfg.NATSTrustRequestInfo}, nil
 	}
 	acc, err := d.ownAccount()
@@ -53,7 +56,18 @@ func (d *Daemon) identityTrust() (natsapi.IdentityTrust, error) {
 			strings.Join(uses, ", "), needIdentities(len(uses)), strings.Join(problems, "; "))
 	}
 	d.log.Debug("requests are anonymous: identities could be forged", "why", strings.Join(problems, "; "))
+	d.warnSharedShares(strings.Join(problems, "; "))
 	return natsapi.IdentityTrust{}, nil
+}
+
+// warnSharedShares says, once at start, that the fair shares the operator
+// set are one share for all clients together: identities are not believed
+// here (why).
+func (d *Daemon) warnSharedShares(why string) {
+	if tuned := d.cfg.TunedShares(); len(tuned) > 0 {
+		d.log.Warn("every request is anonymous here, so the per-identity shares are one share for all clients together",
+			"settings", strings.Join(tuned, ","), "why", why)
+	}
 }
 
 // identityProblems lists what lets a client other than ticketd publish

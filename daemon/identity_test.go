@@ -193,6 +193,24 @@ func TestIdentityOpenNATS(t *testing.T) {
 	anonymousDespiteHeader(t, d, d.ClientURL(), "open/1")
 }
 
+// TestSharesTunedWithoutIdentities: the fair shares are always on and
+// start anywhere (every anonymous request shares one), but a node whose
+// operator set one, where identities are not believed, says at start that
+// it is one share for all clients.
+func TestSharesTunedWithoutIdentities(t *testing.T) {
+	log, buf := infoLogger()
+	cfg := identityNode(t, false)
+	cfg.MaxWaitersPerIdentity = 10
+	d, err := daemon.Start(context.Background(), cfg, daemon.Options{Logger: log})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Close()
+	if w := daemon.GrepLines(buf.String(), "per-identity shares are one share for all clients"); !strings.Contains(w, "level=WARN") || !strings.Contains(w, "max-waiters-per-identity") {
+		t.Fatalf("no warning naming max-waiters-per-identity:\n%s", buf.String())
+	}
+}
+
 // TestIdentityNATSConfigWithoutAccounts: a nats-config with users but no
 // accounts puts every client in one account with ticketd, where any of
 // them can write the header: refused with the identity settings (it used
