@@ -41,7 +41,7 @@ func (p *Plane) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v1/retire", admin(p.retire))
 	mux.HandleFunc("POST /v1/members", admin(p.members))
 	// Answers only valid/invalid and checks no credential, so it is never
-	// throttled: a starting node always learns whether it was retired.
+	// paced: a starting node always learns at once whether it was retired.
 	mux.HandleFunc("POST /v1/identity", p.handler(false, false, p.identity))
 	mux.HandleFunc("POST /v1/snapshot", p.snapshot) // admin; answers a backup file
 	return mux
@@ -51,7 +51,9 @@ func (p *Plane) routes() *http.ServeMux {
 var ErrInsecureListen = errors.New("control: a control API off loopback needs TLS")
 
 // listen serves the control API on its own listener: over TLS when
-// configured, with at most MaxConns connections and timeouts on each.
+// configured, with connections bounded per source and in all from accept
+// on (limitListener), and timeouts on each; the TLS handshake must end
+// within HandshakeTimeout (the server's shortest timeout).
 func (p *Plane) listen() error {
 	if p.cfg.TLS == nil && !IsLoopback(p.cfg.Listen) {
 		return fmt.Errorf("%w: %s", ErrInsecureListen, p.cfg.Listen)
@@ -60,22 +62,20 @@ func (p *Plane) listen() error {
 	if err != nil {
 		return fmt.Errorf("control: listen: %w", err)
 	}
-	maxConns := p.cfg.MaxConns
-	if maxConns <= 0 {
-		maxConns = MaxConnsDefault
-	}
-	var ln net.Listener = &limitListener{Listener: raw, max: int64(maxConns)}
+	var ln net.Listener = &limitListener{Listener: raw, conns: p.conns}
 	if p.cfg.TLS != nil {
 		ln = tls.NewListener(ln, p.cfg.TLS)
 	}
 	p.ln = ln
 	p.srv = &http.Server{
 		Handler:           p.routes(),
-		ReadHeaderTimeout: readHeaderTimeout,
+		ReadHeaderTimeout: orDefault(p.cfg.HandshakeTimeout, HandshakeTimeoutDefault),
 		ReadTimeout:       readTimeout,
 		WriteTimeout:      writeTimeout,
 		IdleTimeout:       idleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
+		ConnState:         trackState,
+		ConnContext:       withConn,
 		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
 	go func() { _ = p.srv.Serve(ln) }()
@@ -134,21 +134,18 @@ func (p *Plane) admitted(r *http.Request) *Error {
 	return nil
 }
 
-// throttled refuses a request from a source that failed to authenticate
-// too often (failureLimiter), nil otherwise.
-func (p *Plane) throttled(r *http.Request) *Error {
-	source := sourceOf(r)
-	if ok, wait := p.failures.allowed(source); !ok {
-		return &Error{Code: CodeTooManyAttempts, Message: fmt.Sprintf("too many failed attempts from %s; retry in %v", source, wait.Round(time.Millisecond))}
-	}
-	return nil
-}
-
-// fail answers e, counting it against the request's source when it
-// answers a wrong credential.
+// fail answers e. A wrong credential spends one of its source's
+// attempts; once they are spent, it is answered too_many_attempts and
+// the connection closed, so each further guess costs a new connection
+// (and, over TLS, a handshake) besides FailureDelay.
 func (p *Plane) fail(w http.ResponseWriter, r *http.Request, e *Error) {
 	if e.failedAttempt() {
-		p.failures.failed(sourceOf(r))
+		source := sourceOf(r)
+		if !p.failures.failed(source) {
+			_, wait := p.failures.allowed(source)
+			e = &Error{Code: CodeTooManyAttempts, Message: fmt.Sprintf("too many failed attempts from %s; retry in %v", source, wait.Round(time.Millisecond))}
+			w.Header().Set("Connection", "close")
+		}
 	}
 	writeError(w, e)
 }
@@ -170,16 +167,17 @@ func decodeRequest(r *http.Request) (Request, *Error) {
 	return req, nil
 }
 
-// handler refuses a throttled source (endpoints that check a credential),
-// authenticates (admin endpoints), decodes the body, refuses anything but
-// the ready leader and maps an *Error to its HTTP status.
-func (p *Plane) handler(needAdmin, throttle bool, h handlerFunc) http.HandlerFunc {
+// handler paces a source that has spent its failed attempts (endpoints
+// that check a credential), authenticates (admin endpoints), decodes the
+// body, refuses anything but the ready leader and maps an *Error to its
+// HTTP status.
+func (p *Plane) handler(needAdmin, paced bool, h handlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
-		// A source that failed too often is refused before its credential
-		// is even looked at, right or wrong: otherwise the answer would
-		// still tell a guesser when it got it right.
-		if e := p.throttled(r); e != nil && throttle {
-			writeError(w, e)
+		// Such a source waits before its credential is looked at, right or
+		// wrong; it is never refused for its past failures, so a guesser
+		// cannot lock out whoever shares its address, and a correct
+		// credential is always accepted.
+		if paced && !p.pace(r) {
 			return
 		}
 		if needAdmin {

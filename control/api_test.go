@@ -34,6 +34,8 @@ func newTestAPI(t *testing.T) (*Plane, *fakeNode, *fakeLeadership, string) {
 		DataDir:             t.TempDir(),
 		PeerListen:          "127.0.0.1:0",
 		PeerAddr:            "127.0.0.1:7001",
+		// A throttled source still waits, just not a second per request.
+		FailureDelay: time.Millisecond,
 	})
 	srv := httptest.NewServer(p.routes())
 	t.Cleanup(srv.Close)

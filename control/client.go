@@ -10,6 +10,7 @@ import (
 	"io"
 	"net"
 	"net/http"
+	"net/url"
 	"strings"
 	"time"
 
@@ -105,6 +106,28 @@ func WithTLS(cfg *tls.Config) CallOption {
 	}
 }
 
+// ErrInsecureURL: a plain http:// control URL that is not loopback; the
+// credential would cross the network in clear.
+var ErrInsecureURL = errors.New("control: plain http off loopback")
+
+// checkURL accepts https URLs, and http URLs whose host is loopback (a
+// control API off loopback serves only TLS anyway).
+func checkURL(raw string) error {
+	u, err := url.Parse(raw)
+	if err != nil || u.Host == "" || (u.Scheme != "http" && u.Scheme != "https") {
+		return fmt.Errorf("control: %q is not a control URL: want https://host:port, or http:// to loopback", raw)
+	}
+	if u.Scheme == "https" {
+		return nil
+	}
+	host := u.Hostname()
+	if ip := net.ParseIP(host); host == "localhost" || (ip != nil && ip.IsLoopback()) {
+		return nil
+	}
+	return fmt.Errorf("%w: %s would send the credential in clear: use https://%s with --control-tls-ca (the CA of the nodes' control certificates)",
+		ErrInsecureURL, raw, u.Host)
+}
+
 // Call posts body to path on the first of urls that is the leader,
 // retrying not_leader and unavailable answers until ctx ends. Other
 // refusals come back as *Error.
@@ -127,6 +150,11 @@ func Call(ctx context.Context, urls []string, path, credential string, body any,
 // request that may have reached a node without an answer as
 // indeterminate.
 func roundTrip(ctx context.Context, urls []string, path, credential string, body any, limit int64, opts []CallOption) ([]byte, error) {
+	for _, u := range urls {
+		if err := checkURL(u); err != nil {
+			return nil, err
+		}
+	}
 	client := &http.Client{}
 	for _, o := range opts {
 		o(client)

@@ -13,6 +13,7 @@ import (
 	"go.etcd.io/raft/v3/raftpb"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/connlimit"
 	"github.com/ticketd/ticketd/raftstore"
 )
 
@@ -102,12 +103,15 @@ type Config struct {
 	// ClientAuth for mutual TLS). Without it, Start refuses a Listen
 	// address that is not loopback: the API carries credentials.
 	TLS *tls.Config
-	// MaxConns bounds open API connections (MaxConnsDefault if 0).
+	// MaxConns and MaxConnsPerSource bound open API connections, in all
+	// and from one address; HandshakeTimeout bounds a TLS handshake.
 	// FailureBurst and FailureRefill bound failed attempts per source
-	// address (FailureBurstDefault, FailureRefillDefault if 0).
-	MaxConns      int
-	FailureBurst  int
-	FailureRefill time.Duration
+	// address, and FailureDelay paces a source beyond them (limits.go).
+	// Zero means the ...Default constant.
+	MaxConns, MaxConnsPerSource int
+	HandshakeTimeout            time.Duration
+	FailureBurst                int
+	FailureRefill, FailureDelay time.Duration
 	// Credential is the cluster-control credential every admin request
 	// must carry; with none set every admin request is refused.
 	Credential string
@@ -135,6 +139,8 @@ type Plane struct {
 
 	versionProbe VersionProbe // set before Start
 	failures     *failureLimiter
+	failureDelay time.Duration
+	conns        *connlimit.Table // the API listener's connections
 
 	srv  *http.Server
 	ln   net.Listener
@@ -154,7 +160,12 @@ func New(cfg Config) *Plane {
 		addrs[id] = a
 	}
 	return &Plane{cfg: cfg, log: log, addrs: addrs, stop: make(chan struct{}),
-		failures: newFailureLimiter(cfg.FailureBurst, cfg.FailureRefill, nil)}
+		failures:     newFailureLimiter(cfg.FailureBurst, cfg.FailureRefill, nil),
+		failureDelay: orDefault(cfg.FailureDelay, FailureDelayDefault),
+		conns: connlimit.New(connlimit.Limits{
+			Total:     orDefault(cfg.MaxConns, MaxConnsDefault),
+			PerSource: orDefault(cfg.MaxConnsPerSource, MaxConnsPerSourceDefault),
+		})}
 }
 
 // Start listens for the control API (if Config.Listen is set) and starts

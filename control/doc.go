@@ -20,8 +20,17 @@
 //     appends nothing to the log.
 //
 //   - The API's exposure (limits.go, tls.go): TLS (required off loopback;
-//     mutual TLS with a client CA), failed attempts limited per source
-//     address (too_many_attempts), HTTP timeouts and a connection cap.
+//     mutual TLS with a client CA); connections bounded per source
+//     address and in all from accept on, before TLS, a new one evicting
+//     the oldest that serves no request (internal/connlimit), so idle
+//     connections, from one address or many, never keep the admin out;
+//     a short TLS handshake deadline and HTTP timeouts; and failed
+//     attempts limited per source address without locking anyone out:
+//     once a source has spent them, each of its requests waits
+//     FailureDelay (evictable) before its credential is checked, and
+//     each failure is answered too_many_attempts, but a correct
+//     credential is always accepted. The client refuses plain http off
+//     loopback (ErrInsecureURL): the credential would travel in clear.
 //
 //   - The wire format (client.go): Request, Reply, Member, and Error with
 //     its Code* values, each mapped to one HTTP status. Call finds the

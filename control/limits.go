@@ -1,11 +1,14 @@
 package control
 
 import (
+	"context"
+	"crypto/tls"
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
+
+	"github.com/ticketd/ticketd/internal/connlimit"
 )
 
 // Bounds of the control API: what one source, or everybody together, can
@@ -15,26 +18,44 @@ const (
 	// bootstrap or join credential) one source address may make in a row.
 	FailureBurstDefault = 10
 	// FailureRefillDefault is how often a source earns one more attempt
-	// after that: guessing a 16-byte credential at one try a second is
-	// hopeless.
+	// after that.
 	FailureRefillDefault = time.Second
+	// FailureDelayDefault is how long a request from a source that has
+	// spent its attempts waits before its credential is looked at. It is
+	// the slow-down, and it applies to everyone at that address, the
+	// admin too; but nobody is refused for it, so a guesser at the
+	// admin's address cannot lock the admin out (it did when a throttled
+	// source was refused outright). The wait is evictable (see
+	// limitListener), so opening more connections buys a guesser no more
+	// checks: about MaxConnsPerSourceDefault per delay from one address.
+	FailureDelayDefault = time.Second
 	// maxTrackedSources bounds the addresses the failure limiter
 	// remembers; when full, it forgets those that have earned back their
 	// whole burst, then the oldest.
 	maxTrackedSources = 4096
-	// MaxConnsDefault bounds the control API's open connections.
-	MaxConnsDefault = 64
+	// MaxConnsDefault bounds the control API's open connections, and
+	// MaxConnsPerSourceDefault those from one source address, counted
+	// from accept, before TLS. A new connection beyond either evicts the
+	// oldest one that is not serving a request (in its TLS handshake,
+	// idle between requests, or waiting out FailureDelay), of its source
+	// or of all, so idle connections, from one address or many, never
+	// keep the admin out.
+	MaxConnsDefault          = 64
+	MaxConnsPerSourceDefault = 8
+	// HandshakeTimeoutDefault bounds a new connection's TLS handshake,
+	// and the reading of each request's headers.
+	HandshakeTimeoutDefault = 3 * time.Second
 	// HTTP server timeouts: a slow client cannot hold a connection.
-	readHeaderTimeout = 5 * time.Second
-	readTimeout       = 10 * time.Second
-	writeTimeout      = TimeoutDefault + 5*time.Second
-	idleTimeout       = 60 * time.Second
-	maxHeaderBytes    = 8 << 10
+	readTimeout    = 10 * time.Second
+	writeTimeout   = TimeoutDefault + 5*time.Second
+	idleTimeout    = 60 * time.Second
+	maxHeaderBytes = 8 << 10
 )
 
 // failureLimiter is a token bucket per source address, spent by failed
-// attempts only: an honest caller never meets it, a guesser is slowed to
-// one try per refill. Called concurrently from the HTTP handlers.
+// attempts only: an honest caller never meets it; a source that has
+// spent it gets FailureDelay before each check and too_many_attempts for
+// each failure. Called concurrently from the HTTP handlers.
 type failureLimiter struct {
 	burst  float64
 	refill time.Duration
@@ -84,8 +105,8 @@ func (l *failureLimiter) allowed(source string) (bool, time.Duration) {
 	return true, 0
 }
 
-// failed spends one of source's attempts.
-func (l *failureLimiter) failed(source string) {
+// failed spends one of source's attempts; false means it had none left.
+func (l *failureLimiter) failed(source string) bool {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	now := l.now()
@@ -95,8 +116,11 @@ func (l *failureLimiter) failed(source string) {
 		b = &bucket{tokens: l.burst, at: now}
 		l.sources[source] = b
 	}
-	l.level(b, now)
-	b.tokens = max(0, b.tokens-1)
+	if l.level(b, now) < 1 {
+		return false
+	}
+	b.tokens--
+	return true
 }
 
 // makeRoom keeps the map under maxTrackedSources. mu held.
@@ -129,13 +153,15 @@ func sourceOf(r *http.Request) string {
 	return host
 }
 
-// limitListener closes connections beyond max at once, rather than
-// queueing them, so the connections in service are never stuck behind a
-// flood.
+// limitListener admits each accepted connection to a connlimit.Table
+// before anything is read from it (before TLS): at most
+// MaxConnsPerSource from one address and MaxConns in all, a new one
+// evicting the oldest that is not serving a request. The HTTP server
+// tells it, through trackState, when a connection serves a request (not
+// evictable) and when it is idle again.
 type limitListener struct {
 	net.Listener
-	max  int64
-	open atomic.Int64
+	conns *connlimit.Table
 }
 
 func (l *limitListener) Accept() (net.Conn, error) {
@@ -144,22 +170,106 @@ func (l *limitListener) Accept() (net.Conn, error) {
 		if err != nil {
 			return nil, err
 		}
-		if l.open.Add(1) > l.max {
-			l.open.Add(-1)
-			_ = c.Close()
+		lc := &limitConn{Conn: c, conns: l.conns}
+		if lc.entry, _ = l.conns.Admit(sourceOfAddr(c.RemoteAddr()), false, func() { _ = c.Close() }); lc.entry == nil {
+			_ = c.Close() // every connection of its source serves a request
 			continue
 		}
-		return &limitConn{Conn: c, l: l}, nil
+		return lc, nil
 	}
 }
 
+// limitConn is an accepted connection and its entry in the table.
 type limitConn struct {
 	net.Conn
-	l    *limitListener
-	once sync.Once
+	conns *connlimit.Table
+	entry *connlimit.Entry
 }
 
 func (c *limitConn) Close() error {
-	c.once.Do(func() { c.l.open.Add(-1) })
+	c.conns.Done(c.entry)
 	return c.Conn.Close()
+}
+
+// limitConnOf finds the limitConn under a connection the HTTP server
+// holds (a *tls.Conn over it, or itself).
+func limitConnOf(c net.Conn) *limitConn {
+	if tc, ok := c.(*tls.Conn); ok {
+		c = tc.NetConn()
+	}
+	lc, _ := c.(*limitConn)
+	return lc
+}
+
+// trackState is the HTTP server's ConnState hook: a connection serving a
+// request is held, an idle one evictable again.
+func trackState(c net.Conn, st http.ConnState) {
+	lc := limitConnOf(c)
+	if lc == nil {
+		return
+	}
+	switch st {
+	case http.StateActive:
+		lc.conns.Hold(lc.entry)
+	case http.StateIdle:
+		lc.conns.Release(lc.entry)
+	case http.StateClosed, http.StateHijacked:
+		lc.conns.Done(lc.entry)
+	}
+}
+
+type connCtxKey struct{}
+
+// withConn is the HTTP server's ConnContext hook: a request's context
+// carries its connection, for pace.
+func withConn(ctx context.Context, c net.Conn) context.Context {
+	if lc := limitConnOf(c); lc != nil {
+		return context.WithValue(ctx, connCtxKey{}, lc)
+	}
+	return ctx
+}
+
+// pace makes a request from a source that has spent its failed attempts
+// wait FailureDelay before its credential is checked, its connection
+// evictable meanwhile. It reports false if the request ended first (the
+// client left, or the connection was evicted).
+func (p *Plane) pace(r *http.Request) bool {
+	if ok, _ := p.failures.allowed(sourceOf(r)); ok {
+		return true
+	}
+	lc, _ := r.Context().Value(connCtxKey{}).(*limitConn)
+	if lc != nil {
+		lc.conns.Release(lc.entry)
+		defer lc.conns.Hold(lc.entry)
+	}
+	wait := time.NewTimer(p.failureDelay)
+	defer wait.Stop()
+	select {
+	case <-wait.C:
+		// An evicted connection is closed, but the request's context
+		// only learns of it once the body has been read.
+		return lc == nil || !lc.conns.Gone(lc.entry)
+	case <-r.Context().Done():
+		return false
+	}
+}
+
+// sourceOfAddr is the IP of a connection's remote address.
+func sourceOfAddr(a net.Addr) string {
+	if tcp, ok := a.(*net.TCPAddr); ok {
+		return tcp.IP.String()
+	}
+	host, _, err := net.SplitHostPort(a.String())
+	if err != nil {
+		return a.String()
+	}
+	return host
+}
+
+// orDefault is v, or def when v is not positive.
+func orDefault[T int | time.Duration](v, def T) T {
+	if v <= 0 {
+		return def
+	}
+	return v
 }

@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -38,35 +39,40 @@ func TestAnonymousJoinProposesNothing(t *testing.T) {
 	}
 }
 
-// Wrong credentials are slowed per source address: after the burst every
-// request from that source is refused, even one with the right
-// credential, until it has waited.
+// Wrong credentials are slowed per source address: after the burst each
+// request from that source waits FailureDelay, and each failure is
+// answered too_many_attempts; an attempt earned back per refill gets an
+// ordinary answer. The right credential is accepted all along.
 func TestBruteForceSlowed(t *testing.T) {
+	const delay = 5 * time.Millisecond
 	n := newFakeNode()
 	l := &fakeLeadership{}
 	l.leader.Store(true)
-	p := New(Config{ID: 1, Node: n, Leadership: l, Credential: testAdmin, FailureBurst: 5, FailureRefill: 200 * time.Millisecond})
+	p := New(Config{ID: 1, Node: n, Leadership: l, Credential: testAdmin, FailureBurst: 5, FailureRefill: 200 * time.Millisecond, FailureDelay: delay})
 	srv := httptest.NewServer(p.routes())
 	defer srv.Close()
 	start := time.Now()
 	statuses := map[int]int{}
-	for i := 0; i < 200; i++ {
+	for i := 0; i < 100; i++ {
 		status, _ := post(t, "POST", srv.URL+"/v1/members", "guess-"+hex.EncodeToString([]byte{byte(i)}), "")
 		statuses[status]++
 	}
 	elapsed := time.Since(start)
 	// One more attempt per refill may slip in while the loop runs.
 	if got, most := statuses[http.StatusUnauthorized], 5+int(elapsed/(200*time.Millisecond))+1; got < 5 || got > most {
-		t.Fatalf("%d of 200 guesses in %v were checked (statuses %v); want 5..%d", got, elapsed, statuses, most)
+		t.Fatalf("%d of 100 guesses in %v had an ordinary answer (statuses %v); want 5..%d", got, elapsed, statuses, most)
+	}
+	if elapsed < 90*delay {
+		t.Fatalf("100 guesses in %v: the throttled ones were not paced (%v each)", elapsed, delay)
 	}
 	status, body := post(t, "POST", srv.URL+"/v1/members", testAdmin, "")
-	if status != http.StatusTooManyRequests || !strings.Contains(body, CodeTooManyAttempts) {
-		t.Fatalf("the right credential from a limited source: %d %s, want 429", status, body)
+	if status != http.StatusOK {
+		t.Fatalf("the right credential from a limited source: %d %s, want 200", status, body)
 	}
-	testkit.Eventually(t, 5*time.Second, "the source to earn an attempt back", func() bool {
-		status, _ := post(t, "POST", srv.URL+"/v1/members", testAdmin, "")
-		return status == http.StatusOK
-	})
+	status, body = post(t, "POST", srv.URL+"/v1/members", "guess-again", "")
+	if status != http.StatusTooManyRequests || !strings.Contains(body, CodeTooManyAttempts) {
+		t.Fatalf("a wrong credential from a limited source: %d %s, want 429", status, body)
+	}
 }
 
 // The limiter remembers a bounded number of sources.
@@ -142,13 +148,13 @@ func TestControlMutualTLS(t *testing.T) {
 	}
 }
 
-// Idle connections beyond MaxConns are closed at once; the ones in
-// service are unaffected.
+// At most MaxConns connections are open: a fifth evicts the oldest idle
+// one and is served.
 func TestControlConnectionCap(t *testing.T) {
 	n := newFakeNode()
 	l := &fakeLeadership{}
 	l.leader.Store(true)
-	p := New(Config{ID: 1, Node: n, Leadership: l, Credential: testAdmin, Listen: "127.0.0.1:0", MaxConns: 4})
+	p := New(Config{ID: 1, Node: n, Leadership: l, Credential: testAdmin, Listen: "127.0.0.1:0", MaxConns: 4, Logger: testkit.QuietLogger()})
 	if err := p.Start(); err != nil {
 		t.Fatal(err)
 	}
@@ -162,18 +168,19 @@ func TestControlConnectionCap(t *testing.T) {
 		defer c.Close()
 		idle = append(idle, c)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 500*time.Millisecond)
+	testkit.Eventually(t, 5*time.Second, "four connections open", func() bool { total, _ := p.conns.Len(""); return total == 4 })
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if _, err := Call(ctx, []string{"http://" + p.Addr()}, "/v1/members", testAdmin, Request{}); err == nil {
-		t.Fatal("a fifth connection was served while four were open")
+	if _, err := Call(ctx, []string{"http://" + p.Addr()}, "/v1/members", testAdmin, Request{}); err != nil {
+		t.Fatalf("a fifth connection was not served: %v", err)
 	}
-	_ = idle[0].Close()
-	testkit.Eventually(t, 5*time.Second, "a request served once a slot is free", func() bool {
-		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
-		defer cancel()
-		_, err := Call(ctx, []string{"http://" + p.Addr()}, "/v1/members", testAdmin, Request{})
-		return err == nil
-	})
+	_ = idle[0].SetReadDeadline(time.Now().Add(5 * time.Second))
+	if _, err := idle[0].Read(make([]byte, 1)); err == nil || errors.Is(err, os.ErrDeadlineExceeded) {
+		t.Fatalf("the oldest idle connection was kept: %v", err)
+	}
+	if total, _ := p.conns.Len(""); total > 4 {
+		t.Fatalf("%d connections open, the cap is 4", total)
+	}
 }
 
 // A throttled source still learns whether an identity is current: the
@@ -184,7 +191,7 @@ func TestIdentityCheckNotThrottled(t *testing.T) {
 	for i := 0; i < FailureBurstDefault+1; i++ {
 		post(t, "POST", url+"/v1/members", "wrong-credential", "")
 	}
-	if status, _ := post(t, "POST", url+"/v1/members", testAdmin, ""); status != http.StatusTooManyRequests {
+	if status, _ := post(t, "POST", url+"/v1/members", "wrong-credential", ""); status != http.StatusTooManyRequests {
 		t.Fatalf("the source is not throttled (%d)", status)
 	}
 	if status, body := post(t, "POST", url+"/v1/identity", "", `{"node_id":9,"incarnation":1}`); status != http.StatusConflict || !strings.Contains(body, "control_rejected") {

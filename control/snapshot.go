@@ -17,8 +17,7 @@ import (
 // committed before the request arrived, taken under the machine's read
 // lock at one applied index.
 func (p *Plane) snapshot(w http.ResponseWriter, r *http.Request) {
-	if e := p.throttled(r); e != nil {
-		writeError(w, e)
+	if !p.pace(r) {
 		return
 	}
 	if e := p.admitted(r); e != nil {

@@ -109,6 +109,13 @@ func (t *Table) Done(e *Entry) {
 	}
 }
 
+// Gone reports whether e was evicted or is done.
+func (t *Table) Gone(e *Entry) bool {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	return e.gone
+}
+
 // Len is the number of connections in the table, and of those from
 // source.
 func (t *Table) Len(source string) (total, fromSource int) {
