@@ -36,7 +36,8 @@
 // the cluster ID's text form), the errors and their stable codes
 // (errors.go), the Store contract and MemoryStore (store.go).
 // Subpackages: fencepg (the rule in PostgreSQL, in the write's
-// transaction) and fencetest (the conformance test of every Store).
+// transaction), fencehttp (net/http middleware for the Ticketd-Fence
+// header) and fencetest (the conformance test of every Store).
 //
 // # What it does not own
 //

@@ -45,6 +45,10 @@ const (
 	// refuses a new one (it never forgets a key: that would let a stale
 	// token in again).
 	CodeStoreFull Code = "fence_store_full"
+	// CodeUnavailable: the check could not be made now (the store failed,
+	// or the request ended while it waited for an earlier request of the
+	// same key); nothing was accepted. Retrying later may succeed.
+	CodeUnavailable Code = "fence_unavailable"
 )
 
 // Error is every error this module returns about a fence or a token.
@@ -73,6 +77,7 @@ var (
 	ErrMissing            = &Error{Code: CodeMissing}
 	ErrInvalidArgument    = &Error{Code: CodeInvalidArgument}
 	ErrStoreFull          = &Error{Code: CodeStoreFull}
+	ErrUnavailable        = &Error{Code: CodeUnavailable}
 )
 
 func (e *Error) Error() string {
