@@ -11,6 +11,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/ticketd/ticketd/sdk"
 )
 
@@ -68,35 +70,55 @@ type benchConfig struct {
 	opts     []sdk.Option
 }
 
-func bench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("bench", stderr)
-	clients := cf.fs.Int("clients", 16, "concurrent clients (each its own NATS connection)")
-	keys := cf.fs.Int("keys", 1000, "distinct keys")
-	duration := cf.fs.Duration("duration", 10*time.Second, "how long to measure each mode (at most 10m)")
-	warmup := cf.fs.Duration("warmup", time.Second, "unmeasured run before each mode, as the peer harness does")
-	lease := cf.fs.Duration("lease", 10*time.Second, "lease of each acquire")
-	modes := cf.fs.String("mode", "try,wait", "try (acquire once, held counts as a conflict), wait (queue up to --wait), or both")
-	wait := cf.fs.Duration("wait", 5*time.Second, "how long a wait-mode acquire queues for its key")
-	pids := cf.fs.String("cpu-pids", "auto", "node processes to charge CPU to: auto (every local `ticketd serve` process, from /proc), none, or pid,pid,...")
-	asJSON := cf.fs.Bool("json", false, "print JSON (one result per mode)")
-	if _, code, ok := cf.parse(args, 0, stderr); !ok {
-		return code
+// benchOptions are bench's flags.
+type benchOptions struct {
+	cf                            *clientFlags
+	clients, keys                 int
+	duration, warmup, lease, wait time.Duration
+	modes, pids                   string
+	asJSON                        bool
+}
+
+func benchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "bench",
+		Short: "Drive acquire+release cycles against a cluster and print figures",
+		Long: `Run --clients clients (each its own NATS connection) doing acquire+release
+cycles on --keys keys for --duration per mode, after a --warmup, and print
+cycles/s, acquire and release latency percentiles and, against local nodes,
+the nodes' CPU time per cycle.`,
+		Example: `  ticketd bench --clients 16 --keys 1000 --duration 10s
+  ticketd bench --mode try --duration 30s --json`,
+		Args: exactArgs(),
 	}
-	if *clients < 1 || *clients > 1024 || *keys < 1 || *duration <= 0 || *duration > 10*time.Minute || *warmup < 0 || *wait <= 0 {
-		fmt.Fprintln(stderr, "ticketd bench: need 1..1024 clients, >=1 key, duration in (0, 10m], warmup >= 0, wait > 0")
-		return exitUsage
+	o := &benchOptions{cf: addClientFlags(cmd)}
+	fs := cmd.Flags()
+	fs.IntVar(&o.clients, "clients", 16, "concurrent clients (each its own NATS connection)")
+	fs.IntVar(&o.keys, "keys", 1000, "distinct keys")
+	fs.DurationVar(&o.duration, "duration", 10*time.Second, "how long to measure each mode (at most 10m)")
+	fs.DurationVar(&o.warmup, "warmup", time.Second, "unmeasured run before each mode, as the peer harness does")
+	fs.DurationVar(&o.lease, "lease", 10*time.Second, "lease of each acquire")
+	fs.StringVar(&o.modes, "mode", "try,wait", "try (acquire once, held counts as a conflict), wait (queue up to --wait), or both")
+	fs.DurationVar(&o.wait, "wait", 5*time.Second, "how long a wait-mode acquire queues for its key")
+	fs.StringVar(&o.pids, "cpu-pids", "auto", "node processes to charge CPU to: auto (every local `ticketd serve` process, from /proc), none, or pid,pid,...")
+	fs.BoolVar(&o.asJSON, "json", false, "print JSON (one result per mode)")
+	cmd.RunE = bind(o, bench)
+	return cmd
+}
+
+func bench(ctx context.Context, o *benchOptions, _ []string, stdout, stderr io.Writer) int {
+	if o.clients < 1 || o.clients > 1024 || o.keys < 1 || o.duration <= 0 || o.duration > 10*time.Minute || o.warmup < 0 || o.wait <= 0 {
+		return usagef(stderr, "bench needs 1..1024 clients, >=1 key, duration in (0, 10m], warmup >= 0, wait > 0")
 	}
-	ms, err := parseModes(*modes)
+	ms, err := parseModes(o.modes)
 	if err != nil {
-		fmt.Fprintln(stderr, "ticketd bench:", err)
-		return exitUsage
+		return usagef(stderr, "%v", err)
 	}
-	cfg := benchConfig{url: *cf.url, clients: *clients, keys: *keys, duration: *duration, warmup: *warmup, lease: *lease, wait: *wait}
-	if cfg.cpu.pids, err = parsePids(*pids); err != nil {
-		fmt.Fprintln(stderr, "ticketd bench:", err)
-		return exitUsage
+	cfg := benchConfig{url: o.cf.url, clients: o.clients, keys: o.keys, duration: o.duration, warmup: o.warmup, lease: o.lease, wait: o.wait}
+	if cfg.cpu.pids, err = parsePids(o.pids); err != nil {
+		return usagef(stderr, "%v", err)
 	}
-	if cfg.opts, err = cf.sdkOptions(); err != nil {
+	if cfg.opts, err = o.cf.sdkOptions(); err != nil {
 		return fail(stderr, err)
 	}
 	var results []BenchResult
@@ -107,11 +129,11 @@ func bench(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 			return fail(stderr, err)
 		}
 		results = append(results, res)
-		if !*asJSON {
+		if !o.asJSON {
 			printBench(stdout, res)
 		}
 	}
-	if *asJSON {
+	if o.asJSON {
 		printJSON(stdout, results)
 	}
 	return 0

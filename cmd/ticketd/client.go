@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/nats-io/nats.go"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/ticketd/ticketd/internal/natsclient"
@@ -21,29 +22,28 @@ import (
 
 const defaultNATS = "nats://127.0.0.1:4222"
 
+// clientFlags are the flags every client command starts from: where
+// NATS is, how long to try, and how to authenticate to it (the NATS
+// client flags of natsclient.Flags).
 type clientFlags struct {
 	fs      *pflag.FlagSet
-	url     *string
-	timeout *time.Duration
+	url     string
+	timeout time.Duration
 	auth    func() (natsclient.Auth, error)
 }
 
-// newClientFlags is the flag set every client command starts from: where
-// NATS is, how long to try, and how to authenticate to it (the NATS
-// client flags of natsclient.Flags).
-func newClientFlags(name string, stderr io.Writer) clientFlags {
-	fs := pflag.NewFlagSet(name, pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	return clientFlags{
-		fs:      fs,
-		url:     fs.String("nats", defaultNATS, "NATS URL of any node"),
-		timeout: fs.Duration("timeout", 10*time.Second, "give up after this long"),
-		auth:    natsclient.Flags(fs, os.Getenv),
-	}
+// addClientFlags adds the client flags to cmd.
+func addClientFlags(cmd *cobra.Command) *clientFlags {
+	fs := cmd.Flags()
+	cf := &clientFlags{fs: fs}
+	fs.StringVar(&cf.url, "nats", defaultNATS, "NATS URL(s) of any node, comma-separated (no password in it: --nats-user and "+natsclient.PasswordEnv+")")
+	fs.DurationVar(&cf.timeout, "timeout", 10*time.Second, "give up after this long")
+	cf.auth = natsclient.Flags(fs, os.Getenv)
+	return cf
 }
 
 // sdkOptions are the SDK options the parsed flags ask for.
-func (c clientFlags) sdkOptions() ([]sdk.Option, error) {
+func (c *clientFlags) sdkOptions() ([]sdk.Option, error) {
 	a, err := c.auth()
 	if err != nil {
 		return nil, err
@@ -51,42 +51,27 @@ func (c clientFlags) sdkOptions() ([]sdk.Option, error) {
 	return []sdk.Option{sdk.WithAuth(a)}, nil
 }
 
-// parse parses args and returns exactly want positional arguments.
-func (c clientFlags) parse(args []string, want int, stderr io.Writer) ([]string, int, bool) {
-	if err := c.fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return nil, 0, false
-		}
-		return nil, exitUsage, false
-	}
-	if c.fs.NArg() != want {
-		fmt.Fprintf(stderr, "ticketd %s: want %d argument(s), got %d\n", c.fs.Name(), want, c.fs.NArg())
-		return nil, exitUsage, false
-	}
-	return c.fs.Args(), 0, true
-}
-
-func (c clientFlags) connect(ctx context.Context) (*sdk.Client, context.Context, context.CancelFunc, error) {
+func (c *clientFlags) connect(ctx context.Context) (*sdk.Client, context.Context, context.CancelFunc, error) {
 	opts, err := c.sdkOptions()
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	cl, err := sdk.Connect(*c.url, opts...)
+	cl, err := sdk.Connect(c.url, opts...)
 	if err != nil {
 		return nil, nil, nil, err
 	}
-	ctx, cancel := context.WithTimeout(ctx, *c.timeout)
+	ctx, cancel := context.WithTimeout(ctx, c.timeout)
 	return cl, ctx, func() { cancel(); _ = cl.Close() }, nil
 }
 
 // fail prints the stable code and message on stderr and picks the exit
 // status.
 func fail(stderr io.Writer, err error) int {
-	code := sdk.CodeOf(err)
-	if code == "" {
-		code = "error"
+	if code := sdk.CodeOf(err); code != "" {
+		fmt.Fprintf(stderr, "error: %s: %v\n", code, err)
+	} else {
+		fmt.Fprintf(stderr, "error: %v\n", err)
 	}
-	fmt.Fprintf(stderr, "error: %s: %v\n", code, err)
 	if sdk.IsIndeterminate(err) {
 		return exitIndeterminate
 	}
@@ -102,24 +87,48 @@ func printJSON(w io.Writer, v any) {
 	_ = enc.Encode(v)
 }
 
-func lockAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("lock acquire", stderr)
-	lease := cf.fs.Duration("lease", sdk.DefaultLease, "lease length")
-	owner := cf.fs.String("owner", "", "owner correlation id")
-	wait := cf.fs.Duration("wait", 0, "wait this long in the key's queue (0: try once)")
-	pos, code, ok := cf.parse(args, 1, stderr)
-	if !ok {
-		return code
+// acquireOptions are lock acquire's flags.
+type acquireOptions struct {
+	cf          *clientFlags
+	lease, wait time.Duration
+	owner       string
+}
+
+func lockAcquireCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "acquire KEY",
+		Short: "Take a lock and print its fencing token",
+		Long: `Take the lock KEY for --lease and print it as JSON: its fencing token (pass
+it to whatever the lock protects, and to renew and release), owner, lease
+and deadline. Without --wait the acquire is tried once and fails with
+"held" if another owner has the key; with --wait it queues for the key.`,
+		Example: `  ticketd lock acquire orders/42 --lease 30s
+  ticketd lock acquire orders/42 --lease 30s --wait 10s --owner billing-1`,
+		Args: exactArgs("KEY"),
 	}
-	if *wait > 0 && *cf.timeout < *wait+2*time.Second {
-		*cf.timeout = *wait + 2*time.Second
+	o := &acquireOptions{cf: addClientFlags(cmd)}
+	fs := cmd.Flags()
+	fs.DurationVar(&o.lease, "lease", sdk.DefaultLease, "lease length")
+	fs.StringVar(&o.owner, "owner", "", ownerFlagHelp)
+	fs.DurationVar(&o.wait, "wait", 0, "wait this long in the key's queue (0: try once)")
+	cmd.RunE = bind(o, lockAcquire)
+	return cmd
+}
+
+func lockAcquire(ctx context.Context, o *acquireOptions, pos []string, stdout, stderr io.Writer) int {
+	cf := o.cf
+	if o.wait > 0 && cf.timeout < o.wait+2*time.Second {
+		cf.timeout = o.wait + 2*time.Second
+	}
+	if !cf.fs.Changed("owner") {
+		o.owner = defaultOwner()
 	}
 	cl, ctx, done, err := cf.connect(ctx)
 	if err != nil {
 		return fail(stderr, err)
 	}
 	defer done()
-	l, err := cl.Acquire(ctx, pos[0], sdk.WithLease(*lease), sdk.WithOwner(*owner), sdk.WithWait(*wait))
+	l, err := cl.Acquire(ctx, pos[0], sdk.WithLease(o.lease), sdk.WithOwner(o.owner), sdk.WithWait(o.wait))
 	if err != nil {
 		return fail(stderr, err)
 	}
@@ -134,31 +143,54 @@ func lockAcquire(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	return 0
 }
 
-func lockRelease(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("lock release", stderr)
-	token := cf.fs.Uint64("token", 0, "fencing token the lock is held with")
-	pos, code, ok := cf.parse(args, 1, stderr)
-	if !ok {
-		return code
+// releaseOptions are lock release's flags.
+type releaseOptions struct {
+	cf    *clientFlags
+	token uint64
+}
+
+func lockReleaseCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "release KEY --token N",
+		Short: "Give a lock back",
+		Long: `Release the lock KEY held with fencing token --token. A release with another
+token (the lock was lost and granted again) is refused and changes nothing.`,
+		Example: `  ticketd lock release orders/42 --token 17`,
+		Args:    exactArgs("KEY"),
 	}
-	cl, ctx, done, err := cf.connect(ctx)
+	o := &releaseOptions{cf: addClientFlags(cmd)}
+	cmd.Flags().Uint64Var(&o.token, "token", 0, "fencing token the lock is held with (required)")
+	_ = cmd.MarkFlagRequired("token")
+	cmd.RunE = bind(o, lockRelease)
+	return cmd
+}
+
+func lockRelease(ctx context.Context, o *releaseOptions, pos []string, stdout, stderr io.Writer) int {
+	cl, ctx, done, err := o.cf.connect(ctx)
 	if err != nil {
 		return fail(stderr, err)
 	}
 	defer done()
-	if err := cl.Release(ctx, pos[0], *token); err != nil {
+	if err := cl.Release(ctx, pos[0], o.token); err != nil {
 		return fail(stderr, err)
 	}
-	printJSON(stdout, map[string]any{"key": pos[0], "released": true, "token": *token})
+	printJSON(stdout, map[string]any{"key": pos[0], "released": true, "token": o.token})
 	return 0
 }
 
-func lockGet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("lock get", stderr)
-	pos, code, ok := cf.parse(args, 1, stderr)
-	if !ok {
-		return code
+func lockGetCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:     "get KEY",
+		Short:   "Show a lock's current holder",
+		Long:    `Print whether KEY is held and, if it is, its token, owner, lease and the time left (a linearizable read through the leader).`,
+		Example: `  ticketd lock get orders/42`,
+		Args:    exactArgs("KEY"),
 	}
+	cmd.RunE = bind(addClientFlags(cmd), lockGet)
+	return cmd
+}
+
+func lockGet(ctx context.Context, cf *clientFlags, pos []string, stdout, stderr io.Writer) int {
 	cl, ctx, done, err := cf.connect(ctx)
 	if err != nil {
 		return fail(stderr, err)
@@ -179,25 +211,49 @@ func lockGet(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
-func status(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("status", stderr)
-	watch := cf.fs.Bool("watch", false, "refresh a live view of every member until interrupted")
-	interval := cf.fs.Duration("interval", watchIntervalDefault, "refresh interval of --watch")
-	if _, code, ok := cf.parse(args, 0, stderr); !ok {
-		return code
+// statusOptions are status's flags.
+type statusOptions struct {
+	cf       *clientFlags
+	watch    bool
+	interval time.Duration
+}
+
+func statusCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "status",
+		Short: "Show the cluster as a node sees it (--watch: a live view of every member)",
+		Long: `Print the status of the cluster as JSON: members, leader, term, indexes,
+locks, last token, cluster version, alarms and plugins (asked of the leader
+when it can be reached), with every member whose plugins differ. --watch
+refreshes a compact table of every member until interrupted.`,
+		Example: `  ticketd status
+  ticketd status --watch --interval 2s`,
+		Args: exactArgs(),
 	}
-	if *watch {
-		if *interval <= 0 {
-			fmt.Fprintln(stderr, "ticketd status: --interval must be positive")
-			return exitUsage
+	o := &statusOptions{cf: addClientFlags(cmd)}
+	cmd.Flags().BoolVar(&o.watch, "watch", false, "refresh a live view of every member until interrupted")
+	cmd.Flags().DurationVar(&o.interval, "interval", watchIntervalDefault, "refresh interval of --watch")
+	cmd.RunE = bind(o, status)
+	return cmd
+}
+
+func status(ctx context.Context, o *statusOptions, _ []string, stdout, stderr io.Writer) int {
+	cf := o.cf
+	if o.watch {
+		if o.interval <= 0 {
+			return usagef(stderr, "--interval must be positive, got %v", o.interval)
 		}
-		cl, err := sdk.Connect(*cf.url)
+		opts, err := cf.sdkOptions()
+		if err != nil {
+			return fail(stderr, err)
+		}
+		cl, err := sdk.Connect(cf.url, opts...)
 		if err != nil {
 			return fail(stderr, err)
 		}
 		defer cl.Close()
 		// --timeout bounds one refresh, not the whole watch.
-		return watchStatus(ctx, cl, *interval, min(*cf.timeout, max(*interval, time.Second)), stdout)
+		return watchStatus(ctx, cl, o.interval, min(cf.timeout, max(o.interval, time.Second)), stdout)
 	}
 	cl, ctx, done, err := cf.connect(ctx)
 	if err != nil {

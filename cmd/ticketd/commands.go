@@ -2,115 +2,222 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
-	"slices"
 	"strings"
+
+	"github.com/spf13/cobra"
 )
 
-// command is one node of the CLI's command tree: a leaf runs, a group
-// dispatches to its subcommands. Every node answers --help (and "ticketd
-// help PATH...") on stdout with exit status 0.
-type command struct {
-	name    string
-	args    string // the positional arguments, for the listing
-	summary string
-	// run is a leaf's body; args are the words after the command's name.
-	run  func(ctx context.Context, args []string, stdout, stderr io.Writer) int
-	subs []*command
-	// usage, if set, replaces the generated listing of a group.
-	usage string
+// The command tree is built with cobra (on the pflag flags every command
+// already used), as etcdctl and kubectl are: each command has a one-line
+// description, a Usage line with its positional arguments, its own flags
+// and examples, generated into --help; a mistake (unknown command or flag,
+// bad value, wrong number of arguments) is answered with "Error: ..." and
+// the command's usage on stderr, exit status 2.
+
+// exitCodesHelp is the exit status table of the root --help (and of the
+// README's "Command line" section).
+const exitCodesHelp = `Exit status:
+  0    success
+  1    failure; stderr says "error: CODE: message" with the stable error code
+  2    usage: unknown command or flag, bad value, wrong arguments, refused
+       configuration (serve)
+  3    indeterminate: the request may or may not have taken effect (a lock
+       may exist that expires within its lease)
+  4    resource_exhausted: a cluster limit refused the request (locks, your
+       quota, waiters, the leader's disk); nothing changed, retry later
+  lock exec exits with its command's status: 126 when the command cannot
+  run, 127 when it is not found, 128+N when signal N ended it.`
+
+// usageTemplate is cobra's default with one change: a group (a runnable
+// command with subcommands, runnable only to refuse unknown subcommands)
+// shows "PATH [command]", not a use line of its own.
+const usageTemplate = `Usage:{{if and .Runnable (not .HasAvailableSubCommands)}}
+  {{.UseLine}}{{end}}{{if .HasAvailableSubCommands}}
+  {{.CommandPath}} [command]{{end}}{{if gt (len .Aliases) 0}}
+
+Aliases:
+  {{.NameAndAliases}}{{end}}{{if .HasExample}}
+
+Examples:
+{{.Example}}{{end}}{{if .HasAvailableSubCommands}}
+
+Available Commands:{{range .Commands}}{{if (or .IsAvailableCommand (eq .Name "help"))}}
+  {{rpad .Name .NamePadding }} {{.Short}}{{end}}{{end}}{{end}}{{if .HasAvailableLocalFlags}}
+
+Flags:
+{{.LocalFlags.FlagUsages | trimTrailingWhitespaces}}{{end}}{{if .HasAvailableInheritedFlags}}
+
+Global Flags:
+{{.InheritedFlags.FlagUsages | trimTrailingWhitespaces}}{{end}}{{if .HasAvailableSubCommands}}
+
+Use "{{.CommandPath}} [command] --help" for more information about a command.{{end}}
+`
+
+// noUsageAnnotation marks a command whose body's usage errors are not
+// followed by its usage (serve's is long, and its refusals come from the
+// whole configuration, not only argv): a hint to --help follows instead.
+const noUsageAnnotation = "ticketd/no-usage"
+
+// body is a leaf command's work: args are its positional arguments (the
+// flags are bound before it runs); it prints its results and returns the
+// exit status. A usage error is printed with usagef.
+type body func(ctx context.Context, args []string, stdout, stderr io.Writer) int
+
+// exitError carries a body's non-zero exit status out of cobra.
+type exitError struct {
+	code int
 }
 
-// commands is the whole CLI.
-func commands() *command {
-	return &command{name: "ticketd", subs: []*command{
-		{name: "serve", summary: "run a node", run: serve},
-		{name: "lock", summary: "take, give back and inspect locks", subs: []*command{
-			{name: "acquire", args: "KEY", summary: "take a lock (--lease, --owner, --wait)", run: lockAcquire},
-			{name: "release", args: "KEY", summary: "give a lock back (--token)", run: lockRelease},
-			{name: "get", args: "KEY", summary: "show the current holder", run: lockGet},
-			{name: "renew", args: "KEY TOKEN", summary: "lengthen a held lock's lease (--lease)", run: lockRenew},
-			{name: "ls", args: "PREFIX", summary: "list the held locks under a prefix, every page (--limit per page)", run: lockLs},
-			{name: "watch", args: "KEY", summary: "print a key's grant/release/expire/renew events until interrupted", run: lockWatch},
-			{name: "exec", args: "KEY -- CMD...", summary: "run a command while holding the lock (--lease, --wait, --grace)", run: lockExec},
-		}},
-		{name: "status", summary: "show the cluster as a node sees it (--watch: a live view of every member)", run: status},
-		{name: "snapshot", summary: "back up a cluster and restore it into a new one", subs: []*command{
-			{name: "save", args: "FILE", summary: "write a backup taken by the leader (--control, control credential)", run: snapshotSave},
-			{name: "status", args: "FILE", summary: "verify a backup file and show what it holds", run: snapshotStatus},
-			{name: "restore", args: "FILE", summary: "seed a new cluster's first member (--data, --bump-tokens, --drop-locks)", run: snapshotRestore},
-		}},
-		{name: "bench", summary: "drive acquire+release cycles and print figures", run: bench},
-		{name: "admin", summary: "control plane: bootstrap, join credentials, replacement", run: admin, usage: adminUsage},
-	}}
+func (e *exitError) Error() string { return fmt.Sprintf("exit status %d", e.code) }
+
+// runBody adapts b to cobra; a usage error of b is followed by the
+// command's usage.
+func runBody(b body) func(*cobra.Command, []string) error {
+	return func(cmd *cobra.Command, args []string) error {
+		stderr := cmd.ErrOrStderr()
+		code := b(cmd.Context(), args, cmd.OutOrStdout(), stderr)
+		if code == 0 {
+			return nil
+		}
+		if code == exitUsage {
+			if cmd.Annotations[noUsageAnnotation] != "" {
+				fmt.Fprintf(stderr, "Run '%s --help' for usage.\n", cmd.CommandPath())
+			} else {
+				fmt.Fprint(stderr, cmd.UsageString())
+			}
+		}
+		return &exitError{code}
+	}
 }
 
-func (c *command) sub(name string) *command {
-	for _, s := range c.subs {
-		if s.name == name {
-			return s
+// bind runs f with the command's options o (bound to its flags).
+func bind[O any](o O, f func(ctx context.Context, o O, args []string, stdout, stderr io.Writer) int) func(*cobra.Command, []string) error {
+	return runBody(func(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+		return f(ctx, o, args, stdout, stderr)
+	})
+}
+
+// usagef prints a usage error the way cobra prints its own and returns
+// exitUsage (runBody adds the usage).
+func usagef(stderr io.Writer, format string, args ...any) int {
+	fmt.Fprintf(stderr, "Error: "+format+"\n", args...)
+	return exitUsage
+}
+
+// exactArgs wants one positional argument per name (the names are those
+// of the Use line, for the message).
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		if len(args) == len(names) {
+			return nil
+		}
+		switch {
+		case len(names) == 0:
+			return fmt.Errorf("%q takes no arguments, got %q", cmd.CommandPath(), args)
+		case len(args) < len(names):
+			return fmt.Errorf("%q needs %s (missing %s)", cmd.CommandPath(), strings.Join(names, " "), strings.Join(names[len(args):], " "))
+		default:
+			return fmt.Errorf("%q needs %s, got %d arguments: %q", cmd.CommandPath(), strings.Join(names, " "), len(args), args)
 		}
 	}
-	return nil
 }
 
-// listing is a group's usage text.
-func (c *command) listing(path string) string {
-	if c.usage != "" {
-		return c.usage
+// group is a command that only holds subcommands. It runs only to refuse
+// a missing or unknown subcommand (cobra would otherwise print its help and
+// exit 0).
+func group(use, short string, subs ...*cobra.Command) *cobra.Command {
+	g := &cobra.Command{
+		Use:   use,
+		Short: short,
+		Args:  cobra.ArbitraryArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return fmt.Errorf("%q needs a command", cmd.CommandPath())
+			}
+			msg := fmt.Sprintf("unknown command %q for %q", args[0], cmd.CommandPath())
+			if s := cmd.SuggestionsFor(args[0]); len(s) > 0 {
+				msg += "; did you mean " + strings.Join(s, " or ") + "?"
+			}
+			return errors.New(msg)
+		},
 	}
-	var b strings.Builder
-	fmt.Fprintf(&b, "usage: %s <command> [flags]\n\ncommands:\n", path)
-	for _, s := range c.subs {
-		left := s.name
-		if s.args != "" {
-			left += " " + s.args
-		}
-		fmt.Fprintf(&b, "  %-22s%s\n", left, s.summary)
-	}
-	fmt.Fprintf(&b, "\nrun '%s <command> --help' for its flags and commands.\n", path)
-	return b.String()
+	g.AddCommand(subs...)
+	return g
 }
 
-func isHelp(arg string) bool { return arg == "-h" || arg == "--help" || arg == "help" }
+// rootCmd is the whole CLI.
+func rootCmd() *cobra.Command {
+	root := group("ticketd", "A distributed lock service: run a node, take locks, operate the cluster")
+	root.Long = `ticketd runs a node of a ticketd cluster (serve) and talks to a running
+cluster: locks with fencing tokens, status, benchmarks, backups and the
+control plane.
 
-// dispatch runs the command args name under c (whose full name is path).
-func (c *command) dispatch(ctx context.Context, path string, args []string, stdout, stderr io.Writer) int {
-	if c.run != nil {
-		if slices.ContainsFunc(args, func(a string) bool { return a == "-h" || a == "--help" }) {
-			stderr = stdout // help goes to stdout; pflag prints it to the error stream
-		}
-		return c.run(ctx, args, stdout, stderr)
-	}
-	if len(args) == 0 {
-		fmt.Fprint(stderr, c.listing(path))
-		return exitUsage
-	}
-	if isHelp(args[0]) {
-		return c.help(ctx, path, args[1:], stdout, stderr)
-	}
-	s := c.sub(args[0])
-	if s == nil {
-		fmt.Fprintf(stderr, "%s: unknown command %q\n\n%s", path, args[0], c.listing(path))
-		return exitUsage
-	}
-	return s.dispatch(ctx, path+" "+s.name, args[1:], stdout, stderr)
+Client commands (lock, status, bench) reach any node through NATS (--nats,
+default ` + defaultNATS + `), print JSON on stdout and errors on stderr.
+Secrets are never flag values: each comes from a --*-file flag or a
+TICKETD_* variable (see the README's secrets table).
+
+` + exitCodesHelp
+	root.Version = versionText()
+	root.SilenceErrors, root.SilenceUsage = true, true
+	root.CompletionOptions.HiddenDefaultCmd = true
+	root.SetVersionTemplate("{{.Version}}")
+	root.SetUsageTemplate(usageTemplate)
+	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
+	root.SetHelpCommand(helpCmd())
+	root.AddCommand(
+		serveCmd(),
+		group("lock", "Take, give back and inspect locks",
+			lockAcquireCmd(), lockReleaseCmd(), lockGetCmd(), lockRenewCmd(), lockLsCmd(), lockWatchCmd(), lockExecCmd()),
+		statusCmd(),
+		group("snapshot", "Back up a cluster and restore it into a new one",
+			snapshotSaveCmd(), snapshotStatusCmd(), snapshotRestoreCmd()),
+		benchCmd(),
+		adminCmd(),
+		versionCmd(),
+	)
+	return root
 }
 
-// help answers "help [PATH...]": the listing of a group, or a leaf's flags.
-func (c *command) help(ctx context.Context, path string, names []string, stdout, stderr io.Writer) int {
-	for len(names) > 0 && c.run == nil {
-		s := c.sub(names[0])
-		if s == nil {
-			fmt.Fprintf(stderr, "%s: unknown command %q\n\n%s", path, names[0], c.listing(path))
-			return exitUsage
-		}
-		c, path, names = s, path+" "+s.name, names[1:]
+// helpCmd is "ticketd help [PATH...]": the help of that command on stdout,
+// exit 0; an unknown PATH is a usage error.
+func helpCmd() *cobra.Command {
+	return &cobra.Command{
+		Use:   "help [COMMAND...]",
+		Short: "Show the help of any command",
+		Example: `  ticketd help lock renew
+  ticketd help admin replace complete`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			target, rest, err := cmd.Root().Find(args)
+			if err != nil || len(rest) > 0 {
+				return fmt.Errorf("unknown help topic %q", strings.Join(args, " "))
+			}
+			return target.Help()
+		},
 	}
-	if c.run != nil {
-		return c.dispatch(ctx, path, []string{"--help"}, stdout, stderr)
+}
+
+// run is main without the process: tests call it directly.
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	root := rootCmd()
+	// A nil args would make cobra read os.Args.
+	root.SetArgs(append([]string{}, args...))
+	root.SetOut(stdout)
+	root.SetErr(stderr)
+	cmd, err := root.ExecuteContextC(ctx)
+	if err == nil {
+		return 0
 	}
-	fmt.Fprint(stdout, c.listing(path))
-	return 0
+	var ee *exitError
+	if errors.As(err, &ee) {
+		return ee.code
+	}
+	// Anything else cobra returns is a mistake on the command line: an
+	// unknown command or flag, a bad value, the wrong arguments.
+	fmt.Fprintf(stderr, "Error: %v\n", err)
+	fmt.Fprint(stderr, cmd.UsageString())
+	return exitUsage
 }

@@ -10,10 +10,18 @@
 //	ticketd lock exec KEY [--lease 10s] [--wait 30s] [--grace 5s] -- CMD ARGS...
 //	ticketd status [--watch [--interval 1s]]   one view, or a live view of every member
 //	ticketd bench --clients 16 --keys 1000 --duration 10s [--json]
+//	ticketd version                                  release, revision, Go, cluster version
 //	ticketd snapshot save FILE --control URLS         back up (control credential)
 //	ticketd snapshot status FILE                      verify a backup file
 //	ticketd snapshot restore FILE --data DIR [--peer-address A | --id N --initial-cluster ...]
 //	                         [--bump-tokens N] [--drop-locks]
+//
+// The command tree is built with cobra (commands.go): every command's
+// --help (and `ticketd help PATH`) shows a description, its Usage line with
+// positional arguments, its own flags and examples; a mistake on the
+// command line prints "Error: ..." and the command's usage on stderr, exit
+// status 2. Each leaf binds its flags to an options struct beside its body
+// function, which cobra calls with the positional arguments.
 //
 // Client commands take --nats URL (default nats://127.0.0.1:4222), print
 // one JSON object on stdout (ls and watch: one per line; exec: only the

@@ -8,11 +8,12 @@ import (
 	"os"
 	"os/exec"
 	"os/signal"
+	"os/user"
 	"strconv"
 	"syscall"
 	"time"
 
-	"github.com/spf13/pflag"
+	"github.com/spf13/cobra"
 
 	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/sdk"
@@ -54,42 +55,66 @@ const (
 // (so that whatever it starts is stopped too); ticketd forwards SIGINT,
 // SIGTERM and SIGHUP to that group. On Linux a guard process leads that group
 // and kills it when lock exec dies, even by SIGKILL (execguard_linux.go).
-func lockExec(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("lock exec", stderr)
-	lease := cf.fs.Duration("lease", 10*time.Second, "lease, renewed while the command runs")
-	wait := cf.fs.Duration("wait", 30*time.Second, "wait this long in the key's queue (0: try once)")
-	grace := cf.fs.Duration("grace", defaultExecGrace, "between SIGTERM and SIGKILL when the lock is lost (default: 5s, or a quarter of --lease if less)")
-	owner := cf.fs.String("owner", defaultExecOwner(), "owner correlation id")
-	if err := cf.fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return 0
-		}
-		return exitUsage
+// execOptions are lock exec's flags.
+type execOptions struct {
+	cf                 *clientFlags
+	lease, wait, grace time.Duration
+	owner              string
+}
+
+func lockExecCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "exec KEY [flags] -- COMMAND [ARGS...]",
+		Short: "Run a command while holding a lock",
+		Long: `Take the lock KEY (waiting up to --wait), run COMMAND with TICKETD_KEY and
+TICKETD_TOKEN in its environment while the lease is renewed, and release the
+lock when it ends. If the lock is lost, the command's process group gets
+SIGTERM, then SIGKILL --grace later, before the lease can end. lock exec
+exits with the command's status (126: cannot run, 127: not found, 128+N:
+killed by signal N).`,
+		Example: `  ticketd lock exec nightly/report --lease 30s -- ./report.sh --full
+  ticketd lock exec db/migrate --wait 5m -- sh -c 'make migrate'`,
+		Args: func(cmd *cobra.Command, args []string) error {
+			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
+				return fmt.Errorf("%q needs KEY -- COMMAND [ARGS...] (the command after \"--\")", cmd.CommandPath())
+			}
+			return nil
+		},
 	}
-	if cf.fs.ArgsLenAtDash() != 1 || cf.fs.NArg() < 2 {
-		fmt.Fprintln(stderr, "usage: ticketd lock exec KEY [flags] -- CMD [ARGS...]")
-		return exitUsage
-	}
-	key, argv := cf.fs.Arg(0), cf.fs.Args()[1:]
+	o := &execOptions{cf: addClientFlags(cmd)}
+	fs := cmd.Flags()
+	fs.DurationVar(&o.lease, "lease", 10*time.Second, "lease, renewed while the command runs")
+	fs.DurationVar(&o.wait, "wait", 30*time.Second, "wait this long in the key's queue (0: try once)")
+	fs.DurationVar(&o.grace, "grace", defaultExecGrace, "between SIGTERM and SIGKILL when the lock is lost (default: 5s, or a quarter of --lease if less)")
+	fs.StringVar(&o.owner, "owner", "", ownerFlagHelp)
+	cmd.RunE = bind(o, lockExec)
+	return cmd
+}
+
+func lockExec(ctx context.Context, o *execOptions, args []string, stdout, stderr io.Writer) int {
+	cf := o.cf
+	key, argv := args[0], args[1:]
 	if !cf.fs.Changed("grace") {
-		*grace = min(defaultExecGrace, *lease/4)
+		o.grace = min(defaultExecGrace, o.lease/4)
 	}
-	margin := *grace + execKillMargin
-	if *grace < 0 || margin > *lease*3/4 {
-		fmt.Fprintf(stderr, "ticketd lock exec: --lease %v is too short for --grace %v: it must be at least 4/3 of (grace + %v)\n", *lease, *grace, execKillMargin)
-		return exitUsage
+	if !cf.fs.Changed("owner") {
+		o.owner = defaultOwner()
+	}
+	margin := o.grace + execKillMargin
+	if o.grace < 0 || margin > o.lease*3/4 {
+		return usagef(stderr, "--lease %v is too short for --grace %v: it must be at least 4/3 of (grace + %v)", o.lease, o.grace, execKillMargin)
 	}
 	opts, err := cf.sdkOptions()
 	if err != nil {
 		return fail(stderr, err)
 	}
-	cl, err := sdk.Connect(*cf.url, opts...)
+	cl, err := sdk.Connect(cf.url, opts...)
 	if err != nil {
 		return fail(stderr, err)
 	}
 	defer cl.Close()
-	actx, cancel := context.WithTimeout(ctx, *wait+*cf.timeout)
-	l, err := cl.Acquire(actx, key, sdk.WithLease(*lease), sdk.WithWait(*wait), sdk.WithOwner(*owner),
+	actx, cancel := context.WithTimeout(ctx, o.wait+cf.timeout)
+	l, err := cl.Acquire(actx, key, sdk.WithLease(o.lease), sdk.WithWait(o.wait), sdk.WithOwner(o.owner),
 		sdk.WithAutoRenew(sdk.WithSafetyMargin(margin)))
 	cancel()
 	if err != nil {
@@ -99,7 +124,7 @@ func lockExec(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	// The command is gone: give the lock back (it may still exist even if
 	// it was "lost" locally; the token makes this safe either way).
 	// A lost lock is usually unreachable: do not hold the exit for long.
-	rtimeout := *cf.timeout
+	rtimeout := cf.timeout
 	if errors.Is(l.Err(), sdk.ErrLost) {
 		rtimeout = min(rtimeout, lostReleaseTimeout)
 	}
@@ -183,10 +208,20 @@ func exitStatus(ps *os.ProcessState, err error, stderr io.Writer) int {
 	return ps.ExitCode()
 }
 
-// defaultExecOwner names this process in the lock (get, ls, audit).
-func defaultExecOwner() string {
+// ownerFlagHelp describes --owner of lock acquire and lock exec.
+const ownerFlagHelp = "owner correlation id shown by get, ls and audit (default USER@HOST:PID of this process)"
+
+// defaultOwner names this process in a lock it takes (lock acquire and
+// lock exec): USER@HOST:PID, cut to core.MaxOwnerLen.
+func defaultOwner() string {
+	name := os.Getenv("USER")
+	if name == "" {
+		if u, err := user.Current(); err == nil {
+			name = u.Username
+		}
+	}
 	host, _ := os.Hostname()
-	o := fmt.Sprintf("exec@%s:%d", host, os.Getpid())
+	o := fmt.Sprintf("%s@%s:%d", name, host, os.Getpid())
 	if len(o) > core.MaxOwnerLen {
 		o = o[:core.MaxOwnerLen]
 	}

@@ -7,29 +7,47 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/spf13/cobra"
+
 	"github.com/ticketd/ticketd/sdk"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
-// lockRenew is `ticketd lock renew KEY TOKEN [--lease D]`.
-func lockRenew(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("lock renew", stderr)
-	lease := cf.fs.Duration("lease", 0, "new lease, counted from now (0: keep the lock's lease; a renewal never shortens it)")
-	pos, code, ok := cf.parse(args, 2, stderr)
-	if !ok {
-		return code
+// renewOptions are lock renew's flags.
+type renewOptions struct {
+	cf    *clientFlags
+	lease time.Duration
+}
+
+func lockRenewCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "renew KEY TOKEN",
+		Short: "Lengthen a held lock's lease",
+		Long: `Renew the lock KEY held with fencing token TOKEN: its lease starts again now
+(--lease: a new lease length; a renewal never shortens it). Refused if the
+lock is no longer held with TOKEN.`,
+		Example: `  ticketd lock renew orders/42 17
+  ticketd lock renew orders/42 17 --lease 1m`,
+		Args: exactArgs("KEY", "TOKEN"),
 	}
+	o := &renewOptions{cf: addClientFlags(cmd)}
+	cmd.Flags().DurationVar(&o.lease, "lease", 0, "new lease, counted from now (0: keep the lock's lease; a renewal never shortens it)")
+	cmd.RunE = bind(o, lockRenew)
+	return cmd
+}
+
+// lockRenew is `ticketd lock renew KEY TOKEN [--lease D]`.
+func lockRenew(ctx context.Context, o *renewOptions, pos []string, stdout, stderr io.Writer) int {
 	token, err := strconv.ParseUint(pos[1], 10, 64)
 	if err != nil || token == 0 {
-		fmt.Fprintf(stderr, "ticketd lock renew: TOKEN must be a positive integer, got %q\n", pos[1])
-		return exitUsage
+		return usagef(stderr, "TOKEN must be a positive integer, got %q", pos[1])
 	}
-	cl, ctx, done, err := cf.connect(ctx)
+	cl, ctx, done, err := o.cf.connect(ctx)
 	if err != nil {
 		return fail(stderr, err)
 	}
 	defer done()
-	rn, err := cl.Renew(ctx, pos[0], token, *lease)
+	rn, err := cl.Renew(ctx, pos[0], token, o.lease)
 	if err != nil {
 		return fail(stderr, err)
 	}
@@ -43,25 +61,40 @@ func lockRenew(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	return 0
 }
 
+// lsOptions are lock ls's flags.
+type lsOptions struct {
+	cf    *clientFlags
+	limit int
+}
+
+func lockLsCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "ls PREFIX",
+		Short: "List the held locks under a prefix",
+		Long: `Print every held lock whose key starts with PREFIX, one JSON object a line,
+reading every page (--limit locks a page). An empty PREFIX ("") lists all.`,
+		Example: `  ticketd lock ls orders/
+  ticketd lock ls "" --limit 1000`,
+		Args: exactArgs("PREFIX"),
+	}
+	o := &lsOptions{cf: addClientFlags(cmd)}
+	cmd.Flags().IntVar(&o.limit, "limit", protocol.DefaultListLimit, fmt.Sprintf("locks per page (1..%d); ls reads every page", protocol.MaxListLimit))
+	cmd.RunE = bind(o, lockLs)
+	return cmd
+}
+
 // lockLs is `ticketd lock ls PREFIX [--limit N]`: every held lock under
 // PREFIX, one JSON object a line, read page by page.
-func lockLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("lock ls", stderr)
-	limit := cf.fs.Int("limit", protocol.DefaultListLimit, fmt.Sprintf("locks per page (1..%d); ls reads every page", protocol.MaxListLimit))
-	pos, code, ok := cf.parse(args, 1, stderr)
-	if !ok {
-		return code
+func lockLs(ctx context.Context, o *lsOptions, pos []string, stdout, stderr io.Writer) int {
+	if o.limit < 1 || o.limit > protocol.MaxListLimit {
+		return usagef(stderr, "--limit %d is outside [1, %d]", o.limit, protocol.MaxListLimit)
 	}
-	if *limit < 1 || *limit > protocol.MaxListLimit {
-		fmt.Fprintf(stderr, "ticketd lock ls: --limit must be within [1, %d]\n", protocol.MaxListLimit)
-		return exitUsage
-	}
-	cl, ctx, done, err := cf.connect(ctx)
+	cl, ctx, done, err := o.cf.connect(ctx)
 	if err != nil {
 		return fail(stderr, err)
 	}
 	defer done()
-	for h, err := range cl.ListAll(ctx, pos[0], *limit) {
+	for h, err := range cl.ListAll(ctx, pos[0], o.limit) {
 		if err != nil {
 			return fail(stderr, err)
 		}
@@ -76,19 +109,28 @@ func lockLs(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	return 0
 }
 
+func lockWatchCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "watch KEY",
+		Short: "Print a key's grant, release, expire and renew events until interrupted",
+		Long: `Print one JSON line per event on KEY (grant, release, expire, renew) published
+after now, until interrupted (exit 0). Events are a best-effort feed: use
+lock get for the current holder.`,
+		Example: `  ticketd lock watch orders/42`,
+		Args:    exactArgs("KEY"),
+	}
+	cmd.RunE = bind(addClientFlags(cmd), lockWatch)
+	return cmd
+}
+
 // lockWatch is `ticketd lock watch KEY`: one JSON line per event until
 // interrupted (exit 0).
-func lockWatch(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cf := newClientFlags("lock watch", stderr)
-	pos, code, ok := cf.parse(args, 1, stderr)
-	if !ok {
-		return code
-	}
+func lockWatch(ctx context.Context, cf *clientFlags, pos []string, stdout, stderr io.Writer) int {
 	opts, err := cf.sdkOptions()
 	if err != nil {
 		return fail(stderr, err)
 	}
-	cl, err := sdk.Connect(*cf.url, append(opts, sdk.WithRequestTimeout(*cf.timeout))...)
+	cl, err := sdk.Connect(cf.url, append(opts, sdk.WithRequestTimeout(cf.timeout))...)
 	if err != nil {
 		return fail(stderr, err)
 	}

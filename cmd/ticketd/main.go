@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"io"
 	"os"
 	"os/signal"
 	"syscall"
@@ -18,12 +17,7 @@ func main() {
 	os.Exit(code)
 }
 
-// run is main without the process: tests call it directly.
-func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return commands().dispatch(ctx, "ticketd", args, stdout, stderr)
-}
-
-// Exit codes.
+// Exit codes (the table is exitCodesHelp, in the root --help).
 const (
 	exitFailure       = 1
 	exitUsage         = 2

@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -16,16 +15,43 @@ import (
 	"github.com/knadh/koanf/providers/file"
 	"github.com/knadh/koanf/providers/posflag"
 	"github.com/knadh/koanf/v2"
+	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
 	"github.com/ticketd/ticketd/daemon"
 	"github.com/ticketd/ticketd/internal/natsclient"
 )
 
-func serveFlags(stderr io.Writer) *pflag.FlagSet {
+func serveCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "Run a node",
+		Long: `Run a ticketd node: the raft member, its store, and (by default) an embedded
+NATS server that clients reach. With no flags it starts a one-node cluster
+on 127.0.0.1:4222 with data in ./ticketd-data.
+
+Configuration comes from, in increasing precedence: built-in defaults, a
+YAML file (--config, flat keys named like the flags), TICKETD_* environment
+variables (TICKETD_NATS_LISTEN for --nats-listen) and flags. Unknown keys
+are refused. Secrets come from --*-file flags or TICKETD_* variables, never
+from flag values. serve stops on SIGTERM or SIGINT, a leader handing
+leadership over first.`,
+		Example: `  ticketd serve
+  ticketd serve --config ticketd.yaml
+  ticketd serve --id 1 --data data1 --peer-listen 127.0.0.1:7001 --peer-secret-file peer.secret \
+      --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003 --initial-cluster-state new`,
+		Args:        exactArgs(),
+		Annotations: map[string]string{noUsageAnnotation: "true"},
+	}
+	cmd.Flags().AddFlagSet(serveFlags())
+	cmd.RunE = bind(cmd.Flags(), serve)
+	return cmd
+}
+
+// serveFlags are the flags of serve, one per daemon.Config key.
+func serveFlags() *pflag.FlagSet {
 	d := daemon.Defaults()
 	fs := pflag.NewFlagSet("serve", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
 	fs.String("config", "", "YAML config file (flat keys, same names as the flags)")
 	fs.Uint64("id", d.ID, "raft id of this node")
 	fs.String("data", d.Data, "data directory")
@@ -100,15 +126,23 @@ func serveFlags(stderr io.Writer) *pflag.FlagSet {
 	return fs
 }
 
-// loadConfig merges defaults, the config file, TICKETD_* env and flags.
+// loadConfig parses args as serve's flags and merges the configuration
+// (configFrom).
 func loadConfig(args []string, environ []string, stderr io.Writer) (daemon.Config, error) {
-	fs := serveFlags(stderr)
+	fs := serveFlags()
+	fs.SetOutput(stderr)
 	if err := fs.Parse(args); err != nil {
 		return daemon.Config{}, err
 	}
 	if fs.NArg() > 0 {
 		return daemon.Config{}, fmt.Errorf("%w: unexpected arguments %v", daemon.ErrConfig, fs.Args())
 	}
+	return configFrom(fs, environ)
+}
+
+// configFrom merges defaults, the config file, TICKETD_* env and the
+// parsed flags fs.
+func configFrom(fs *pflag.FlagSet, environ []string) (daemon.Config, error) {
 	k := koanf.New(".")
 	if path, _ := fs.GetString("config"); path != "" {
 		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
@@ -174,14 +208,10 @@ func newLogger(cfg daemon.Config, w io.Writer) *slog.Logger {
 	return slog.New(slog.NewTextHandler(w, opts))
 }
 
-func serve(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := loadConfig(args, environ(), stderr)
-	if errors.Is(err, pflag.ErrHelp) {
-		return 0
-	}
+func serve(ctx context.Context, fs *pflag.FlagSet, _ []string, stdout, stderr io.Writer) int {
+	cfg, err := configFrom(fs, environ())
 	if err != nil {
-		fmt.Fprintf(stderr, "ticketd serve: %v\n", err)
-		return exitUsage
+		return usagef(stderr, "%v", err)
 	}
 	log := newLogger(cfg, stderr)
 	d, err := daemon.Start(ctx, cfg, daemon.Options{Logger: log,

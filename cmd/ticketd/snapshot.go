@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,57 +11,51 @@ import (
 	"path/filepath"
 	"time"
 
-	"github.com/spf13/pflag"
+	"github.com/spf13/cobra"
 
 	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/daemon"
 )
 
-// parseFlags parses args into fs and wants exactly one positional
-// argument, the file. ok is false when the command is done: --help
-// (code 0) or a usage error.
-func parseFlags(fs *pflag.FlagSet, args []string, stderr io.Writer) (file string, code int, ok bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, pflag.ErrHelp) {
-			return "", 0, false
-		}
-		return "", exitUsage, false
+// saveOptions are snapshot save's flags.
+type saveOptions struct {
+	cc      *controlFlags
+	timeout time.Duration
+}
+
+func snapshotSaveCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "save FILE",
+		Short: "Write a backup taken by the leader to FILE",
+		Long: `Ask the leader, through the control API (--control, with the control
+credential), for a consistent backup of the cluster and write it to FILE,
+readable by its owner only: it holds lock owners and credential hashes.
+FILE is written to FILE.part, synced and renamed, so it is either absent,
+the old file or a complete backup.`,
+		Example: `  ticketd snapshot save backup.tkb --control http://127.0.0.1:7100 --control-credential-file control.cred
+  TICKETD_CONTROL_CREDENTIAL_FILE=control.cred ticketd snapshot save backup.tkb`,
+		Args: exactArgs("FILE"),
 	}
-	if fs.NArg() != 1 {
-		fmt.Fprintf(stderr, "ticketd %s: want one FILE argument, got %d\n", fs.Name(), fs.NArg())
-		return "", exitUsage, false
-	}
-	return fs.Arg(0), 0, true
+	o := &saveOptions{cc: addControlFlags(cmd.Flags())}
+	cmd.Flags().DurationVar(&o.timeout, "timeout", 60*time.Second, "give up after this long")
+	cmd.RunE = bind(o, snapshotSave)
+	return cmd
 }
 
 // snapshotSave asks the leader for a backup through the control API and
 // writes it to FILE: first to FILE.part, synced, then renamed, so FILE is
 // either the old file or a complete, verified backup.
-func snapshotSave(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("snapshot save", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	cc := addControlFlags(fs)
-	timeout := fs.Duration("timeout", 60*time.Second, "give up after this long")
-	path, code, ok := parseFlags(fs, args, stderr)
-	if !ok {
-		return code
-	}
-	urls, cred, callOpts, err := cc.resolve()
+func snapshotSave(ctx context.Context, o *saveOptions, args []string, stdout, stderr io.Writer) int {
+	path := args[0]
+	urls, cred, callOpts, err := o.cc.resolve()
 	if err != nil {
-		fmt.Fprintf(stderr, "ticketd snapshot save: %v\n", err)
-		return exitUsage
+		return usagef(stderr, "%v", err)
 	}
-	ctx, cancel := context.WithTimeout(ctx, *timeout)
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
 	b, file, err := control.SaveBackup(ctx, urls, cred, callOpts...)
 	if err != nil {
-		code := "error"
-		var ce *control.Error
-		if errors.As(err, &ce) {
-			code = ce.Code
-		}
-		fmt.Fprintf(stderr, "error: %s: %v\n", code, err)
-		return exitFailure
+		return failControl(stderr, err)
 	}
 	if err := writeFileAtomic(path, file); err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
@@ -107,14 +100,23 @@ func writeFileAtomic(path string, b []byte) error {
 	return nil
 }
 
-// snapshotStatus verifies a backup file and prints what it holds.
-func snapshotStatus(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("snapshot status", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	path, code, ok := parseFlags(fs, args, stderr)
-	if !ok {
-		return code
+func snapshotStatusCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "status FILE",
+		Short: "Verify a backup file and show what it holds",
+		Long: `Verify the backup FILE (format and checksum) and print what it holds: the
+index and term it was taken at, locks, last token, members and whether it
+carries control-plane state.`,
+		Example: `  ticketd snapshot status backup.tkb`,
+		Args:    exactArgs("FILE"),
 	}
+	cmd.RunE = bind(struct{}{}, snapshotStatus)
+	return cmd
+}
+
+// snapshotStatus verifies a backup file and prints what it holds.
+func snapshotStatus(_ context.Context, _ struct{}, args []string, stdout, stderr io.Writer) int {
+	path := args[0]
 	b, err := control.ReadBackup(path)
 	if err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
@@ -124,7 +126,7 @@ func snapshotStatus(_ context.Context, args []string, stdout, stderr io.Writer) 
 	return 0
 }
 
-const restoreUsage = `Seed the data directory of the first member of a NEW cluster from a backup.
+const restoreLong = `Seed the data directory of the first member of a NEW cluster from a backup.
 
 A control-plane backup (bootstrapped) gives the new member a fresh NodeID
 and incarnation above every one the old cluster issued, as the only voter;
@@ -140,47 +142,54 @@ the same --initial-cluster.
 Locks in the backup come back with their tokens and their full lease,
 timed again from the new leader's election: a lock may be stale (its
 holder may have released it, or lost it, after the backup) and then
-blocks its key until that lease ends. --drop-locks restores none.
+blocks its key until that lease ends. --drop-locks restores none.`
 
-Flags:
-`
+// restoreOptions are snapshot restore's flags.
+type restoreOptions struct {
+	data, peer     string
+	id, bump       uint64
+	initial, token string
+	drop           bool
+}
+
+func snapshotRestoreCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "restore FILE --data DIR",
+		Short: "Seed a new cluster's first member from a backup",
+		Long:  restoreLong,
+		Example: `  ticketd snapshot restore backup.tkb --data /var/lib/ticketd --peer-address 10.0.0.1:7001
+  ticketd snapshot restore backup.tkb --data data1 --id 1 --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003`,
+		Args: exactArgs("FILE"),
+	}
+	o := &restoreOptions{}
+	fs := cmd.Flags()
+	fs.StringVar(&o.data, "data", "", "data directory of the new member (must not hold a node; required)")
+	fs.StringVar(&o.peer, "peer-address", "", "control-plane backup: the new member's --peer-listen address")
+	fs.Uint64Var(&o.id, "id", 1, "static: this member's raft id")
+	fs.StringVar(&o.initial, "initial-cluster", "", "static: every member, id=host:port,... as the new cluster's --initial-cluster")
+	fs.Uint64Var(&o.bump, "bump-tokens", control.BumpTokensDefault,
+		"add this to the token counter: more than the tokens the old cluster may have issued after the backup (default 2^40)")
+	fs.StringVar(&o.token, "initial-cluster-token", daemon.Defaults().InitialClusterToken,
+		"static: mixed with the backup's checksum and the member ids into the new cluster's ID (the same on every member)")
+	fs.BoolVar(&o.drop, "drop-locks", false, "restore no locks, only the token counter (and control state)")
+	_ = cmd.MarkFlagRequired("data")
+	cmd.RunE = bind(o, snapshotRestore)
+	return cmd
+}
 
 // snapshotRestore seeds a data directory from a backup file.
-func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := pflag.NewFlagSet("snapshot restore", pflag.ContinueOnError)
-	fs.SetOutput(stderr)
-	fs.Usage = func() {
-		fmt.Fprint(stderr, "usage: ticketd snapshot restore FILE --data DIR [flags]\n\n"+restoreUsage)
-		fs.PrintDefaults()
-	}
-	data := fs.String("data", "", "data directory of the new member (must not hold a node)")
-	peer := fs.String("peer-address", "", "control-plane backup: the new member's --peer-listen address")
-	id := fs.Uint64("id", 1, "static: this member's raft id")
-	initial := fs.String("initial-cluster", "", "static: every member, id=host:port,... as the new cluster's --initial-cluster")
-	bump := fs.Uint64("bump-tokens", control.BumpTokensDefault,
-		"add this to the token counter: more than the tokens the old cluster may have issued after the backup (default 2^40)")
-	token := fs.String("initial-cluster-token", daemon.Defaults().InitialClusterToken,
-		"static: mixed with the backup's checksum and the member ids into the new cluster's ID (the same on every member)")
-	drop := fs.Bool("drop-locks", false, "restore no locks, only the token counter (and control state)")
-	path, code, ok := parseFlags(fs, args, stderr)
-	if !ok {
-		return code
-	}
-	if *data == "" {
-		fmt.Fprintln(stderr, "ticketd snapshot restore: --data is required")
-		return exitUsage
-	}
+func snapshotRestore(_ context.Context, ro *restoreOptions, args []string, stdout, stderr io.Writer) int {
+	path := args[0]
 	o := control.RestoreOptions{
-		DataDir: *data, StoreDir: filepath.Join(*data, daemon.StoreDir), PeerAddress: *peer, ID: *id,
-		BumpTokens: *bump, DropLocks: *drop,
+		DataDir: ro.data, StoreDir: filepath.Join(ro.data, daemon.StoreDir), PeerAddress: ro.peer, ID: ro.id,
+		BumpTokens: ro.bump, DropLocks: ro.drop,
 		Logger: slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn})),
 	}
-	if *initial != "" {
-		cfg := daemon.Config{ID: *id, InitialCluster: *initial}
+	if ro.initial != "" {
+		cfg := daemon.Config{ID: ro.id, InitialCluster: ro.initial}
 		members, err := cfg.Members()
 		if err != nil {
-			fmt.Fprintf(stderr, "ticketd snapshot restore: %v\n", err)
-			return exitUsage
+			return usagef(stderr, "%v", err)
 		}
 		for _, m := range members {
 			o.Voters = append(o.Voters, m.ID)
@@ -195,7 +204,7 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 	// old one refuse each other's peers.
 	if len(o.Voters) > 0 {
 		sum := sha256.Sum256(b.Data)
-		o.ClusterID = control.RestoredClusterID(*token, hex.EncodeToString(sum[:]), o.Voters)
+		o.ClusterID = control.RestoredClusterID(ro.token, hex.EncodeToString(sum[:]), o.Voters)
 	} else if o.ClusterID, err = control.RandomClusterID(); err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
 		return exitFailure
@@ -205,7 +214,7 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 		fmt.Fprintf(stderr, "error: %v\n", err)
 		return exitFailure
 	}
-	if *bump == 0 {
+	if ro.bump == 0 {
 		fmt.Fprintln(stderr, "warning: --bump-tokens 0: tokens continue right after the backup's; safe only if the old cluster granted nothing after it")
 	}
 	if res.Locks > 0 {
@@ -215,6 +224,6 @@ func snapshotRestore(_ context.Context, args []string, stdout, stderr io.Writer)
 		control.Restored
 		Data   string             `json:"data"`
 		Backup control.BackupInfo `json:"backup"`
-	}{res, *data, b.Info})
+	}{res, ro.data, b.Info})
 	return 0
 }
