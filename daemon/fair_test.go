@@ -235,8 +235,9 @@ func buildGuest(t *testing.T, name, dir string) string {
 }
 
 // TestSlowPolicyIsolated is the plugin slow path: a policy that
-// runs to its deadline on alice's key, asked by 8 of alice's callers at
-// once, leaves bob's acquires (each asking the same policy) within 2x of
+// runs to its deadline on alice's key, asked 32 times a second by 8 of
+// alice's callers (2 instances on a 2-core box: without shares both are
+// held by her calls all the time), leaves bob's acquires (each asking the same policy) within 2x of
 // their quiet p99: alice holds at most her share of the instances and,
 // once her plugin time is spent, is refused with resource_exhausted.
 func TestSlowPolicyIsolated(t *testing.T) {
@@ -253,6 +254,7 @@ func TestSlowPolicyIsolated(t *testing.T) {
 	requireIdentity(t, d, bob, "TENANT_B/bob")
 	probe(t, bob, cycles/5) // warm up
 	var ratios []float64
+	denied := 0
 	for round := 1; round <= 3; round++ {
 		quiet := probe(t, bob, cycles)
 		stop := make(chan struct{})
@@ -271,9 +273,8 @@ func TestSlowPolicyIsolated(t *testing.T) {
 			mu.Lock()
 			codes[code]++
 			mu.Unlock()
-			if code == string(protocol.CodeResourceExhausted) {
-				time.Sleep(5 * time.Millisecond) // a refused caller retries, it does not spin
-			}
+			// The pace: 32 requests a second from 8 callers.
+			time.Sleep(250 * time.Millisecond)
 		})
 		testkit.Eventually(t, 10*time.Second, "alice's plugin time spent", func() bool {
 			mu.Lock()
@@ -286,12 +287,13 @@ func TestSlowPolicyIsolated(t *testing.T) {
 		ratios = append(ratios, float64(loaded)/float64(quiet))
 		t.Logf("round %d: bob's acquire p99 %v quiet, %v with alice's slow policy calls (%.2fx); alice's replies %v",
 			round, quiet, loaded, ratios[len(ratios)-1], codes)
-		if codes["denied"] == 0 {
-			t.Fatalf("no call of alice's ran to its deadline: %v", codes)
-		}
+		denied += codes["denied"]
 		if ratios[len(ratios)-1] <= 2 {
 			break
 		}
+	}
+	if denied == 0 {
+		t.Fatal("no call of alice's ran to its deadline")
 	}
 	if best := slices.Min(ratios); best > 2 {
 		t.Fatalf("bob's acquire p99 under alice's slow policy calls is %.2fx the quiet one in every round %v, want within 2x", best, ratios)

@@ -22,8 +22,12 @@ const (
 	// capped at GOMAXPROCS.
 	MaxInstancesDefault = 8
 	// IdentityTimeDefault is the instance time one identity's policy
-	// calls may use per second (share.go): half an instance.
-	IdentityTimeDefault = 500 * time.Millisecond
+	// calls may use per second (share.go): a quarter of an instance,
+	// ~6,000 calls of a 40µs policy, about what a cluster grants in a
+	// second, while an identity whose calls run to their deadline spins a
+	// quarter of a core at most (a spinning guest also takes CPU from
+	// every other request of the node).
+	IdentityTimeDefault = 250 * time.Millisecond
 )
 
 // maxMemoryLimitPages is the WebAssembly 32-bit limit (4 GiB); wazero
