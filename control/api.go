@@ -33,13 +33,15 @@ func (p *Plane) routes() *http.ServeMux {
 	admin := func(h handlerFunc) http.HandlerFunc { return p.handler(true, true, h) }
 	open := func(h handlerFunc) http.HandlerFunc { return p.handler(false, true, h) }
 	mux.HandleFunc("POST /v1/bootstrap", admin(p.bootstrap))
-	mux.HandleFunc("POST /v1/join-credentials", admin(p.mintJoin))
+	// Endpoints about members first record a static cluster's members
+	// in the control state (static.go).
+	mux.HandleFunc("POST /v1/join-credentials", admin(p.adopting(p.mintJoin)))
 	mux.HandleFunc("POST /v1/join", open(p.join)) // authenticated by the join credential
-	mux.HandleFunc("POST /v1/replacements", admin(p.prepareReplacement))
+	mux.HandleFunc("POST /v1/replacements", admin(p.adopting(p.prepareReplacement)))
 	mux.HandleFunc("POST /v1/replacements/complete", admin(p.completeReplacement))
 	mux.HandleFunc("POST /v1/replacements/abort", admin(p.abortReplacement))
-	mux.HandleFunc("POST /v1/retire", admin(p.retire))
-	mux.HandleFunc("POST /v1/members", admin(p.members))
+	mux.HandleFunc("POST /v1/retire", admin(p.adopting(p.retire)))
+	mux.HandleFunc("POST /v1/members", admin(p.adopting(p.members)))
 	// Answers only valid/invalid and checks no credential, so it is never
 	// paced: a starting node always learns at once whether it was retired.
 	mux.HandleFunc("POST /v1/identity", p.handler(false, false, p.identity))
@@ -206,10 +208,15 @@ func (p *Plane) handler(needAdmin, paced bool, h handlerFunc) http.HandlerFunc {
 
 // propose proposes a validated control command and maps its result.
 func (p *Plane) propose(r *http.Request, cmd core.Command) (core.Result, *Error) {
+	return p.proposeCtx(r.Context(), cmd)
+}
+
+// proposeCtx is propose within ctx.
+func (p *Plane) proposeCtx(ctx context.Context, cmd core.Command) (core.Result, *Error) {
 	if err := cmd.Validate(); err != nil {
 		return core.Result{}, &Error{Code: CodeInvalid, Message: err.Error()}
 	}
-	ctx, cancel := context.WithTimeout(r.Context(), TimeoutDefault)
+	ctx, cancel := context.WithTimeout(ctx, TimeoutDefault)
 	defer cancel()
 	a, err := p.cfg.Node.Propose(ctx, cmd)
 	switch {

@@ -137,6 +137,12 @@ type Plane struct {
 	mu    sync.Mutex        // guards addrs and serialises Peers calls
 	addrs map[uint64]string // peer addresses, as the transport knows them
 
+	// membership serialises this node's membership changes: the reconcile
+	// loop's conf changes and promotions, and a static cluster's adoption
+	// (static.go), so the loop never acts on a state adoption is half way
+	// through.
+	membership sync.Mutex
+
 	versionProbe VersionProbe // set before Start
 	failures     *failureLimiter
 	failureDelay time.Duration

@@ -48,6 +48,16 @@
 //     replicated state means a new leader finishes what a crashed one
 //     started.
 //
+//   - Static clusters (static.go): on a cluster formed from a static
+//     member list (--initial-cluster), the admin endpoints that work on
+//     members (members, join-credentials, replacements, retire) first
+//     record the static voters in the control state with the ordinary
+//     control commands (Bootstrap under a marker hash, then MintJoin,
+//     Admit and Promote per id), so replacing, retiring and admitting
+//     members then work as on a control-plane cluster. Reconcile removes a
+//     raft member only once it is retired, so a half-recorded static
+//     list never costs a voter.
+//
 //   - The identity file (identity.go): the NodeID and incarnation a node
 //     was issued, kept in its data directory, and ResolveIdentity, which
 //     a starting node runs to confirm it with the cluster, or to join or

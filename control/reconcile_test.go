@@ -25,28 +25,38 @@ func TestConfChangeFor(t *testing.T) {
 	remove := func(id uint64) raftpb.ConfChangeSingle {
 		return raftpb.ConfChangeSingle{Type: raftpb.ConfChangeRemoveNode, NodeID: id}
 	}
+	placeholder := core.Member{NodeID: 3, Incarnation: 3, Role: core.RoleLearner, Address: placeholderAddress}
 	tests := []struct {
 		name    string
 		cs      raftpb.ConfState
 		members []core.Member
+		retired []uint64
 		want    []raftpb.ConfChangeSingle // nil: they agree
 	}{
-		{"agree", raftpb.ConfState{Voters: []uint64{1, 2, 3}}, []core.Member{voter(1), voter(2), voter(3)}, nil},
-		{"agree with a learner", raftpb.ConfState{Voters: []uint64{1}, Learners: []uint64{2}}, []core.Member{voter(1), learner(2)}, nil},
+		{"agree", raftpb.ConfState{Voters: []uint64{1, 2, 3}}, []core.Member{voter(1), voter(2), voter(3)}, nil, nil},
+		{"agree with a learner", raftpb.ConfState{Voters: []uint64{1}, Learners: []uint64{2}}, []core.Member{voter(1), learner(2)}, nil, nil},
 		// Raft has already promoted it; demoting is never reconcile's job.
-		{"learner that raft made a voter", raftpb.ConfState{Voters: []uint64{1, 2}}, []core.Member{voter(1), learner(2)}, nil},
-		{"admitted learner", raftpb.ConfState{Voters: []uint64{1}}, []core.Member{voter(1), learner(2)}, []raftpb.ConfChangeSingle{addLearner(2)}},
-		{"promoted learner", raftpb.ConfState{Voters: []uint64{1}, Learners: []uint64{2}}, []core.Member{voter(1), voter(2)}, []raftpb.ConfChangeSingle{add(2)}},
-		{"retired voter", raftpb.ConfState{Voters: []uint64{1, 2}}, []core.Member{voter(1)}, []raftpb.ConfChangeSingle{remove(2)}},
-		{"retired learner", raftpb.ConfState{Voters: []uint64{1}, Learners: []uint64{2}}, []core.Member{voter(1)}, []raftpb.ConfChangeSingle{remove(2)}},
-		{"replacement completed", raftpb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}, []core.Member{voter(1), voter(2), voter(4)},
+		{"learner that raft made a voter", raftpb.ConfState{Voters: []uint64{1, 2}}, []core.Member{voter(1), learner(2)}, nil, nil},
+		{"admitted learner", raftpb.ConfState{Voters: []uint64{1}}, []core.Member{voter(1), learner(2)}, nil, []raftpb.ConfChangeSingle{addLearner(2)}},
+		{"promoted learner", raftpb.ConfState{Voters: []uint64{1}, Learners: []uint64{2}}, []core.Member{voter(1), voter(2)}, nil, []raftpb.ConfChangeSingle{add(2)}},
+		{"retired voter", raftpb.ConfState{Voters: []uint64{1, 2}}, []core.Member{voter(1)}, []uint64{2}, []raftpb.ConfChangeSingle{remove(2)}},
+		{"retired learner", raftpb.ConfState{Voters: []uint64{1}, Learners: []uint64{2}}, []core.Member{voter(1)}, []uint64{2}, []raftpb.ConfChangeSingle{remove(2)}},
+		{"replacement completed", raftpb.ConfState{Voters: []uint64{1, 2, 3}, Learners: []uint64{4}}, []core.Member{voter(1), voter(2), voter(4)}, []uint64{3},
 			[]raftpb.ConfChangeSingle{add(4), remove(3)}},
-		{"empty control state", raftpb.ConfState{Voters: []uint64{1}}, nil, []raftpb.ConfChangeSingle{remove(1)}},
+		// A static voter that adoption has not recorded yet stays a voter.
+		{"static voters being adopted", raftpb.ConfState{Voters: []uint64{1, 2, 3}}, []core.Member{voter(1), learner(2)}, nil, nil},
+		{"empty control state", raftpb.ConfState{Voters: []uint64{1}}, nil, nil, nil},
+		// The placeholder of a skipped static id never joins raft.
+		{"placeholder", raftpb.ConfState{Voters: []uint64{1, 2, 4}}, []core.Member{voter(1), voter(2), placeholder}, nil, nil},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			cc, ok := confChangeFor(tc.cs, tc.members)
-			if ok != (tc.want != nil) || confMatches(tc.cs, tc.members) == ok {
+			retired := map[uint64]bool{}
+			for _, id := range tc.retired {
+				retired[id] = true
+			}
+			cc, ok := confChangeFor(tc.cs, tc.members, retired)
+			if ok != (tc.want != nil) || confMatches(tc.cs, tc.members, retired) == ok {
 				t.Fatalf("change %v (%v), want %v", ok, cc.String(), tc.want)
 			}
 			if fmt.Sprint(cc.Changes) != fmt.Sprint(tc.want) {

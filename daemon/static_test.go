@@ -1,14 +1,23 @@
 package daemon_test
 
 import (
+	"context"
 	"errors"
+	"fmt"
 	"os"
+	"path/filepath"
+	"strings"
+	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/control"
+	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/daemon"
 	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/internal/testkit/testcluster"
+	"github.com/ticketd/ticketd/sdk"
 )
 
 // A static member whose data directory was wiped does not bootstrap
@@ -51,4 +60,176 @@ func TestWipedStaticMember(t *testing.T) {
 		t.Fatalf("the other cluster's node follows leader %d", got)
 	}
 	c.Leader(10 * time.Second) // the two members still form the cluster
+}
+
+const staticAdmin = "static-admin-credential-0123"
+
+// staticControlCluster is a three-node static cluster whose nodes each
+// serve the control API on loopback with the admin credential.
+func staticControlCluster(t *testing.T) *testcluster.Cluster {
+	return testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *daemon.Config) {
+		cfg.ControlListen = testkit.FreeAddr(t)
+		cfg.ControlCredential = staticAdmin
+	}))
+}
+
+// controlURLs are the control URLs of c's running nodes.
+func controlURLs(c *testcluster.Cluster) []string {
+	var out []string
+	for _, d := range c.Nodes() {
+		if d != nil {
+			out = append(out, "http://"+d.ControlAddr())
+		}
+	}
+	return out
+}
+
+func adminCall(t *testing.T, urls []string, path string, req control.Request) (control.Reply, error) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	return control.Call(ctx, urls, path, staticAdmin, req)
+}
+
+// A static cluster replaces a wiped member the way a control-plane cluster
+// does: the admin API records the static members in the control state,
+// a new node joins with --replace, the replacement completes by joint
+// consensus, clients keep taking locks throughout, and the old identity
+// is retired for good: its peers refuse it.
+func TestStaticClusterReplacesWipedMember(t *testing.T) {
+	c := staticControlCluster(t)
+	leader := c.Leader(10 * time.Second)
+	victim := c.Follower(leader)
+	victimID := uint64(victim + 1)
+
+	cl, err := sdk.New(testkit.Connect(t, c.ClientURL(leader)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var (
+		stop   atomic.Bool
+		wg     sync.WaitGroup
+		tokens sync.Map
+		taken  atomic.Int64
+		failed atomic.Int64
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; !stop.Load() && i < 20000; i++ {
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			l, err := cl.Acquire(ctx, fmt.Sprintf("static/%d", i), sdk.WithLease(time.Minute))
+			cancel()
+			if err != nil {
+				failed.Add(1)
+				continue
+			}
+			if _, dup := tokens.LoadOrStore(l.Token, i); dup {
+				t.Errorf("token %d issued twice", l.Token)
+			}
+			taken.Add(1)
+		}
+	}()
+	defer func() { stop.Store(true); wg.Wait() }()
+
+	// The member dies and its data directory is lost. Keep a copy of what
+	// it held, to bring the old identity back later.
+	if err := c.Stop(victim); err != nil {
+		t.Fatal(err)
+	}
+	oldCfg := c.Config(victim)
+	saved := filepath.Join(t.TempDir(), "old")
+	if err := os.CopyFS(saved, os.DirFS(oldCfg.Data)); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(oldCfg.Data); err != nil {
+		t.Fatal(err)
+	}
+
+	urls := controlURLs(c)
+	rep, err := adminCall(t, urls, "/v1/members", control.Request{})
+	if err != nil || len(rep.Members) != 3 {
+		t.Fatalf("members of the static cluster: %+v %v", rep, err)
+	}
+	for _, m := range rep.Members {
+		if m.Role != "voter" || m.Address != c.Config(int(m.NodeID-1)).PeerListen {
+			t.Fatalf("member %+v does not match the static list", m)
+		}
+	}
+
+	// The replacement: a fresh data directory, the dead member's
+	// addresses, joining through the control API.
+	repl := oldCfg
+	repl.Data = filepath.Join(t.TempDir(), "replacement")
+	repl.InitialCluster, repl.InitialClusterState = "", daemon.ClusterStateExisting
+	repl.Join, repl.Replace = strings.Join(urls, ","), victimID
+	nd, err := daemon.Start(context.Background(), repl, daemon.Options{Logger: testkit.QuietLogger()})
+	if err != nil {
+		t.Fatalf("replacement: %v", err)
+	}
+	t.Cleanup(nd.Close)
+	ident, ok, err := control.ReadIdentity(repl.Data)
+	if err != nil || !ok || ident.NodeID != 4 {
+		t.Fatalf("replacement identity %+v %v %v", ident, ok, err)
+	}
+	testkit.Eventually(t, 30*time.Second, "the replacement completes once caught up", func() bool {
+		_, err := adminCall(t, urls, "/v1/replacements/complete", control.Request{OldNodeID: victimID, NodeID: ident.NodeID, Incarnation: ident.Incarnation})
+		return err == nil
+	})
+	var want []uint64
+	for _, id := range []uint64{1, 2, 3, 4} {
+		if id != victimID {
+			want = append(want, id)
+		}
+	}
+	testkit.Eventually(t, 20*time.Second, fmt.Sprintf("voters %v everywhere", want), func() bool {
+		for _, d := range append(c.Nodes(), nd) {
+			if d == nil {
+				continue
+			}
+			cs := d.Node().ConfState()
+			if fmt.Sprint(cs.Voters) != fmt.Sprint(want) || len(cs.Learners) != 0 || len(cs.VotersOutgoing) != 0 {
+				return false
+			}
+		}
+		return true
+	})
+	// The cluster keeps serving, the new member included.
+	before := taken.Load()
+	testkit.Eventually(t, 20*time.Second, "locks granted after the replacement", func() bool { return taken.Load() >= before+20 })
+	testkit.Eventually(t, 20*time.Second, "the replacement applies the lock table", func() bool {
+		return testcluster.StateOf(nd).LastToken >= testcluster.StateOf(c.Node(leader)).LastToken-5 && testcluster.StateOf(nd).LastToken > 0
+	})
+
+	// The old identity is retired: the replicated state says so, and the
+	// members refuse the old node when it comes back with its data.
+	var identErr error
+	c.Node(leader).Node().View(func(m *core.Machine) { identErr = m.CheckIdentity(victimID, 0) })
+	if !errors.Is(identErr, core.ErrNodeRetired) {
+		t.Fatalf("CheckIdentity of the replaced member: %v", identErr)
+	}
+	old := oldCfg
+	old.Data = saved
+	old.PeerListen, old.NATSListen, old.NATSClusterListen, old.ControlListen = testkit.FreeAddr(t), testkit.FreeAddr(t), testkit.FreeAddr(t), ""
+	failures := func() (n uint64) {
+		for _, d := range c.Nodes() {
+			if d != nil {
+				n += d.Peers().Stats().HandshakeFailures
+			}
+		}
+		return n
+	}
+	refusedBefore := failures()
+	od, err := daemon.Start(context.Background(), old, daemon.Options{Logger: testkit.QuietLogger()})
+	if err != nil {
+		t.Fatalf("old node: %v", err)
+	}
+	t.Cleanup(od.Close)
+	testkit.Eventually(t, 10*time.Second, "the members refuse the replaced node", func() bool { return failures() > refusedBefore })
+	if lead := od.Node().Status().Lead; lead != 0 {
+		t.Fatalf("the replaced node follows leader %d", lead)
+	}
+	stop.Store(true)
+	wg.Wait()
+	t.Logf("%d locks granted, %d acquires failed during the replacement", taken.Load(), failed.Load())
 }
