@@ -89,6 +89,11 @@ func TestDocumentedSubjects(t *testing.T) {
 		strings.Replace(NodeStatusSubject(7), "7", "<id>", 1),
 		strings.Replace(ForwardSubject(7, "<op>"), "7", "<leader-id>", 1),
 		SubjectPrefix + ".control.>",
+		SubjectKeyedPrefix + ".<hash>.lock.<op>",
+		strings.Replace(GroupSubject(7, "<op>"), "7", "<group>", 1),
+		strings.Replace(GroupStatusSubject(7), "7", "<group>", 1),
+		strings.NewReplacer("7", "<group>", "9", "<id>").Replace(Partition{Group: 7, Groups: 8}.NodeStatusSubject(9)),
+		strings.NewReplacer("7", "<group>", "9", "<leader-id>").Replace(Partition{Group: 7, Groups: 8}.ForwardSubject(9, "<op>")),
 	} {
 		if !strings.Contains(sec, "`"+subject+"`") {
 			t.Errorf("docs/protocol.md §1 does not name `%s`", subject)

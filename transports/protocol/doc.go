@@ -12,6 +12,16 @@
 // subjects (WatchSubject). See docs/protocol.md for the full description
 // written for client authors in any language.
 //
+// # Partitions
+//
+// partition.go names the subjects of a partitioned deployment
+// (docs/scaling.md): clients send keyed requests on KeyedSubject, which
+// carries KeyHash(key); the NATS mapping of PartitionMapping rewrites it
+// to the subject of group GroupOf(key, groups), computed exactly as
+// nats-server's partition function does; a Partition gives one group's
+// subjects (lock, status, node status, forward) and refuses keys that are
+// not its own (Owns, wrong_group).
+//
 // # Hostile input
 //
 // Decoders reject payloads over MaxRequestSize, unknown fields (names are

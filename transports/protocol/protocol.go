@@ -82,6 +82,11 @@ const (
 	// retryable as is: retry later, once locks were released or space
 	// freed. Releases are never refused with it.
 	CodeResourceExhausted Code = "resource_exhausted"
+	// CodeWrongGroup: in a partitioned deployment (docs/scaling.md) the
+	// request reached a group that does not serve its key: the NATS
+	// subject mapping and the nodes' group count disagree, or the request
+	// was not sent on its key's subject. Nothing changed.
+	CodeWrongGroup Code = "wrong_group"
 )
 
 // Retryable reports whether a request that failed with c certainly had no
@@ -148,6 +153,10 @@ type AcquireReply struct {
 	LeaseMS int64  `json:"lease_ms"`
 	// Index is the raft log index of the Grant.
 	Index uint64 `json:"index"`
+	// Group is the group that granted the lock in a partitioned
+	// deployment (docs/scaling.md): the token is that group's. Absent when
+	// the cluster is not partitioned.
+	Group *uint32 `json:"group,omitempty"`
 }
 
 // ReleaseRequest gives a lock back.
@@ -196,11 +205,16 @@ type StatusReply struct {
 	// Alarms are this node's active alarms: "nospace" while its disk is
 	// below the alarm level (as leader it refuses grants). DiskFreeBytes
 	// is the free space of its data disk.
-	Alarms        []string          `json:"alarms,omitempty"`
-	DiskFreeBytes uint64            `json:"disk_free_bytes,omitempty"`
-	Members       []Member          `json:"members"`
-	Plugins       []PluginInfo      `json:"plugins,omitempty"`
-	Extra         map[string]string `json:"extra,omitempty"`
+	Alarms        []string `json:"alarms,omitempty"`
+	DiskFreeBytes uint64   `json:"disk_free_bytes,omitempty"`
+	// Group and Groups say which group of a partitioned deployment the
+	// node belongs to (docs/scaling.md); both absent when it is not
+	// partitioned.
+	Group   *uint32           `json:"group,omitempty"`
+	Groups  uint32            `json:"groups,omitempty"`
+	Members []Member          `json:"members"`
+	Plugins []PluginInfo      `json:"plugins,omitempty"`
+	Extra   map[string]string `json:"extra,omitempty"`
 }
 
 // Member is one raft member as this node sees it.
