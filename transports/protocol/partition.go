@@ -21,8 +21,9 @@ const (
 	// "ticketd.v1.p.<KeyHash(key)>.lock.<op>".
 	SubjectKeyedPrefix = SubjectPrefix + ".p"
 	// SubjectGroupPrefix is where group g's nodes listen:
-	// "ticketd.v1.g.<g>.lock.<op>", ".status", ".node.<id>.status",
-	// ".fwd.<leader-id>.<op>".
+	// "ticketd.v1.g.<g>.lock.<op>", ".status", ".node.<id>.status". Their
+	// forward subjects stay under ticketd.v1.fwd.> (Partition.
+	// ForwardSubject), which no account may export.
 	SubjectGroupPrefix = SubjectPrefix + ".g"
 )
 
@@ -151,12 +152,16 @@ func (p Partition) NodeStatusSubject(id uint64) string {
 }
 
 // ForwardSubject is where p's follower forwards op to leader (see the
-// package-level ForwardSubject), apart per group for the same reason.
+// package-level ForwardSubject), apart per group for the same reason:
+// "ticketd.v1.fwd.g.<g>.<leader-id>.<op>", under ticketd.v1.fwd.> like
+// the unpartitioned form (one token longer, so neither matches the
+// other's subscription), so that exporting the group subjects to tenants
+// never exports a forward subject.
 func (p Partition) ForwardSubject(leader uint64, op string) string {
 	if !p.Partitioned() {
 		return ForwardSubject(leader, op)
 	}
-	return fmt.Sprintf("%s.fwd.%d.%s", groupPrefix(p.Group), leader, op)
+	return fmt.Sprintf("%s.fwd.g.%d.%d.%s", SubjectPrefix, p.Group, leader, op)
 }
 
 // WrongGroup is the error of a request for a key p does not serve.

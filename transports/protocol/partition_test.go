@@ -78,7 +78,7 @@ func TestPartitionSubjects(t *testing.T) {
 	p := Partition{Group: 1, Groups: 4}
 	for _, c := range []struct{ got, want string }{
 		{p.LockSubject("acquire"), "ticketd.v1.g.1.lock.acquire"},
-		{p.ForwardSubject(3, "get"), "ticketd.v1.g.1.fwd.3.get"},
+		{p.ForwardSubject(3, "get"), "ticketd.v1.fwd.g.1.3.get"},
 		{p.NodeStatusSubject(2), "ticketd.v1.g.1.node.2.status"},
 		{GroupStatusSubject(1), "ticketd.v1.g.1.status"},
 		{KeyedSubject("orders/42", "renew"), "ticketd.v1.p." + KeyHash("orders/42") + ".lock.renew"},
