@@ -17,6 +17,7 @@ import (
 	"github.com/ticketd/ticketd/plugins/audit"
 	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/transports/natsapi"
+	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 // Config is one node's configuration. Field tags are the flat, kebab-case
@@ -150,6 +151,13 @@ type Config struct {
 	// placement.go) or PlacementOff.
 	LeaderPlacement string `koanf:"leader-placement"`
 
+	// Group and Groups place the node in a partitioned deployment
+	// (docs/scaling.md): its cluster is group Group of Groups, serves that
+	// group's subjects and only the keys that hash to it. Groups 0 (the
+	// default): not partitioned, the classic subjects.
+	Group  uint32 `koanf:"group"`
+	Groups uint32 `koanf:"groups"`
+
 	// AuditStream, if set, names a JetStream stream that captures the
 	// audit subjects (de-duplicated on Nats-Msg-Id). With the embedded
 	// NATS server it turns JetStream on, storing under data/jetstream.
@@ -194,6 +202,12 @@ func Defaults() Config {
 		InitialClusterToken: "ticketd-cluster",
 		// Zero plugin limits take the plugins package defaults.
 	}
+}
+
+// Partition is the node's share of a partitioned deployment (the zero
+// value when it is not partitioned).
+func (c Config) Partition() protocol.Partition {
+	return protocol.Partition{Group: c.Group, Groups: c.Groups}
 }
 
 // Limits on configuration values.
@@ -281,6 +295,9 @@ func (c Config) Validate() error {
 	case "", PlacementFollowClients, PlacementOff:
 	default:
 		return configErr("leader-placement %q: want %s or %s", c.LeaderPlacement, PlacementFollowClients, PlacementOff)
+	}
+	if err := c.Partition().Validate(); err != nil {
+		return configErr("group, groups: %v", err)
 	}
 	if c.NATSURL == "" && c.NATSListen == "" {
 		return configErr("either nats-url or nats-listen is required")

@@ -146,7 +146,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if err := d.ctl.Start(); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
-	d.log.Info("node started", "data", d.cfg.Data, "nats", natsclient.Redact(d.ClientURL()), "members", len(m.peers), "acl", d.cfg.ACL != "")
+	d.log.Info("node started", "data", d.cfg.Data, "nats", natsclient.Redact(d.ClientURL()), "members", len(m.peers), "acl", d.cfg.ACL != "", "partition", d.cfg.Partition().String())
 	return d, nil
 }
 
@@ -417,7 +417,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	d.api, err = natsapi.Start(natsapi.Config{
 		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins, Disk: d.store.Disk(),
 		Logger: d.log.With("component", "natsapi"), Now: opts.Now, Identity: trust,
-		MaxInflight: d.cfg.MaxInflight, ReplyInterest: d.replyInterest(opts),
+		MaxInflight: d.cfg.MaxInflight, ReplyInterest: d.replyInterest(opts), Partition: d.cfg.Partition(),
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: start client service: %w", err)

@@ -85,6 +85,15 @@
 // shows it crossed an import; every other request is anonymous. The lock
 // service checks the identity against its access list.
 //
+// # Partitions
+//
+// With Config.Partition set the node is one group of a partitioned
+// deployment (docs/scaling.md): its lock endpoints, node status and
+// forward subjects are the group's (protocol.Partition), it answers status
+// on the group's status subject too, and partition.go makes its leader
+// refuse, with wrong_group, an acquire, renew or get of a key that does
+// not hash to its group, whatever subject it came on.
+//
 // # Control
 //
 // Control requests never travel on the client port: anything sent to

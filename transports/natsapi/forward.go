@@ -57,7 +57,7 @@ func (s *Service) forwardTo(req *request, notFrom uint64) {
 	}
 	ctx, cancel := context.WithDeadline(s.ctx, req.received.Add(timeout+ForwardGraceDefault))
 	defer cancel()
-	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, req.op), Data: req.data, Header: forwardHeader(req.header, req.identity)})
+	m, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: s.cfg.Partition.ForwardSubject(leader, req.op), Data: req.data, Header: forwardHeader(req.header, req.identity)})
 	if err == nil && m.Header.Get(micro.ErrorCodeHeader) == string(protocol.CodeNotLeader) && time.Since(req.received) < LeaderWaitMax {
 		// The node asked did nothing (it never forwards again) and
 		// leadership has moved on: ask whoever leads now (only a young
@@ -107,7 +107,7 @@ func (s *Service) releaseUndelivered(leader uint64, identity string, reply []byt
 	defer cancel()
 	h := forwardHeader(nil, identity)
 	h.Set(HeaderLostReply, "1")
-	if _, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: protocol.ForwardSubject(leader, "release"), Data: body, Header: h}); err != nil {
+	if _, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: s.cfg.Partition.ForwardSubject(leader, "release"), Data: body, Header: h}); err != nil {
 		s.log.Warn("release of an undelivered grant failed; it will expire with its lease", "key", ar.Key, "token", ar.Token, "err", err)
 	}
 }

@@ -19,6 +19,9 @@ func (s *Service) renew(req *request) {
 		s.replyErr(req, toProtocolError(err))
 		return
 	}
+	if !s.owns(req, rr.Key) {
+		return
+	}
 	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
 	defer cancel()
 	r, err := s.cfg.Locks.Renew(ctx, rr.Key, rr.Token, time.Duration(rr.LeaseMS)*time.Millisecond)

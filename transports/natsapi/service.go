@@ -58,6 +58,10 @@ type Config struct {
 	// Identity says whether requests' Nats-Request-Info can name who is
 	// asking (identity.go); the zero value makes every request anonymous.
 	Identity IdentityTrust
+	// Partition is the node's group in a partitioned deployment
+	// (docs/scaling.md): it serves the group's subjects and only its keys
+	// (partition.go). The zero value serves the classic subjects.
+	Partition protocol.Partition
 }
 
 // Service is the running NATS endpoint set of one node.
@@ -168,9 +172,12 @@ func Start(cfg Config) (*Service, error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel,
 		lead: newLeaderSubs(cfg.Conn), workers: newWorkers(ctx)}
+	if err := cfg.Partition.Validate(); err != nil {
+		cancel()
+		return nil, fmt.Errorf("natsapi: %w", err)
+	}
 	id := cfg.Locks.ID()
-	s.svc = newMicroService(cfg.Conn, protocol.ServiceName, protocol.ServiceVersion, "ticketd distributed lock service",
-		map[string]string{"node_id": fmt.Sprint(id)})
+	s.svc = newMicroService(cfg.Conn, protocol.ServiceName, protocol.ServiceVersion, "ticketd distributed lock service", serviceMetadata(id, cfg.Partition))
 	fail := func(err error) (*Service, error) {
 		_ = s.svc.stop()
 		cancel()
@@ -178,12 +185,17 @@ func Start(cfg Config) (*Service, error) {
 	}
 	for _, op := range []string{"acquire", "release", "get", "renew", "list", "withdraw"} {
 		// Subscribed only while this node is the ready leader (leadersubs.go).
-		s.addLockEndpoint(op, protocol.SubjectPrefix+".lock."+op, protocol.QueueGroup, s.microHandler(op))
+		s.addLockEndpoint(op, cfg.Partition.LockSubject(op), protocol.QueueGroup, s.microHandler(op))
 	}
 	if err := s.svc.addEndpoint("status", protocol.SubjectStatus, protocol.QueueGroup, s.microHandler("status")); err != nil {
 		return fail(err)
 	}
-	if err := s.svc.addEndpoint("node_status", protocol.NodeStatusSubject(id), "", s.microHandler("status")); err != nil {
+	if cfg.Partition.Partitioned() {
+		if err := s.svc.addEndpoint("group_status", protocol.GroupStatusSubject(cfg.Partition.Group), protocol.QueueGroup, s.microHandler("status")); err != nil {
+			return fail(err)
+		}
+	}
+	if err := s.svc.addEndpoint("node_status", cfg.Partition.NodeStatusSubject(id), "", s.microHandler("status")); err != nil {
 		return fail(err)
 	}
 	if err := s.svc.addEndpoint("control_refused", protocol.SubjectPrefix+".control.>", protocol.QueueGroup, func(ep *endpoint, m *nats.Msg) {
@@ -200,7 +212,7 @@ func Start(cfg Config) (*Service, error) {
 		return fail(err)
 	}
 	s.delivery = d
-	fwd, err := cfg.Conn.Subscribe(protocol.ForwardSubject(id, "*"), s.forwardHandler)
+	fwd, err := cfg.Conn.Subscribe(cfg.Partition.ForwardSubject(id, "*"), s.forwardHandler)
 	if err != nil {
 		return fail(fmt.Errorf("natsapi: subscribe forward subject: %w", err))
 	}
@@ -444,6 +456,9 @@ func (s *Service) acquire(req *request) {
 		s.replyErr(req, toProtocolError(err))
 		return
 	}
+	if !s.owns(req, ar.Key) {
+		return
+	}
 	lease, wait, timeout, _ := ar.Validate()
 	ctx, cancel := context.WithDeadline(req.context(s.ctx), req.received.Add(timeout))
 	defer cancel()
@@ -463,7 +478,7 @@ func (s *Service) acquire(req *request) {
 		s.replyLockErr(req, err)
 		return
 	}
-	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index})
+	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index, Group: s.group()})
 	if g.Queued {
 		// Its requester waited and may have left: learn it for certain
 		// and release at once (delivery.go). Immediate grants skip this.
@@ -507,6 +522,9 @@ func (s *Service) get(req *request) {
 	gr, err := protocol.DecodeGet(req.data)
 	if err != nil {
 		s.replyErr(req, toProtocolError(err))
+		return
+	}
+	if !s.owns(req, gr.Key) {
 		return
 	}
 	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)

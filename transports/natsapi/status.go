@@ -46,6 +46,7 @@ func (s *Service) status() protocol.StatusReply {
 		CommitIndex: st.Commit,
 	}
 	out.MaxClusterVersion = core.MaxClusterVersion
+	out.Group, out.Groups = s.group(), s.cfg.Partition.Groups
 	// The summary is published by the raft loop once per applied index:
 	// status takes no lock the apply path waits on and does no work
 	// proportional to the table, so callers cannot slow lock traffic.
@@ -91,7 +92,7 @@ func (s *Service) status() protocol.StatusReply {
 // say predates version reporting and reads version 1 only. It serves as
 // the control plane's control.VersionProbe.
 func (s *Service) MemberVersion(ctx context.Context, id uint64) (uint64, error) {
-	m, err := s.cfg.Conn.RequestWithContext(ctx, protocol.NodeStatusSubject(id), []byte("{}"))
+	m, err := s.cfg.Conn.RequestWithContext(ctx, s.cfg.Partition.NodeStatusSubject(id), []byte("{}"))
 	if err != nil {
 		return 0, fmt.Errorf("natsapi: status of member %d: %w", id, err)
 	}
