@@ -52,7 +52,7 @@ func (d *Daemon) identityTrust() (natsapi.IdentityTrust, error) {
 	}
 	if len(uses) > 0 {
 		return natsapi.IdentityTrust{}, configErr("%s %s, but in the embedded NATS server any client can write the Nats-Request-Info header: %s "+
-			"(ticketd's account must hold only ticketd's user and export ticketd.v1.lock.> as a service that tenant accounts import: examples/secure)",
+			"(ticketd's account must hold only ticketd's user and export the lock subjects, ticketd.v1.lock.>, as a service that tenant accounts import: examples/secure)",
 			strings.Join(uses, ", "), needIdentities(len(uses)), strings.Join(problems, "; "))
 	}
 	d.log.Debug("requests are anonymous: identities could be forged", "why", strings.Join(problems, "; "))
@@ -117,32 +117,60 @@ func (d *Daemon) exportProblems(own string) []string {
 	if err != nil || az.Account == nil {
 		return []string{fmt.Sprintf("its exports cannot be read (%v)", err)}
 	}
-	// A subject of the followers' forward subjects: an export covering it
-	// lets a tenant write the identity a follower passes to the leader.
-	forward := protocol.ForwardSubject(1, "acquire")
+	lock := d.lockSubjects()
 	var out []string
 	exported := false
 	for _, e := range az.Account.Exports {
 		subj := string(e.Subject)
-		if natsserver.SubjectsCollide(subj, forward) {
-			out = append(out, fmt.Sprintf("account %s exports %s, which holds the followers' forward subjects (ticketd.v1.fwd.>): export ticketd.v1.lock.> instead", own, subj))
+		// An export reaching a forward subject (of any group) lets a tenant
+		// write the identity a follower passes to the leader.
+		if natsserver.SubjectsCollide(subj, forwardSubjects) {
+			out = append(out, fmt.Sprintf("account %s exports %s, which holds the followers' forward subjects (%s): export %s instead", own, subj, forwardSubjects, lock[0]))
 		}
-		if e.Type == jwt.Service && natsserver.SubjectMatchesFilter(protocol.SubjectAcquire, subj) {
+		if e.Type == jwt.Service && coversAny(subj, lock) {
 			exported = true
 		}
 	}
 	switch {
 	case !exported:
-		out = append(out, fmt.Sprintf("account %s does not export the lock subjects (ticketd.v1.lock.>) as a service", own))
-	case !d.lockServiceImported(own):
+		out = append(out, fmt.Sprintf("account %s does not export the lock subjects (%s) as a service", own, strings.Join(lock, " or ")))
+	case !d.lockServiceImported(own, lock):
 		out = append(out, fmt.Sprintf("no account imports the lock subjects from account %s", own))
 	}
 	return out
 }
 
+// forwardSubjects holds every follower's forward subject
+// (protocol.Partition.ForwardSubject), of every group.
+const forwardSubjects = protocol.SubjectPrefix + ".fwd.>"
+
+// lockSubjects are the subjects through which clients reach this node's
+// lock service, as wildcards: its own (ticketd.v1.lock.> or, in a
+// partitioned deployment, its group's), and there also the keyed subjects
+// that the partition mapping of ticketd's account sends to the groups.
+func (d *Daemon) lockSubjects() []string {
+	p := d.cfg.Partition()
+	own := strings.TrimSuffix(p.LockSubject("acquire"), "acquire") + ">"
+	if !p.Partitioned() {
+		return []string{own}
+	}
+	return []string{own, protocol.SubjectKeyedPrefix + ".*.lock.>"}
+}
+
+// coversAny tells whether the export or import subject subj reaches an
+// acquire on one of lock's subjects.
+func coversAny(subj string, lock []string) bool {
+	for _, l := range lock {
+		if natsserver.SubjectsCollide(subj, strings.TrimSuffix(l, ">")+"acquire") {
+			return true
+		}
+	}
+	return false
+}
+
 // lockServiceImported tells whether another account of the embedded server
-// imports the acquire subject from account own as a service.
-func (d *Daemon) lockServiceImported(own string) bool {
+// imports one of lock's acquire subjects from account own as a service.
+func (d *Daemon) lockServiceImported(own string, lock []string) bool {
 	all, err := d.ns.Accountz(&natsserver.AccountzOptions{})
 	if err != nil {
 		return false
@@ -156,7 +184,7 @@ func (d *Daemon) lockServiceImported(own string) bool {
 			continue
 		}
 		for _, im := range az.Account.Imports {
-			if im.Type == jwt.Service && im.Account == own && !im.Invalid && natsserver.SubjectMatchesFilter(protocol.SubjectAcquire, string(im.Subject)) {
+			if im.Type == jwt.Service && im.Account == own && !im.Invalid && coversAny(string(im.Subject), lock) {
 				return true
 			}
 		}

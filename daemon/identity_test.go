@@ -368,3 +368,41 @@ func TestTrustRequestInfoNeedsNATSURL(t *testing.T) {
 		t.Fatalf("Validate = %v, want a configuration error naming nats-trust-request-info", err)
 	}
 }
+
+// TestIdentityPartitioned: a node of a partitioned deployment is reached
+// through its group's subjects, or the keyed subjects the partition
+// mapping sends to them: exporting those starts with the access list,
+// exporting only the classic lock subjects (which it does not serve) is
+// refused.
+func TestIdentityPartitioned(t *testing.T) {
+	for _, tc := range []struct {
+		name, export string
+		ok           bool
+	}{
+		{"group subjects", "ticketd.v1.g.1.lock.>", true},
+		{"keyed subjects", "ticketd.v1.p.>", true},
+		{"classic subjects only", "ticketd.v1.lock.>", false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			listen := testkit.FreeAddr(t)
+			cfg := identityNode(t, true)
+			cfg.Group, cfg.Groups = 1, 2
+			cfg.NATSConfig = writeFile(t, "nats.conf", fmt.Sprintf(`listen: %s
+accounts {
+  TICKETD { users = [{ user: ticketd, password: ticketd-password }], exports = [{ service: %q }] }
+  TENANT_A { users = [{ user: alice, password: alice-password }], imports = [{ service: { account: TICKETD, subject: %q }, share: true }] }
+}
+`, listen, tc.export, tc.export))
+			cfg.NATSUser, cfg.NATSPassword = "ticketd", "ticketd-password"
+			if !tc.ok {
+				refused(t, tc.name, cfg, "does not export the lock subjects")
+				return
+			}
+			d, err := daemon.Start(context.Background(), cfg, daemon.Options{Logger: testkit.QuietLogger()})
+			if err != nil {
+				t.Fatalf("a partitioned node exporting %s: %v", tc.export, err)
+			}
+			d.Close()
+		})
+	}
+}
