@@ -415,7 +415,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	}
 	d.watch.Start(d.nc, d.watchInterest())
 	d.api, err = natsapi.Start(natsapi.Config{
-		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, Plugins: d.plugins, Disk: d.store.Disk(),
+		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, ClusterID: d.clusterID, Plugins: d.plugins, Disk: d.store.Disk(),
 		Logger: d.log.With("component", "natsapi"), Now: opts.Now, Identity: trust,
 		MaxInflight: d.cfg.MaxInflight, ReplyInterest: d.replyInterest(opts), Partition: d.cfg.Partition(),
 	})

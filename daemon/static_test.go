@@ -172,6 +172,13 @@ func TestStaticClusterReplacesWipedMember(t *testing.T) {
 	if err != nil || !ok || ident.NodeID != 4 {
 		t.Fatalf("replacement identity %+v %v %v", ident, ok, err)
 	}
+	// Until the swap it is a learner, and its status says so.
+	testkit.Eventually(t, 10*time.Second, "the replacement reports itself a learner", func() bool {
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		st, err := cl.NodeStatus(ctx, ident.NodeID)
+		return err == nil && st.Role == "learner"
+	})
 	testkit.Eventually(t, 30*time.Second, "the replacement completes once caught up", func() bool {
 		_, err := adminCall(t, urls, "/v1/replacements/complete", control.Request{OldNodeID: victimID, NodeID: ident.NodeID, Incarnation: ident.Incarnation})
 		return err == nil

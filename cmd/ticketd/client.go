@@ -7,11 +7,8 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
-	"strings"
 	"time"
 
-	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -274,54 +271,6 @@ func status(ctx context.Context, o *statusOptions, _ []string, stdout, stderr io
 			}
 		}
 	}
-	printJSON(stdout, statusWithPluginCheck(ctx, cl.Conn(), st))
+	printJSON(stdout, statusReport(ctx, cl.NodeStatus, st))
 	return 0
-}
-
-// statusWithPluginCheck asks every member for its plugins and reports the
-// members whose modules differ from this node's: different modules can
-// give different Grant verdicts on different leaders.
-func statusWithPluginCheck(ctx context.Context, nc *nats.Conn, st *protocol.StatusReply) any {
-	want := pluginSet(st.Plugins)
-	type mismatch struct {
-		ID      uint64                `json:"id"`
-		Plugins []protocol.PluginInfo `json:"plugins"`
-		Error   string                `json:"error,omitempty"`
-	}
-	var diff []mismatch
-	for _, m := range st.Members {
-		if m.ID == st.ID {
-			continue
-		}
-		subj := protocol.NodeStatusSubject(m.ID)
-		msg, err := nc.RequestWithContext(ctx, subj, []byte("{}"))
-		if err != nil {
-			diff = append(diff, mismatch{ID: m.ID, Error: err.Error()})
-			continue
-		}
-		var ms protocol.StatusReply
-		if err := protocol.ParseReply(msg.Data, &ms); err != nil {
-			diff = append(diff, mismatch{ID: m.ID, Error: err.Error()})
-			continue
-		}
-		if pluginSet(ms.Plugins) != want {
-			diff = append(diff, mismatch{ID: m.ID, Plugins: ms.Plugins})
-		}
-	}
-	if len(diff) == 0 {
-		return st
-	}
-	return struct {
-		*protocol.StatusReply
-		PluginMismatch []mismatch `json:"plugin_mismatch"`
-	}{st, diff}
-}
-
-func pluginSet(ps []protocol.PluginInfo) string {
-	var parts []string
-	for _, p := range ps {
-		parts = append(parts, p.Name+"="+p.SHA256)
-	}
-	sort.Strings(parts)
-	return strings.Join(parts, ",")
 }

@@ -5,7 +5,6 @@ import (
 	"fmt"
 	"io"
 	"os"
-	"sort"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -58,36 +57,26 @@ func watchStatus(ctx context.Context, cl *sdk.Client, interval, timeout time.Dur
 }
 
 // refresh renders one view and updates prev with this refresh's samples.
-// LAG is the leader's commit index minus the member's applied index;
-// the rates are per second since the previous refresh: applied entries,
-// and tokens issued (grants).
 func refresh(ctx context.Context, cl *sdk.Client, prev map[uint64]sample) string {
-	var b strings.Builder
 	now := time.Now()
 	first, err := cl.Status(ctx)
 	if err != nil {
-		fmt.Fprintf(&b, "ticketd  %s  no node answered: %v\n", now.UTC().Format(time.RFC3339), err)
-		return b.String()
+		return fmt.Sprintf("ticketd  %s  no node answered: %v\n", now.UTC().Format(time.RFC3339), err)
 	}
-	ids := make([]uint64, 0, len(first.Members))
-	for _, m := range first.Members {
-		ids = append(ids, m.ID)
-	}
-	sort.Slice(ids, func(i, j int) bool { return ids[i] < ids[j] })
-	views := make(map[uint64]*sdk.Status, len(ids))
-	errs := make(map[uint64]error)
-	for _, id := range ids {
-		if id == first.ID {
-			views[id] = first
-			continue
-		}
-		st, err := cl.NodeStatus(ctx, id)
-		if err != nil {
-			errs[id] = err
-			continue
-		}
-		views[id] = st
-	}
+	views, errs := askMembers(ctx, cl.NodeStatus, memberIDs(first), first)
+	return renderView(now, first, views, errs, prev)
+}
+
+// renderView is one refresh: a header from first (the node that answered
+// the cluster-wide status subject) and a row per member from its own
+// answer, or "unreachable" without one. LAG is the leader's commit index
+// minus the member's applied index; the rates are per second since the
+// previous refresh (prev, which it updates): applied entries, and tokens
+// issued (grants). VERSION is the member's binary, FORMAT the highest
+// cluster version it reads, ALARMS its active alarms.
+func renderView(now time.Time, first *sdk.Status, views map[uint64]*sdk.Status, errs map[uint64]error, prev map[uint64]sample) string {
+	var b strings.Builder
+	ids := memberIDs(first)
 	leader := first.Leader
 	var leaderCommit uint64
 	if lv := views[leader]; lv != nil {
@@ -96,11 +85,11 @@ func refresh(ctx context.Context, cl *sdk.Client, prev map[uint64]sample) string
 	fmt.Fprintf(&b, "ticketd  %s  leader %d  term %d  members %d  cluster_version %d\n",
 		now.UTC().Format(time.RFC3339), leader, first.Term, len(ids), first.ClusterVersion)
 	tw := tabwriter.NewWriter(&b, 0, 0, 2, ' ', tabwriter.AlignRight)
-	fmt.Fprintln(tw, "ID\tROLE\tTERM\tCOMMIT\tAPPLIED\tLAG\tLOCKS\tLAST_TOKEN\tAPPLIED/s\tGRANTS/s\t")
+	fmt.Fprintln(tw, "ID\tROLE\tTERM\tCOMMIT\tAPPLIED\tLAG\tLOCKS\tLAST_TOKEN\tAPPLIED/s\tGRANTS/s\tFORMAT\tALARMS\tVERSION\t")
 	for _, id := range ids {
 		st := views[id]
 		if st == nil {
-			fmt.Fprintf(tw, "%d\tunreachable\t-\t-\t-\t-\t-\t-\t-\t-\t\n", id)
+			fmt.Fprintf(tw, "%d\tunreachable\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t-\t\n", id)
 			continue
 		}
 		lag := "-"
@@ -115,8 +104,17 @@ func refresh(ctx context.Context, cl *sdk.Client, prev map[uint64]sample) string
 			}
 		}
 		prev[id] = sample{at: now, applied: st.AppliedIndex, lastToken: st.LastToken}
-		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t\n", id, role(st.State), st.Term,
-			st.CommitIndex, st.AppliedIndex, lag, st.Locks, st.LastToken, applyRate, grantRate)
+		alarms := "-"
+		if len(st.Alarms) > 0 {
+			alarms = strings.Join(st.Alarms, ",")
+		}
+		version := "-"
+		if st.Version != "" {
+			// One column: a revision after a space would split it.
+			version = strings.ReplaceAll(st.Version, " ", "@")
+		}
+		fmt.Fprintf(tw, "%d\t%s\t%d\t%d\t%d\t%s\t%d\t%d\t%s\t%s\t%d\t%s\t%s\t\n", id, roleOf(st, first), st.Term,
+			st.CommitIndex, st.AppliedIndex, lag, st.Locks, st.LastToken, applyRate, grantRate, max(1, st.MaxClusterVersion), alarms, version)
 	}
 	_ = tw.Flush()
 	for _, id := range ids {
@@ -126,11 +124,6 @@ func refresh(ctx context.Context, cl *sdk.Client, prev map[uint64]sample) string
 		}
 	}
 	return b.String()
-}
-
-// role shortens raft's state names: StateLeader -> leader.
-func role(state string) string {
-	return strings.ToLower(strings.TrimPrefix(state, "State"))
 }
 
 // isTerminal reports whether w is a character device (a terminal), where

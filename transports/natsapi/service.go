@@ -40,6 +40,9 @@ type Config struct {
 	Node StatusNode
 	// MemberAddr names a member's peer address ("" when unknown).
 	MemberAddr func(id uint64) string
+	// ClusterID is reported in status (0: a cluster created before
+	// cluster IDs).
+	ClusterID uint64
 	// Disk, if set, is the store's disk guard: status reports its free
 	// space and alarm.
 	Disk        DiskStatus

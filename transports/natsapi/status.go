@@ -4,6 +4,8 @@ import (
 	"context"
 	"encoding/hex"
 	"fmt"
+	"runtime/debug"
+	"slices"
 
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
@@ -38,12 +40,18 @@ const AlarmNoSpace = "nospace"
 func (s *Service) status() protocol.StatusReply {
 	node := s.cfg.Node
 	st := node.Status()
+	cs := node.ConfState()
 	out := protocol.StatusReply{
 		ID:          s.cfg.Locks.ID(),
 		Leader:      st.Lead,
 		Term:        st.Term,
 		State:       st.RaftState.String(),
+		Role:        roleOf(st.RaftState, s.cfg.Locks.ID(), cs),
+		Version:     binaryVersion(),
 		CommitIndex: st.Commit,
+	}
+	if s.cfg.ClusterID != 0 {
+		out.ClusterID = fmt.Sprintf("%016x", s.cfg.ClusterID)
 	}
 	out.MaxClusterVersion = core.MaxClusterVersion
 	out.Group, out.Groups = s.group(), s.cfg.Partition.Groups
@@ -67,7 +75,6 @@ func (s *Service) status() protocol.StatusReply {
 			out.Plugins = append(out.Plugins, protocol.PluginInfo{Name: p.Name(), SHA256: p.SHA256()})
 		}
 	}
-	cs := node.ConfState()
 	add := func(id uint64, voter bool) {
 		m := protocol.Member{ID: id, Voter: voter}
 		if s.cfg.MemberAddr != nil {
@@ -85,6 +92,56 @@ func (s *Service) status() protocol.StatusReply {
 		add(id, false)
 	}
 	return out
+}
+
+// Roles in status replies (StatusReply.Role).
+const (
+	RoleLeader       = "leader"
+	RoleFollower     = "follower"
+	RoleLearner      = "learner"
+	RoleCandidate    = "candidate"
+	RolePreCandidate = "pre-candidate"
+)
+
+// roleOf names a node's part: raft calls a learner a follower, but a
+// learner does not vote, which is what an operator checks.
+func roleOf(state raft.StateType, id uint64, cs raftpb.ConfState) string {
+	switch state {
+	case raft.StateLeader:
+		return RoleLeader
+	case raft.StateCandidate:
+		return RoleCandidate
+	case raft.StatePreCandidate:
+		return RolePreCandidate
+	}
+	if slices.Contains(cs.Learners, id) || slices.Contains(cs.LearnersNext, id) {
+		return RoleLearner
+	}
+	return RoleFollower
+}
+
+// binaryVersion is this binary's release and VCS revision, as `ticketd
+// version` prints them: what an operator compares across members during
+// an upgrade. "(devel)" is a build from a source tree, "unknown" a build
+// without module information.
+func binaryVersion() string {
+	bi, ok := debug.ReadBuildInfo()
+	if !ok {
+		return "unknown"
+	}
+	v := bi.Main.Version
+	if v == "" {
+		v = "(devel)"
+	}
+	for _, st := range bi.Settings {
+		if st.Key == "vcs.revision" && st.Value != "" {
+			v += " " + st.Value[:min(12, len(st.Value))]
+		}
+		if st.Key == "vcs.modified" && st.Value == "true" {
+			v += "+dirty"
+		}
+	}
+	return v
 }
 
 // MemberVersion asks member id, over its own status subject, for the

@@ -193,6 +193,14 @@ type StatusReply struct {
 	Leader       uint64 `json:"leader"`
 	Term         uint64 `json:"term"`
 	State        string `json:"state"`
+	// Role is the node's part in the cluster: leader, follower, learner
+	// (a non-voting member catching up), candidate or pre-candidate.
+	Role string `json:"role,omitempty"`
+	// Version is the node's binary: its release and VCS revision.
+	Version string `json:"version,omitempty"`
+	// ClusterID is the cluster's ID in hex (absent: a cluster created
+	// before cluster IDs).
+	ClusterID    string `json:"cluster_id,omitempty"`
 	CommitIndex  uint64 `json:"commit_index"`
 	AppliedIndex uint64 `json:"applied_index"`
 	Locks        int    `json:"locks"`
