@@ -63,6 +63,9 @@ type config struct {
 	clock          Clock
 	natsOpts       []nats.Option
 	auth           Auth
+	// partitioned: keyed requests go on the key's hashed subject and lists
+	// ask every group (partition.go).
+	partitioned bool
 	// attemptHook, when set, is called after every attempt (tests).
 	attemptHook func(op string, attempt int, err error)
 }
@@ -235,6 +238,9 @@ func (c *Client) Close() error {
 // request is one logical operation, sent as one or more attempts.
 type request struct {
 	op, key, subject string
+	// group is the group a list request goes to (partition.go); nil
+	// otherwise.
+	group *uint32
 	// readOnly operations (get, status) may be retried after a lost reply.
 	readOnly bool
 	// once: a single attempt, never retried (a request to one named node).

@@ -49,6 +49,16 @@
 // matters. NewElection / Campaign / Resign / Leader / Observe run a
 // leader election on one key, the lock's token numbering the terms.
 //
+// # Many groups
+//
+// WithPartitioned talks to a partitioned deployment (docs/scaling.md):
+// many ticketd clusters behind one NATS system whose subject mapping sends
+// each key's requests to the key's group (partition.go). Keyed operations
+// go on the key's hashed subject and Lock.Group names the group whose
+// token it is; List asks every group (the count from any node's status)
+// and merges their pages, failing, with the group named, if one does not
+// answer. Watch is per key and unchanged.
+//
 // # Connecting securely
 //
 // Connect takes WithAuth(Auth{...}): a NATS credentials file, an nkey seed

@@ -33,33 +33,53 @@ func (c *Client) List(ctx context.Context, prefix, after string, limit int) (Pag
 	if _, err := req.Validate(); err != nil {
 		return Page{}, &Error{Code: protocol.CodeInvalidArgument, Message: err.(*protocol.Error).Message, Op: "list", Key: prefix}
 	}
+	if c.cfg.partitioned {
+		return c.listGroups(ctx, req)
+	}
+	lr, err := c.listOn(ctx, protocol.SubjectList, nil, req)
+	if err != nil {
+		return Page{}, err
+	}
+	p := Page{More: lr.More, Index: lr.Index, Locks: make([]Holder, 0, len(lr.Locks))}
+	for _, g := range lr.Locks {
+		p.Locks = append(p.Locks, listed(g, nil))
+	}
+	return p, nil
+}
+
+// listOn asks for one page on subject (of group, if not nil) and checks
+// it (checkPage).
+func (c *Client) listOn(ctx context.Context, subject string, group *uint32, req protocol.ListRequest) (protocol.ListReply, error) {
 	body, err := json.Marshal(req)
 	if err != nil {
 		panic(err)
 	}
-	r := &request{op: "list", key: prefix, subject: protocol.SubjectList, readOnly: true}
+	r := &request{op: "list", key: req.Prefix, subject: subject, group: group, readOnly: true}
 	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
 		w, ok := c.requestWait(ctx, now)
 		return body, w, ok
 	}
 	rep, err := c.do(ctx, r)
 	if err != nil {
-		return Page{}, err
+		return protocol.ListReply{}, err
 	}
 	var lr protocol.ListReply
 	if err := json.Unmarshal(rep.data, &lr); err != nil {
-		return Page{}, c.newError(r, protocol.CodeMalformed, fmt.Sprintf("unreadable list reply: %v", err), nil)
+		return protocol.ListReply{}, c.newError(r, protocol.CodeMalformed, fmt.Sprintf("unreadable list reply: %v", err), nil)
 	}
-	if err := checkPage(&lr, prefix, after, limit); err != nil {
-		return Page{}, c.newError(r, protocol.CodeMalformed, "list reply: "+err.Error(), nil)
+	if err := checkPage(&lr, req.Prefix, req.After, req.Limit); err != nil {
+		return protocol.ListReply{}, c.newError(r, protocol.CodeMalformed, "list reply: "+err.Error(), nil)
 	}
-	p := Page{More: lr.More, Index: lr.Index, Locks: make([]Holder, 0, len(lr.Locks))}
-	for _, g := range lr.Locks {
-		h := holderOf(g.Key, g)
-		h.Held = true // a list shows held locks only
-		p.Locks = append(p.Locks, h)
-	}
-	return p, nil
+	return lr, nil
+}
+
+// listed is a list entry as a Holder, held by definition, of group g (nil:
+// unpartitioned).
+func listed(gr protocol.GetReply, g *uint32) Holder {
+	h := holderOf(gr.Key, gr)
+	h.Held = true // a list shows held locks only
+	h.Group = g
+	return h
 }
 
 // checkPage refuses a page that breaks the protocol's promises, which a

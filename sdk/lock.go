@@ -58,6 +58,10 @@ type Lock struct {
 	Lease time.Duration
 	// Index is the raft log index of the Grant.
 	Index uint64
+	// Group is the group of a partitioned deployment that granted the
+	// lock (WithPartitioned, docs/scaling.md): Token is that group's
+	// token. nil when the cluster is not partitioned.
+	Group *uint32
 
 	client *Client
 
@@ -149,7 +153,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 		}
 	}
 	req := protocol.AcquireRequest{Key: key, Owner: o.owner, LeaseMS: lease.Milliseconds()}
-	r := &request{op: "acquire", key: key, subject: protocol.SubjectAcquire}
+	r := &request{op: "acquire", key: key, subject: c.keyedSubject("acquire", key)}
 	if o.wait > 0 {
 		req.WaitID = newWaitID()
 		r.exchange = c.waitExchange(r, req.WaitID)
@@ -234,6 +238,7 @@ func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owne
 		Owner:     owner,
 		Lease:     granted,
 		Index:     ar.Index,
+		Group:     ar.Group,
 		client:    c,
 		deadline:  rep.sent.Add(granted),
 		renewedAt: rep.sent,
@@ -263,7 +268,7 @@ func (c *Client) Release(ctx context.Context, key string, token uint64) error {
 	if err != nil {
 		panic(err)
 	}
-	r := &request{op: "release", key: key, subject: protocol.SubjectRelease}
+	r := &request{op: "release", key: key, subject: c.keyedSubject("release", key)}
 	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
 		w, ok := c.requestWait(ctx, now)
 		return body, w, ok
@@ -296,6 +301,9 @@ type Holder struct {
 	// GrantedAt is the leader's wall-clock time of the grant, for
 	// information only (clocks never decide lock state).
 	GrantedAt time.Time
+	// Group is the group of a partitioned deployment whose list showed
+	// the lock (List with WithPartitioned); nil otherwise.
+	Group *uint32
 }
 
 // Get returns the current holder of key (Held is false if none). It is
@@ -309,7 +317,7 @@ func (c *Client) Get(ctx context.Context, key string) (Holder, error) {
 	if err != nil {
 		panic(err)
 	}
-	r := &request{op: "get", key: key, subject: protocol.SubjectGet, readOnly: true}
+	r := &request{op: "get", key: key, subject: c.keyedSubject("get", key), readOnly: true}
 	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
 		w, ok := c.requestWait(ctx, now)
 		return body, w, ok

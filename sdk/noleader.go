@@ -37,9 +37,9 @@ type leaderCheck struct {
 // Nobody received the request either way.
 func (c *Client) noResponders(ctx context.Context, r *request, cause error, lc *leaderCheck) *Error {
 	msg := "no ticketd node answered (no responders)"
-	if strings.HasPrefix(r.subject, protocol.SubjectPrefix+".lock.") {
+	if strings.HasPrefix(r.subject, protocol.SubjectPrefix+".") && strings.Contains(r.subject, ".lock.") {
 		if lc.at.IsZero() || time.Since(lc.at) >= leaderCheckEvery {
-			lc.at, lc.msg = time.Now(), c.askLeader(ctx)
+			lc.at, lc.msg = time.Now(), c.askLeader(ctx, r)
 		}
 		if lc.msg != "" {
 			msg = lc.msg
@@ -48,26 +48,59 @@ func (c *Client) noResponders(ctx context.Context, r *request, cause error, lc *
 	return c.newError(r, protocol.CodeUnavailable, msg, cause)
 }
 
-// askLeader asks any node whether it knows a leader and says what that
-// means for a lock request nobody received; "" when no answer came.
-func (c *Client) askLeader(ctx context.Context) string {
+// askLeader asks a node whether it knows a leader and says what that
+// means for a lock request nobody received; "" when no answer came. In a
+// partitioned deployment it asks a node of the request's group, found
+// from any node's status.
+func (c *Client) askLeader(ctx context.Context, r *request) string {
 	ctx, cancel := context.WithTimeout(ctx, min(c.cfg.requestTimeout, leaderCheckTimeout))
 	defer cancel()
-	w := c.perms.watch(protocol.SubjectStatus, c.perms.muxSubject(), func(error) { cancel() }) // a refusal ends it at once
-	m, err := c.nc.RequestWithContext(ctx, protocol.SubjectStatus, []byte("{}"))
-	c.perms.stop(w)
+	st, err := c.askStatus(ctx, cancel, protocol.SubjectStatus)
 	switch {
 	case errors.Is(err, nats.ErrNoResponders):
 		return "no ticketd node answered (no responders), not even to status: no node is connected to this NATS (or this account does not import ticketd.v1.status)"
 	case err != nil:
 		return ""
 	}
-	var st protocol.StatusReply
-	if protocol.ParseReply(m.Data, &st) != nil {
-		return ""
+	if c.cfg.partitioned && st.Groups > 0 && st.Groups <= protocol.MaxGroups {
+		g := protocol.GroupOf(r.key, st.Groups)
+		if r.group != nil {
+			g = *r.group
+		}
+		st, err = c.askStatus(ctx, cancel, protocol.GroupStatusSubject(g))
+		switch {
+		case errors.Is(err, nats.ErrNoResponders):
+			return fmt.Sprintf("no node of group %d answered (no responders), not even to status: the whole group is down or cut off from this NATS; the other groups serve their keys", g)
+		case err != nil:
+			return ""
+		}
 	}
 	if st.Leader == 0 {
-		return fmt.Sprintf("no leader: node %d knows of no leader (quorum lost, or an election under way); nothing was received", st.ID)
+		return fmt.Sprintf("no leader: node %d%s knows of no leader (quorum lost, or an election under way); nothing was received", st.ID, inGroup(st))
 	}
-	return fmt.Sprintf("no ticketd node answered (no responders); node %d names leader %d, which does not serve yet (the leadership is starting or moving)", st.ID, st.Leader)
+	return fmt.Sprintf("no ticketd node answered (no responders); node %d%s names leader %d, which does not serve yet (the leadership is starting or moving)", st.ID, inGroup(st), st.Leader)
+}
+
+// askStatus makes one status request on subject.
+// A refusal by the NATS server calls cancel, ending it at once.
+func (c *Client) askStatus(ctx context.Context, cancel context.CancelFunc, subject string) (*protocol.StatusReply, error) {
+	w := c.perms.watch(subject, c.perms.muxSubject(), func(error) { cancel() })
+	m, err := c.nc.RequestWithContext(ctx, subject, []byte("{}"))
+	c.perms.stop(w)
+	if err != nil {
+		return nil, err
+	}
+	var st protocol.StatusReply
+	if err := protocol.ParseReply(m.Data, &st); err != nil {
+		return nil, err
+	}
+	return &st, nil
+}
+
+// inGroup names st's group, when it has one.
+func inGroup(st *protocol.StatusReply) string {
+	if st.Group == nil {
+		return ""
+	}
+	return fmt.Sprintf(" of group %d", *st.Group)
 }

@@ -52,7 +52,7 @@ func (c *Client) Renew(ctx context.Context, key string, token uint64, lease time
 	if err != nil {
 		panic(err)
 	}
-	r := &request{op: "renew", key: key, subject: protocol.SubjectRenew}
+	r := &request{op: "renew", key: key, subject: c.keyedSubject("renew", key)}
 	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
 		w, ok := c.requestWait(ctx, now)
 		return body, w, ok

@@ -241,7 +241,7 @@ func (c *Client) withdraw(key, waitID string) (protocol.WithdrawReply, error) {
 	if err != nil {
 		panic(err)
 	}
-	r := &request{op: "withdraw", key: key, subject: protocol.SubjectWithdraw}
+	r := &request{op: "withdraw", key: key, subject: c.keyedSubject("withdraw", key)}
 	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
 		w, ok := c.requestWait(ctx, now)
 		return body, w, ok

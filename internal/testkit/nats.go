@@ -1,6 +1,8 @@
 package testkit
 
 import (
+	"os"
+	"path/filepath"
 	"testing"
 	"time"
 
@@ -44,4 +46,25 @@ func Connect(t testing.TB, url string, opts ...nats.Option) *nats.Conn {
 	}
 	t.Cleanup(nc.Close)
 	return nc
+}
+
+// NATSServerFromConfig starts an embedded nats-server from the text of a
+// nats-server configuration file (listen, cluster routes, mappings,
+// accounts...), with no logging and no signal handlers, and shuts it down
+// at cleanup: for tests of what the configuration itself does, such as a
+// subject mapping.
+func NATSServerFromConfig(t testing.TB, conf string) *server.Server {
+	t.Helper()
+	path := filepath.Join(t.TempDir(), "nats.conf")
+	if err := os.WriteFile(path, []byte(conf), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	o, err := server.ProcessConfigFile(path)
+	if err != nil {
+		t.Fatalf("nats config: %v", err)
+	}
+	return NATSServer(t, func(opts *server.Options) {
+		*opts = *o
+		opts.NoLog, opts.NoSigs = true, true
+	})
 }

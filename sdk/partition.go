@@ -1,0 +1,143 @@
+package sdk
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"slices"
+	"sync"
+
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// A partitioned deployment (docs/scaling.md) is many ticketd clusters,
+// one Raft group each, behind one NATS system. A client configured
+// WithPartitioned sends each keyed request on the key's hashed subject
+// (protocol.KeyedSubject), which the NATS subject mapping delivers to the
+// key's group; it needs to know nothing of the groups for that. A list
+// names no key: the client learns the number of groups from any node's
+// status, asks every group for the page and merges the pages.
+
+// listFanout bounds the list requests one List has in flight at once.
+const listFanout = 16
+
+// WithPartitioned makes the client talk to a partitioned deployment
+// (docs/scaling.md): acquire, release, get, renew and withdraw go on the
+// key's hashed subject, ticketd.v1.p.<hash>.lock.<op>, and List asks every
+// group. Without it the client uses the classic subjects of a single
+// cluster, ticketd.v1.lock.<op>, which a partitioned deployment does not
+// serve.
+func WithPartitioned() Option {
+	return func(c *config) { c.partitioned = true }
+}
+
+// keyedSubject is where op on key is sent.
+func (c *Client) keyedSubject(op, key string) string {
+	if c.cfg.partitioned {
+		return protocol.KeyedSubject(key, op)
+	}
+	return protocol.SubjectPrefix + ".lock." + op
+}
+
+// groups asks any node how many groups the deployment has.
+func (c *Client) groups(ctx context.Context, op, key string) (uint32, error) {
+	st, err := c.Status(ctx)
+	if err != nil {
+		return 0, err
+	}
+	switch {
+	case st.Groups == 0:
+		return 0, &Error{Code: protocol.CodeInvalidArgument, Op: op, Key: key,
+			Message: fmt.Sprintf("the client is partitioned but node %d is not: connect without WithPartitioned (ticketd --partitioned)", st.ID)}
+	case st.Groups > protocol.MaxGroups:
+		return 0, &Error{Code: protocol.CodeMalformed, Op: op, Key: key,
+			Message: fmt.Sprintf("node %d reports %d groups, more than %d", st.ID, st.Groups, protocol.MaxGroups)}
+	}
+	return st.Groups, nil
+}
+
+// listGroups reads one page of held locks across every group: each
+// group's page after req.After, merged in key order. A group may answer
+// a short page with more set (its page did not fit a NATS message); its
+// locks after its last key are unseen, so the merged page stops at the
+// smallest last key of the groups with more. A group that does not answer
+// fails the whole list (its error names the group): a page without it
+// would silently miss its locks.
+func (c *Client) listGroups(ctx context.Context, req protocol.ListRequest) (Page, error) {
+	n, err := c.groups(ctx, "list", req.Prefix)
+	if err != nil {
+		return Page{}, err
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	pages := make([]protocol.ListReply, n)
+	errs := make([]error, n)
+	sem := make(chan struct{}, listFanout)
+	var wg sync.WaitGroup
+	for g := range n {
+		wg.Add(1)
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; wg.Done() }()
+			pages[g], errs[g] = c.listOn(ctx, protocol.GroupSubject(g, "list"), &g, req)
+			if errs[g] != nil {
+				cancel() // the list fails anyway: spare the other groups
+			}
+		}()
+	}
+	wg.Wait()
+	for g, err := range errs {
+		if err != nil {
+			return Page{}, groupError(uint32(g), err)
+		}
+	}
+	return mergePages(pages, req.Limit), nil
+}
+
+// groupError names group g in err's message.
+func groupError(g uint32, err error) error {
+	if e, ok := err.(*Error); ok {
+		named := *e
+		named.Message = fmt.Sprintf("group %d: %s", g, e.Message)
+		return &named
+	}
+	return fmt.Errorf("group %d: %w", g, err)
+}
+
+// mergePages merges the checked pages of every group (index = group)
+// into one page of at most limit locks (0: protocol.DefaultListLimit).
+func mergePages(pages []protocol.ListReply, limit int) Page {
+	if limit == 0 {
+		limit = protocol.DefaultListLimit
+	}
+	var out Page
+	cut, bounded := "", false // the smallest last key of a page with more
+	for g, p := range pages {
+		group := uint32(g)
+		for _, l := range p.Locks {
+			out.Locks = append(out.Locks, listed(l, &group))
+		}
+		if p.More {
+			out.More = true
+			if last := p.Locks[len(p.Locks)-1].Key; !bounded || last < cut {
+				cut, bounded = last, true
+			}
+		}
+	}
+	slices.SortFunc(out.Locks, func(a, b Holder) int {
+		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(*a.Group, *b.Group))
+	})
+	if bounded {
+		i, _ := slices.BinarySearchFunc(out.Locks, cut, func(h Holder, k string) int {
+			if h.Key <= k {
+				return -1
+			}
+			return 1
+		})
+		out.Locks = out.Locks[:i]
+	}
+	if len(out.Locks) > limit {
+		out.Locks, out.More = out.Locks[:limit], true
+	}
+	return out
+}
