@@ -147,6 +147,7 @@ type Plane struct {
 	failures     *failureLimiter
 	failureDelay time.Duration
 	conns        *connlimit.Table // the API listener's connections
+	backupKey    BackupKey        // seals the backups /v1/snapshot answers
 
 	srv  *http.Server
 	ln   net.Listener
@@ -168,6 +169,7 @@ func New(cfg Config) *Plane {
 	return &Plane{cfg: cfg, log: log, addrs: addrs, stop: make(chan struct{}),
 		failures:     newFailureLimiter(cfg.FailureBurst, cfg.FailureRefill, nil),
 		failureDelay: orDefault(cfg.FailureDelay, FailureDelayDefault),
+		backupKey:    NewBackupKey(cfg.Credential),
 		conns: connlimit.New(connlimit.Limits{
 			Total:     orDefault(cfg.MaxConns, MaxConnsDefault),
 			PerSource: orDefault(cfg.MaxConnsPerSource, MaxConnsPerSourceDefault),

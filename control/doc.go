@@ -66,11 +66,18 @@
 //   - Backup and restore (backup.go, snapshot.go, restore.go): POST
 //     /v1/snapshot (admin, the ready leader after a ReadIndex) answers a
 //     backup file: the core snapshot of the applied state with its
-//     index, term, last token, members and time, under a SHA-256;
-//     DecodeBackup treats such a file as hostile input. Restore seeds a
-//     new node from one: core.Reseed (tokens bumped, locks kept or
-//     dropped, the old members retired and one fresh voter issued, or a
-//     static member list), raftstore.Seed, and the identity file.
+//     index, term, last token, members and time, sealed with an
+//     HMAC-SHA256 under a key derived from the control credential
+//     (BackupKey; the file format and the key's design are in
+//     backup.go). DecodeBackup treats such a file as hostile input and
+//     refuses one it cannot authenticate (altered, sealed under another
+//     key, or an old checksum-only file) unless told otherwise
+//     (Verify.Insecure); every refusal has a stable code
+//     (BackupErrorCode). Restore seeds a new node from one: core.Reseed
+//     (tokens bumped, locks kept or dropped, the old members retired and
+//     one fresh voter issued, or a static member list), raftstore.Seed,
+//     and the identity file; it refuses a token counter that would leave
+//     the new cluster fewer than RestoreTokenHeadroom tokens.
 //
 // # What it does not own
 //

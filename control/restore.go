@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"os"
 	"path/filepath"
 	"slices"
@@ -27,6 +28,24 @@ import (
 // leaves tokens below 2^53, the largest integer a JavaScript client reads
 // exactly from JSON, for 8,000 such restores.
 const BumpTokensDefault uint64 = 1 << 40
+
+// RestoreTokenHeadroom is how many tokens a restored cluster must still be
+// able to issue: Restore refuses a backup whose last token, plus
+// BumpTokens, is above MaxRestoredToken (2^63 - 1). The counter never
+// wraps; a cluster that reached the top of the range could grant nothing
+// more, ever (a forged backup with last token 2^64-2^40-2 did that to
+// every acquire from the third on). No real cluster comes near: 10,000
+// grants a second for 29 million years, or 8 million restores with the
+// default bump.
+const RestoreTokenHeadroom uint64 = 1 << 63
+
+// MaxRestoredToken is the highest token counter a restore may start a
+// cluster from.
+const MaxRestoredToken = math.MaxUint64 - RestoreTokenHeadroom
+
+// ErrTokenHeadroom: the backup's last token plus the bump leaves the
+// restored cluster less than RestoreTokenHeadroom tokens.
+var ErrTokenHeadroom = errors.New("control: token counter too close to the top of its range")
 
 // Restore modes.
 const (
@@ -115,6 +134,10 @@ func Restore(b Backup, o RestoreOptions) (Restored, error) {
 		return refuse("id %d is not among the voters %v", o.ID, voters)
 	case !static && o.PeerAddress == "":
 		return refuse("the backup is of a control-plane cluster: name the new member's peer address (its --peer-listen), or restore a static cluster with its member list")
+	}
+	if last := b.State.LastToken; last > MaxRestoredToken || o.BumpTokens > MaxRestoredToken-last {
+		return Restored{}, fmt.Errorf("%w: %w: the backup's last token %d plus --bump-tokens %d is above %d, which leaves the restored cluster fewer than 2^63 tokens to issue; a real cluster never gets there: the backup is forged or broken, or the bump too large",
+			ErrRestore, ErrTokenHeadroom, last, o.BumpTokens, MaxRestoredToken)
 	}
 	if _, ok, err := ReadIdentity(o.DataDir); err != nil || ok {
 		return refuse("%s already holds a node identity (%v)", o.DataDir, err)

@@ -55,7 +55,7 @@ func (p *Plane) snapshot(w http.ResponseWriter, r *http.Request) {
 			info.Members = append(info.Members, Member{NodeID: mb.NodeID, Incarnation: mb.Incarnation, Address: mb.Address, Role: mb.Role.String()})
 		}
 	})
-	file, err := EncodeBackup(info, data)
+	file, err := EncodeBackup(info, data, p.backupKey)
 	if err != nil {
 		writeError(w, &Error{Code: CodeUnavailable, Message: err.Error()})
 		return
@@ -71,14 +71,15 @@ func (p *Plane) snapshot(w http.ResponseWriter, r *http.Request) {
 }
 
 // SaveBackup asks the leader among urls for a backup and returns it
-// verified (DecodeBackup), with its bytes as they go to the file. It is a
+// verified (DecodeBackup with the backup key of credential, which the
+// leader sealed it with), with its bytes as they go to the file. It is a
 // read: retrying it is always safe.
 func SaveBackup(ctx context.Context, urls []string, credential string, opts ...CallOption) (Backup, []byte, error) {
 	file, err := roundTrip(ctx, urls, "/v1/snapshot", credential, struct{}{}, int64(MaxBackupSize), opts)
 	if err != nil {
 		return Backup{}, nil, err
 	}
-	b, err := DecodeBackup(file)
+	b, err := DecodeBackup(file, Verify{Key: NewBackupKey(credential)})
 	if err != nil {
 		return Backup{}, nil, fmt.Errorf("control: the leader's backup: %w", err)
 	}

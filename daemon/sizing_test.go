@@ -112,7 +112,7 @@ func TestSizing(t *testing.T) {
 	d.Node().View(func(m *core.Machine) { snap = m.Snapshot() })
 	snapTook := time.Since(snapStart)
 	info := control.BackupInfo{LastToken: uint64(n), Locks: n, ClusterVersion: core.MaxClusterVersion}
-	backup, err := control.EncodeBackup(info, snap)
+	backup, err := control.EncodeBackup(info, snap, control.NewBackupKey("sizing-test-credential"))
 	if err != nil {
 		t.Fatal(err)
 	}

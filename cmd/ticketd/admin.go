@@ -192,23 +192,39 @@ type controlFlags struct {
 
 func addControlFlags(fs *pflag.FlagSet) *controlFlags {
 	c := &controlFlags{
-		urls:     fs.String("control", "http://127.0.0.1:7100", "comma-separated control URLs"),
-		cred:     fs.String("credential", "", "control credential"),
-		credFile: fs.String("credential-file", "", "file holding the control credential (or TICKETD_CONTROL_CREDENTIAL)"),
-		ca:       fs.String("control-tls-ca", "", "CA (PEM) of the nodes' control certificates (https URLs)"),
-		cert:     fs.String("control-tls-cert", "", "client certificate (PEM) for a control API with mutual TLS"),
-		key:      fs.String("control-tls-key", "", "client key (PEM) of --control-tls-cert"),
+		urls: fs.String("control", "http://127.0.0.1:7100", "comma-separated control URLs"),
+		ca:   fs.String("control-tls-ca", "", "CA (PEM) of the nodes' control certificates (https URLs)"),
+		cert: fs.String("control-tls-cert", "", "client certificate (PEM) for a control API with mutual TLS"),
+		key:  fs.String("control-tls-key", "", "client key (PEM) of --control-tls-cert"),
 	}
-	_ = fs.MarkDeprecated("credential", "it shows in ps; use TICKETD_CONTROL_CREDENTIAL or --credential-file")
+	c.addCredential(fs)
 	return c
 }
 
-// resolve reads the parsed flags: the URLs, the credential (flag, else
-// file, else TICKETD_CONTROL_CREDENTIAL) and the call options for TLS.
-func (c *controlFlags) resolve() ([]string, string, []control.CallOption, error) {
+// addCredential registers the control credential's flags alone: snapshot
+// status and restore verify a backup with the credential and call no API.
+func (c *controlFlags) addCredential(fs *pflag.FlagSet) {
+	c.cred = fs.String("credential", "", "control credential")
+	c.credFile = fs.String("credential-file", "", "file holding the control credential (or TICKETD_CONTROL_CREDENTIAL)")
+	_ = fs.MarkDeprecated("credential", "it shows in ps; use TICKETD_CONTROL_CREDENTIAL or --credential-file")
+}
+
+// credential is the control credential: flag, else file, else
+// TICKETD_CONTROL_CREDENTIAL.
+func (c *controlFlags) credential() (string, error) {
 	cred, err := secret(*c.cred, *c.credFile, "TICKETD_CONTROL_CREDENTIAL")
 	if err != nil {
-		return nil, "", nil, fmt.Errorf("credential-file: %w", err)
+		return "", fmt.Errorf("credential-file: %w", err)
+	}
+	return cred, nil
+}
+
+// resolve reads the parsed flags: the URLs, the credential and the call
+// options for TLS.
+func (c *controlFlags) resolve() ([]string, string, []control.CallOption, error) {
+	cred, err := c.credential()
+	if err != nil {
+		return nil, "", nil, err
 	}
 	if *c.ca == "" && *c.cert == "" && *c.key == "" {
 		return strings.Split(*c.urls, ","), cred, nil, nil

@@ -4,6 +4,7 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -12,6 +13,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/ticketd/ticketd/control"
 	"github.com/ticketd/ticketd/daemon"
@@ -100,29 +102,80 @@ func writeFileAtomic(path string, b []byte) error {
 	return nil
 }
 
+// verifyFlags say how status and restore authenticate a backup: with
+// the control credential it was taken with, or not at all.
+type verifyFlags struct {
+	cred     controlFlags
+	insecure bool
+}
+
+func addVerifyFlags(fs *pflag.FlagSet) *verifyFlags {
+	v := &verifyFlags{}
+	v.cred.addCredential(fs)
+	fs.BoolVar(&v.insecure, "insecure-skip-verify", false,
+		"accept a backup that cannot be authenticated: one from before authenticated backups, or without the credential")
+	return v
+}
+
+// verify is the control.Verify the flags ask for; without a credential
+// and without --insecure-skip-verify it is a usage error.
+func (v *verifyFlags) verify() (control.Verify, error) {
+	cred, err := v.cred.credential()
+	if err != nil {
+		return control.Verify{}, err
+	}
+	if cred == "" && !v.insecure {
+		return control.Verify{}, errors.New("a backup is verified with the control credential it was taken with: " +
+			"give --credential-file FILE or TICKETD_CONTROL_CREDENTIAL (--insecure-skip-verify reads it unverified)")
+	}
+	return control.Verify{Key: control.NewBackupKey(cred), Insecure: v.insecure}, nil
+}
+
+// readBackup reads path as the flags say; a refusal is printed with its
+// stable code, and a file read unverified with a warning.
+func (v *verifyFlags) readBackup(path string, stderr io.Writer) (control.Backup, int) {
+	vf, err := v.verify()
+	if err != nil {
+		return control.Backup{}, usagef(stderr, "%v", err)
+	}
+	b, err := control.ReadBackup(path, vf)
+	if err != nil {
+		fmt.Fprintf(stderr, "error: %s: %v\n", control.BackupErrorCode(err), err)
+		return control.Backup{}, exitFailure
+	}
+	if !b.Authenticated {
+		fmt.Fprintf(stderr, "warning: %s was not authenticated (version %d, --insecure-skip-verify): nothing shows it was not altered\n", path, b.Version)
+	}
+	return b, 0
+}
+
 func snapshotStatusCmd() *cobra.Command {
 	cmd := &cobra.Command{
 		Use:   "status FILE",
 		Short: "Verify a backup file and show what it holds",
-		Long: `Verify the backup FILE (format and checksum) and print what it holds: the
-index and term it was taken at, locks, last token, members and whether it
-carries control-plane state.`,
-		Example: `  ticketd snapshot status backup.tkb`,
+		Long: `Verify the backup FILE (format, and its MAC under the control credential
+it was taken with) and print what it holds: the index and term it was
+taken at, locks, last token, members, whether it carries control-plane
+state, and whether it was authenticated.`,
+		Example: `  ticketd snapshot status backup.tkb --credential-file control.cred`,
 		Args:    exactArgs("FILE"),
 	}
-	cmd.RunE = bind(struct{}{}, snapshotStatus)
+	cmd.RunE = bind(addVerifyFlags(cmd.Flags()), snapshotStatus)
 	return cmd
 }
 
 // snapshotStatus verifies a backup file and prints what it holds.
-func snapshotStatus(_ context.Context, _ struct{}, args []string, stdout, stderr io.Writer) int {
-	path := args[0]
-	b, err := control.ReadBackup(path)
-	if err != nil {
-		fmt.Fprintf(stderr, "error: %v\n", err)
-		return exitFailure
+func snapshotStatus(_ context.Context, v *verifyFlags, args []string, stdout, stderr io.Writer) int {
+	b, code := v.readBackup(args[0], stderr)
+	if code != 0 {
+		return code
 	}
-	printJSON(stdout, b.Info)
+	printJSON(stdout, struct {
+		control.BackupInfo
+		Version       int    `json:"version"`
+		Authenticated bool   `json:"authenticated"`
+		KeyID         string `json:"key_id,omitempty"`
+	}{b.Info, b.Version, b.Authenticated, b.KeyID})
 	return 0
 }
 
@@ -146,6 +199,7 @@ blocks its key until that lease ends. --drop-locks restores none.`
 
 // restoreOptions are snapshot restore's flags.
 type restoreOptions struct {
+	v              *verifyFlags
 	data, peer     string
 	id, bump       uint64
 	initial, token string
@@ -157,18 +211,18 @@ func snapshotRestoreCmd() *cobra.Command {
 		Use:   "restore FILE --data DIR",
 		Short: "Seed a new cluster's first member from a backup",
 		Long:  restoreLong,
-		Example: `  ticketd snapshot restore backup.tkb --data /var/lib/ticketd --peer-address 10.0.0.1:7001
-  ticketd snapshot restore backup.tkb --data data1 --id 1 --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003`,
+		Example: `  ticketd snapshot restore backup.tkb --data /var/lib/ticketd --peer-address 10.0.0.1:7001 --credential-file control.cred
+  TICKETD_CONTROL_CREDENTIAL=... ticketd snapshot restore backup.tkb --data data1 --id 1 --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003`,
 		Args: exactArgs("FILE"),
 	}
-	o := &restoreOptions{}
+	o := &restoreOptions{v: addVerifyFlags(cmd.Flags())}
 	fs := cmd.Flags()
 	fs.StringVar(&o.data, "data", "", "data directory of the new member (must not hold a node; required)")
 	fs.StringVar(&o.peer, "peer-address", "", "control-plane backup: the new member's --peer-listen address")
 	fs.Uint64Var(&o.id, "id", 1, "static: this member's raft id")
 	fs.StringVar(&o.initial, "initial-cluster", "", "static: every member, id=host:port,... as the new cluster's --initial-cluster")
 	fs.Uint64Var(&o.bump, "bump-tokens", control.BumpTokensDefault,
-		"add this to the token counter: more than the tokens the old cluster may have issued after the backup (default 2^40)")
+		"add this to the token counter: more than the tokens the old cluster may have issued after the backup (default 2^40; the result may not pass 2^63-1)")
 	fs.StringVar(&o.token, "initial-cluster-token", daemon.Defaults().InitialClusterToken,
 		"static: mixed with the backup's checksum and the member ids into the new cluster's ID (the same on every member)")
 	fs.BoolVar(&o.drop, "drop-locks", false, "restore no locks, only the token counter (and control state)")
@@ -180,6 +234,9 @@ func snapshotRestoreCmd() *cobra.Command {
 // snapshotRestore seeds a data directory from a backup file.
 func snapshotRestore(_ context.Context, ro *restoreOptions, args []string, stdout, stderr io.Writer) int {
 	path := args[0]
+	if ro.bump > control.MaxRestoredToken {
+		return usagef(stderr, "--bump-tokens %d is above %d: the restored cluster would have fewer than 2^63 tokens left", ro.bump, control.MaxRestoredToken)
+	}
 	o := control.RestoreOptions{
 		DataDir: ro.data, StoreDir: filepath.Join(ro.data, daemon.StoreDir), PeerAddress: ro.peer, ID: ro.id,
 		BumpTokens: ro.bump, DropLocks: ro.drop,
@@ -195,13 +252,13 @@ func snapshotRestore(_ context.Context, ro *restoreOptions, args []string, stdou
 			o.Voters = append(o.Voters, m.ID)
 		}
 	}
-	b, err := control.ReadBackup(path)
-	if err != nil {
-		fmt.Fprintf(stderr, "error: %v\n", err)
-		return exitFailure
+	b, code := ro.v.readBackup(path, stderr)
+	if code != 0 {
+		return code
 	}
 	// A restored cluster is a new cluster with its own ID, so it and the
 	// old one refuse each other's peers.
+	var err error
 	if len(o.Voters) > 0 {
 		sum := sha256.Sum256(b.Data)
 		o.ClusterID = control.RestoredClusterID(ro.token, hex.EncodeToString(sum[:]), o.Voters)
@@ -211,7 +268,7 @@ func snapshotRestore(_ context.Context, ro *restoreOptions, args []string, stdou
 	}
 	res, err := control.Restore(b, o)
 	if err != nil {
-		fmt.Fprintf(stderr, "error: %v\n", err)
+		fmt.Fprintf(stderr, "error: %s: %v\n", control.BackupErrorCode(err), err)
 		return exitFailure
 	}
 	if ro.bump == 0 {

@@ -230,10 +230,15 @@ func TestBackupRestoreIntoNewCluster(t *testing.T) {
 	if err := os.WriteFile(bad, b, 0o600); err != nil {
 		t.Fatal(err)
 	}
-	if _, stderr, code := cli(t, bin, "snapshot", "status", bad); code != exitFailure || !strings.Contains(stderr, "corrupt backup") {
+	// status and restore verify the backup with the control credential.
+	credFile := filepath.Join(dir, "control.cred")
+	if err := os.WriteFile(credFile, []byte(strings.TrimPrefix(admin, "TICKETD_CONTROL_CREDENTIAL=")), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, stderr, code := cli(t, bin, "snapshot", "status", bad, "--credential-file", credFile); code != exitFailure || !strings.Contains(stderr, "backup_altered") {
 		t.Fatalf("status of a damaged backup: exit %d, %s", code, stderr)
 	}
-	if v, stderr, code := cli(t, bin, "snapshot", "status", file); code != 0 || v["last_token"] != saved["last_token"] {
+	if v, stderr, code := cli(t, bin, "snapshot", "status", file, "--credential-file", credFile); code != 0 || v["last_token"] != saved["last_token"] || v["authenticated"] != true {
 		t.Fatalf("status of the backup: exit %d %v %s", code, v, stderr)
 	}
 
@@ -241,11 +246,11 @@ func TestBackupRestoreIntoNewCluster(t *testing.T) {
 	// bump), a new peer secret, the others joining it.
 	nu := newCPCluster(t, bin, 3, admin, "TICKETD_PEER_SECRET=new-cluster-peer-secret-4567")
 	seedData, seedPeer := filepath.Join(dir, "new", "n0"), testkit.FreeAddr(t)
-	res, stderr, code := cli(t, bin, "snapshot", "restore", file, "--data", seedData, "--peer-address", seedPeer)
+	res, stderr, code := cli(t, bin, "snapshot", "restore", file, "--data", seedData, "--peer-address", seedPeer, "--credential-file", credFile)
 	if code != 0 {
 		t.Fatalf("restore: exit %d: %s", code, stderr)
 	}
-	if _, _, code := cli(t, bin, "snapshot", "restore", file, "--data", seedData, "--peer-address", seedPeer); code != exitFailure {
+	if _, _, code := cli(t, bin, "snapshot", "restore", file, "--data", seedData, "--peer-address", seedPeer, "--credential-file", credFile); code != exitFailure {
 		t.Fatalf("restoring over a restored node: exit %d", code)
 	}
 	if id, _ := res["cluster_id"].(string); len(id) != 16 || id == "0000000000000000" {
