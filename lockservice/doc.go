@@ -5,11 +5,13 @@
 // # What it owns
 //
 //   - Lease timers (leases.go, expiry.go): one min-heap on the leader's
-//     monotonic clock. When a lease runs out the leader proposes
-//     Expire{key, token}; the lock disappears only when that Expire commits
-//     and applies, and only if the token still matches (SPEC §4.1–4.2).
-//     When a node becomes leader it re-arms every held lock with its full
-//     lease, so no lease is ever shortened by a leader change or a restart.
+//     monotonic clock, in a pointer-free table (about 70 bytes a timer, a
+//     million of them re-armed in one pass without an allocation each).
+//     When a lease runs out the leader proposes Expire{key, token}; the
+//     lock disappears only when that Expire commits and applies, and only
+//     if the token still matches (SPEC §4.1–4.2). When a node becomes
+//     leader it re-arms every held lock with its full lease, so no lease
+//     is ever shortened by a leader change or a restart.
 //   - Waiter queues (waiters.go): a FIFO per key for acquires that wait.
 //     The leader proposes a Grant only for a key it believes free and not
 //     already reserved for a Grant in flight, handing the key to the head

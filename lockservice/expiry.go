@@ -20,7 +20,7 @@ import (
 //
 // Backpressure: the loop hands at most expireBatch due leases at a time to
 // the workers' queue and waits for room; a due lease is pushed back by
-// ExpireRetry when taken (leaseHeap.due), so one whose Expire is lost or
+// ExpireRetry when taken (leaseTable.due), so one whose Expire is lost or
 // still queued comes due again rather than being forgotten.
 
 // ExpireWorkersDefault is how many Expire proposals are in flight at most.

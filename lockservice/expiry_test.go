@@ -59,7 +59,7 @@ func TestMassExpiryBoundedGoroutines(t *testing.T) {
 }
 
 func TestLeaseHeapDueLimit(t *testing.T) {
-	h := newLeaseHeap()
+	h := newLeaseTable()
 	t0 := time.Unix(1000, 0)
 	for i := 0; i < 5; i++ {
 		h.arm(fmt.Sprint(i), uint64(i+1), "", time.Second, t0)

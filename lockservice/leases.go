@@ -1,125 +1,369 @@
 package lockservice
 
 import (
-	"container/heap"
+	"hash/maphash"
+	"math"
 	"time"
+
+	"github.com/ticketd/ticketd/core"
 )
 
-// leaseItem is one held lock's timer on the leader.
-type leaseItem struct {
-	key      string
+// The leader's lease timers: one per held lock, ordered by deadline.
+//
+// The table holds a timer for every held lock (a million at the largest
+// --max-locks), so it is laid out to cost little memory and no work for
+// the garbage collector: fixed-size records in one slice, the keys'
+// bytes in one arena, an open-addressing index of record numbers and a
+// binary min-heap of record numbers. None of it holds a pointer, so a GC
+// cycle never scans it. A record is 40 bytes; with the key's bytes, the
+// index and the heap a timer costs about 65 bytes (148 in the earlier
+// layout of one heap-allocated item per lock, a map and a pointer heap).
+//
+// Deadlines are nanoseconds after the table's base, a reading of the
+// leader's monotonic clock taken when the table starts; they are never
+// compared with another node's clock (SPEC §4.1).
+
+// leaseRec is one timer. A free record has heapAt -1.
+type leaseRec struct {
+	deadline int64 // nanoseconds after base
 	token    uint64
-	identity string // who the lock was granted to (quota accounting)
-	lease    time.Duration
-	deadline time.Time // on the local monotonic clock
-	index    int       // heap position
-	// renewing counts the Renews of this lock in flight; while it is not
-	// zero the lock is never handed to the expiry workers (renew.go).
-	renewing int
+	leaseMS  uint32 // at most core.MaxLease
+	keyOff   uint32 // the key is keys[keyOff : keyOff+keyLen]
+	identity uint32 // index into idents
+	heapAt   int32  // position in heap, -1 when the record is free
+	renewing uint32 // Renews of this lock in flight (renew.go)
+	keyLen   uint16
 	// expiring is set once the lease ran out and its Expire was handed to
 	// the workers: from then on a Renew is refused (renew.go).
 	expiring bool
 }
 
-// leaseHeap orders held locks by deadline, one item per key, and counts
-// them per identity for the quotas.
-type leaseHeap struct {
-	items      []*leaseItem
-	byKey      map[string]*leaseItem
-	byIdentity map[string]int
+// MaxLease must fit leaseRec.leaseMS, and a key its keyLen.
+const (
+	_ = uint32(core.MaxLease / time.Millisecond)
+	_ = uint16(core.MaxKeyLen)
+)
+
+// leaseItem is a timer handed to the expiry workers.
+type leaseItem struct {
+	key   string
+	token uint64
 }
 
-func newLeaseHeap() *leaseHeap {
-	return &leaseHeap{byKey: make(map[string]*leaseItem), byIdentity: make(map[string]int)}
+// leaseTimer is a copy of one timer's state.
+type leaseTimer struct {
+	token    uint64
+	deadline time.Time
+	lease    time.Duration
+	renewing uint32
+	expiring bool
 }
 
-func (h *leaseHeap) Len() int           { return len(h.items) }
-func (h *leaseHeap) Less(i, j int) bool { return h.items[i].deadline.Before(h.items[j].deadline) }
-func (h *leaseHeap) Swap(i, j int) {
-	h.items[i], h.items[j] = h.items[j], h.items[i]
-	h.items[i].index = i
-	h.items[j].index = j
+// identCount is one interned identity and the number of timers naming it.
+type identCount struct {
+	name string
+	held int
 }
-func (h *leaseHeap) Push(x any) {
-	it := x.(*leaseItem)
-	it.index = len(h.items)
-	h.items = append(h.items, it)
+
+// leaseTable is the set of timers. Not safe for concurrent use: the
+// service holds lead.mu.
+type leaseTable struct {
+	base  time.Time
+	based bool
+	recs  []leaseRec
+	free  []int32 // free record numbers
+	// index is open addressing with linear probing, a power of two long;
+	// an entry is a record number + 1 (0: empty). Removal shifts the
+	// entries after it back, so there are no tombstones.
+	index []int32
+	seed  maphash.Seed
+	heap  []int32 // record numbers; recs[heap[0]] has the earliest deadline
+	keys  []byte  // the arena of keys; dead bytes are reclaimed by compactKeys
+	dead  int     // bytes of keys no record names
+	// idents interns the identities (index 0 is the empty one, never
+	// freed); identIDs finds them, identFree lists reusable indexes.
+	idents    []identCount
+	identIDs  map[string]uint32
+	identFree []uint32
 }
-func (h *leaseHeap) Pop() any {
-	old := h.items
-	it := old[len(old)-1]
-	old[len(old)-1] = nil
-	h.items = old[:len(old)-1]
-	it.index = -1
-	return it
+
+func newLeaseTable() *leaseTable {
+	h := &leaseTable{seed: maphash.MakeSeed()}
+	h.reset()
+	return h
+}
+
+// reset drops every timer.
+func (h *leaseTable) reset() { h.resetFor(0) }
+
+// resetFor drops every timer and makes room for n.
+func (h *leaseTable) resetFor(n int) {
+	h.based = false
+	h.recs = make([]leaseRec, 0, n)
+	h.free = nil
+	h.index = make([]int32, indexSize(n))
+	h.heap = make([]int32, 0, n)
+	h.keys = make([]byte, 0, 16*n)
+	h.dead = 0
+	h.idents = []identCount{{}}
+	h.identIDs = map[string]uint32{"": 0}
+	h.identFree = nil
+}
+
+// indexSize is the index length for n timers: a power of two with the
+// table at most half full (linear probing stays short).
+func indexSize(n int) int {
+	size := 16
+	for size < 2*n {
+		size <<= 1
+	}
+	return size
+}
+
+// Len is the number of timers.
+func (h *leaseTable) Len() int { return len(h.heap) }
+
+// held is the number of timers identity holds.
+func (h *leaseTable) held(identity string) int {
+	if id, ok := h.identIDs[identity]; ok {
+		return h.idents[id].held
+	}
+	return 0
+}
+
+func (h *leaseTable) at(now time.Time) int64 {
+	if !h.based {
+		h.base, h.based = now, true
+	}
+	return int64(now.Sub(h.base))
+}
+
+func (h *leaseTable) timeOf(ns int64) time.Time { return h.base.Add(time.Duration(ns)) }
+
+func (h *leaseTable) key(r *leaseRec) []byte { return h.keys[r.keyOff : r.keyOff+uint32(r.keyLen)] }
+
+// find returns the record number of key's timer and the index slot that
+// names it, or -1 and the empty slot where it would go.
+func (h *leaseTable) find(key string) (rec int32, slot int) {
+	mask := len(h.index) - 1
+	slot = int(maphash.String(h.seed, key)) & mask
+	for {
+		e := h.index[slot]
+		if e == 0 {
+			return -1, slot
+		}
+		if r := &h.recs[e-1]; int(r.keyLen) == len(key) && string(h.key(r)) == key {
+			return e - 1, slot
+		}
+		slot = (slot + 1) & mask
+	}
+}
+
+// unindex empties slot and moves back the entries of the probe run after
+// it that may no longer be reachable (linear probing without tombstones).
+func (h *leaseTable) unindex(slot int) {
+	mask := len(h.index) - 1
+	h.index[slot] = 0
+	for j := (slot + 1) & mask; h.index[j] != 0; j = (j + 1) & mask {
+		e := h.index[j]
+		home := int(maphash.Bytes(h.seed, h.key(&h.recs[e-1]))) & mask
+		// e may move to slot when slot lies cyclically in [home, j).
+		if (j-home)&mask >= (j-slot)&mask {
+			h.index[slot], h.index[j] = e, 0
+			slot = j
+		}
+	}
+}
+
+// grow doubles the index when it is half full.
+func (h *leaseTable) grow() {
+	if 2*(len(h.heap)+1) <= len(h.index) {
+		return
+	}
+	h.index = make([]int32, 2*len(h.index))
+	mask := len(h.index) - 1
+	for i := range h.recs {
+		r := &h.recs[i]
+		if r.heapAt < 0 {
+			continue
+		}
+		slot := int(maphash.Bytes(h.seed, h.key(r))) & mask
+		for h.index[slot] != 0 {
+			slot = (slot + 1) & mask
+		}
+		h.index[slot] = int32(i) + 1
+	}
+}
+
+// newRec stores a timer's key and identity in a free record and returns
+// its number; the caller sets the rest and indexes it.
+func (h *leaseTable) newRec(key, identity string) int32 {
+	var n int32
+	if k := len(h.free); k > 0 {
+		n, h.free = h.free[k-1], h.free[:k-1]
+	} else {
+		h.recs = append(h.recs, leaseRec{})
+		n = int32(len(h.recs) - 1)
+	}
+	h.recs[n] = leaseRec{keyOff: uint32(len(h.keys)), keyLen: uint16(len(key)), identity: h.intern(identity)}
+	h.keys = append(h.keys, key...)
+	return n
+}
+
+// freeRec releases record n (already out of the heap and the index).
+func (h *leaseTable) freeRec(n int32) {
+	r := &h.recs[n]
+	h.dead += int(r.keyLen)
+	h.release(r.identity)
+	*r = leaseRec{heapAt: -1}
+	h.free = append(h.free, n)
+	if h.dead > 1<<16 && h.dead > len(h.keys)/2 {
+		h.compactKeys()
+	}
+}
+
+// compactKeys copies the live keys into a new arena, so that dead bytes
+// never outnumber live ones (amortised O(1) per removal).
+func (h *leaseTable) compactKeys() {
+	keys := make([]byte, 0, len(h.keys)-h.dead+len(h.keys)/8)
+	for i := range h.recs {
+		r := &h.recs[i]
+		if r.heapAt < 0 {
+			continue
+		}
+		off := uint32(len(keys))
+		keys = append(keys, h.key(r)...)
+		r.keyOff = off
+	}
+	h.keys, h.dead = keys, 0
+}
+
+func (h *leaseTable) intern(identity string) uint32 {
+	id, ok := h.identIDs[identity]
+	if !ok {
+		if k := len(h.identFree); k > 0 {
+			id, h.identFree = h.identFree[k-1], h.identFree[:k-1]
+			h.idents[id] = identCount{name: identity}
+		} else {
+			id = uint32(len(h.idents))
+			h.idents = append(h.idents, identCount{name: identity})
+		}
+		h.identIDs[identity] = id
+	}
+	h.idents[id].held++
+	return id
+}
+
+func (h *leaseTable) release(id uint32) {
+	ic := &h.idents[id]
+	if ic.held--; ic.held == 0 && id != 0 {
+		delete(h.identIDs, ic.name)
+		*ic = identCount{}
+		h.identFree = append(h.identFree, id)
+	}
 }
 
 // arm sets key's timer to now+lease for token, held by identity. An
 // existing timer for the same token is only ever moved later, never
-// earlier.
-func (h *leaseHeap) arm(key string, token uint64, identity string, lease time.Duration, now time.Time) {
-	deadline := now.Add(lease)
-	if it, ok := h.byKey[key]; ok {
-		if it.token == token {
-			if deadline.After(it.deadline) {
-				it.deadline = deadline
-				heap.Fix(h, it.index)
+// earlier; one for another token is replaced.
+func (h *leaseTable) arm(key string, token uint64, identity string, lease time.Duration, now time.Time) {
+	deadline := h.at(now) + int64(lease)
+	n, slot := h.find(key)
+	if n >= 0 {
+		r := &h.recs[n]
+		if r.token == token {
+			if deadline > r.deadline {
+				r.deadline = deadline
+				h.fix(int(r.heapAt))
 			}
 			return
 		}
-		heap.Remove(h, it.index)
-		h.count(it.identity, -1)
+		h.remove(key, r.token)
 	}
-	it := &leaseItem{key: key, token: token, identity: identity, lease: lease, deadline: deadline}
-	heap.Push(h, it)
-	h.byKey[key] = it
-	h.count(identity, +1)
+	h.grow()
+	n = h.newRec(key, identity)
+	r := &h.recs[n]
+	r.token, r.leaseMS, r.deadline = token, leaseMillis(lease), deadline
+	_, slot = h.find(key)
+	h.index[slot] = n + 1
+	r.heapAt = int32(len(h.heap))
+	h.heap = append(h.heap, n)
+	h.up(len(h.heap) - 1)
+}
+
+// leaseMillis is lease in milliseconds for leaseRec.leaseMS. Leases come
+// from validated locks (at most core.MaxLease, which fits); one above it
+// is kept as the longest the field holds, never as a shorter one.
+func leaseMillis(lease time.Duration) uint32 {
+	ms := lease / time.Millisecond
+	if lease%time.Millisecond != 0 {
+		ms++ // never shorter than asked
+	}
+	return uint32(min(ms, math.MaxUint32))
 }
 
 // remove drops key's timer if it belongs to token.
-func (h *leaseHeap) remove(key string, token uint64) {
-	if it, ok := h.byKey[key]; ok && it.token == token {
-		heap.Remove(h, it.index)
-		delete(h.byKey, key)
-		h.count(it.identity, -1)
+func (h *leaseTable) remove(key string, token uint64) {
+	n, slot := h.find(key)
+	if n < 0 || h.recs[n].token != token {
+		return
 	}
+	h.unindex(slot)
+	h.heapRemove(int(h.recs[n].heapAt))
+	h.freeRec(n)
 }
 
-// held is the number of locks identity holds.
-func (h *leaseHeap) held(identity string) int { return h.byIdentity[identity] }
-
-func (h *leaseHeap) count(identity string, d int) {
-	if n := h.byIdentity[identity] + d; n > 0 {
-		h.byIdentity[identity] = n
-	} else {
-		delete(h.byIdentity, identity)
+// get returns a copy of key's timer.
+func (h *leaseTable) get(key string) (leaseTimer, bool) {
+	n, _ := h.find(key)
+	if n < 0 {
+		return leaseTimer{}, false
 	}
+	r := &h.recs[n]
+	return leaseTimer{token: r.token, deadline: h.timeOf(r.deadline), lease: time.Duration(r.leaseMS) * time.Millisecond,
+		renewing: r.renewing, expiring: r.expiring}, true
 }
 
-// get returns key's timer.
-func (h *leaseHeap) get(key string) (*leaseItem, bool) {
-	it, ok := h.byKey[key]
-	return it, ok
+// addRenewing counts a Renew of key's lock held with token in (d = 1) or
+// out (d = -1) of flight. It reports whether the timer exists; a count
+// never goes below zero.
+func (h *leaseTable) addRenewing(key string, token uint64, d int) bool {
+	n, _ := h.find(key)
+	if n < 0 || h.recs[n].token != token {
+		return false
+	}
+	r := &h.recs[n]
+	switch {
+	case d > 0:
+		r.renewing++
+	case r.renewing > 0:
+		r.renewing--
+	}
+	return true
 }
 
-// due returns up to limit items whose deadline is at or before now,
+// due returns up to limit timers whose deadline is at or before now,
 // earliest first. Each one is pushed back by retry, so that if its Expire
 // does not apply (the proposal was lost) it comes due again; pushing a
 // deadline later never shortens a lease.
 //
-// An item with a Renew in flight is pushed back without being returned:
+// A timer with a Renew in flight is pushed back without being returned:
 // its Expire must not be proposed while a Renew it could overtake in the
-// log may still apply (renew.go). Returned items are marked expiring.
-func (h *leaseHeap) due(now time.Time, retry time.Duration, limit int) []leaseItem {
+// log may still apply (renew.go). Returned timers are marked expiring.
+func (h *leaseTable) due(now time.Time, retry time.Duration, limit int) []leaseItem {
 	var out []leaseItem
-	for len(h.items) > 0 && len(out) < limit && !h.items[0].deadline.After(now) {
-		it := h.items[0]
-		if it.renewing == 0 {
-			it.expiring = true
-			out = append(out, *it)
+	t := h.at(now)
+	for len(h.heap) > 0 && len(out) < limit {
+		r := &h.recs[h.heap[0]]
+		if r.deadline > t {
+			break
 		}
-		it.deadline = now.Add(retry)
-		heap.Fix(h, 0)
+		if r.renewing == 0 {
+			r.expiring = true
+			out = append(out, leaseItem{key: string(h.key(r)), token: r.token})
+		}
+		r.deadline = t + int64(retry)
+		h.down(0)
 	}
 	return out
 }
@@ -128,29 +372,118 @@ func (h *leaseHeap) due(now time.Time, retry time.Duration, limit int) []leaseIt
 // lease becomes lease (never shorter than before) and its deadline
 // now+lease (never earlier than before). It reports whether the timer
 // exists.
-func (h *leaseHeap) extend(key string, token uint64, lease time.Duration, now time.Time) bool {
-	it, ok := h.byKey[key]
-	if !ok || it.token != token {
+func (h *leaseTable) extend(key string, token uint64, lease time.Duration, now time.Time) bool {
+	n, _ := h.find(key)
+	if n < 0 || h.recs[n].token != token {
 		return false
 	}
-	it.lease = max(it.lease, lease)
-	if d := now.Add(it.lease); d.After(it.deadline) {
-		it.deadline = d
-		heap.Fix(h, it.index)
+	r := &h.recs[n]
+	r.leaseMS = max(r.leaseMS, leaseMillis(lease))
+	if d := h.at(now) + int64(time.Duration(r.leaseMS)*time.Millisecond); d > r.deadline {
+		r.deadline = d
+		h.fix(int(r.heapAt))
 	}
 	return true
 }
 
 // next returns the earliest deadline; ok is false when nothing is held.
-func (h *leaseHeap) next() (time.Time, bool) {
-	if len(h.items) == 0 {
+func (h *leaseTable) next() (time.Time, bool) {
+	if len(h.heap) == 0 {
 		return time.Time{}, false
 	}
-	return h.items[0].deadline, true
+	return h.timeOf(h.recs[h.heap[0]].deadline), true
 }
 
-func (h *leaseHeap) reset() {
-	h.items = nil
-	h.byKey = make(map[string]*leaseItem)
-	h.byIdentity = make(map[string]int)
+// The binary heap, on record numbers ordered by deadline.
+
+func (h *leaseTable) less(i, j int) bool {
+	return h.recs[h.heap[i]].deadline < h.recs[h.heap[j]].deadline
+}
+
+func (h *leaseTable) swap(i, j int) {
+	h.heap[i], h.heap[j] = h.heap[j], h.heap[i]
+	h.recs[h.heap[i]].heapAt = int32(i)
+	h.recs[h.heap[j]].heapAt = int32(j)
+}
+
+func (h *leaseTable) up(i int) {
+	for i > 0 {
+		p := (i - 1) / 2
+		if !h.less(i, p) {
+			return
+		}
+		h.swap(i, p)
+		i = p
+	}
+}
+
+// down moves heap[i] down to its place; it reports whether it moved.
+func (h *leaseTable) down(i int) bool {
+	start := i
+	for {
+		c := 2*i + 1
+		if c >= len(h.heap) {
+			break
+		}
+		if c+1 < len(h.heap) && h.less(c+1, c) {
+			c++
+		}
+		if !h.less(c, i) {
+			break
+		}
+		h.swap(i, c)
+		i = c
+	}
+	return i > start
+}
+
+func (h *leaseTable) fix(i int) {
+	if !h.down(i) {
+		h.up(i)
+	}
+}
+
+func (h *leaseTable) heapRemove(i int) {
+	last := len(h.heap) - 1
+	if i != last {
+		h.swap(i, last)
+	}
+	h.heap = h.heap[:last]
+	if i != last {
+		h.fix(i)
+	}
+}
+
+// heapify orders the whole heap at once: O(n), for a bulk load.
+func (h *leaseTable) heapify() {
+	for i := len(h.heap)/2 - 1; i >= 0; i-- {
+		h.down(i)
+	}
+}
+
+// load replaces every timer with one per lock at now + its lease: a new
+// leader's re-arm (observer.go). It costs no allocation per lock.
+func (h *leaseTable) load(now time.Time, n int, each func(add func(key string, token uint64, identity string, leaseMS uint64))) {
+	h.resetFor(n)
+	t := h.at(now)
+	mask := len(h.index) - 1
+	each(func(key string, token uint64, identity string, leaseMS uint64) {
+		if len(h.heap) == len(h.index)/2 {
+			// More locks than announced: grow as arm would.
+			h.grow()
+			mask = len(h.index) - 1
+		}
+		lease := time.Duration(leaseMS) * time.Millisecond
+		rec := h.newRec(key, identity)
+		r := &h.recs[rec]
+		r.token, r.leaseMS, r.deadline = token, leaseMillis(lease), t+int64(lease)
+		slot := int(maphash.String(h.seed, key)) & mask
+		for h.index[slot] != 0 {
+			slot = (slot + 1) & mask
+		}
+		h.index[slot] = rec + 1
+		r.heapAt = int32(len(h.heap))
+		h.heap = append(h.heap, rec)
+	})
+	h.heapify()
 }

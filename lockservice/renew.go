@@ -27,7 +27,7 @@ import (
 // on the lock's timer: a Renew is refused once the lease ran out on the
 // leader's clock (the holder's own deadline, counted from an earlier send,
 // has passed too), and the expiry loop never hands out a lock with a Renew
-// in flight (leaseHeap.due). A Renew and an Expire of the same lock are
+// in flight (leaseTable.due). A Renew and an Expire of the same lock are
 // therefore never in flight together on one leader; a later leader's
 // Renew follows every entry of earlier terms in the log.
 
@@ -107,7 +107,7 @@ func (s *Service) beginRenew(key string, token uint64) (uint64, error) {
 	if it.expiring || !it.deadline.After(s.cfg.Now()) {
 		return 0, fmt.Errorf("%w: the lease of %q with token %d ran out on the leader; it is being expired", ErrNotFound, key, token)
 	}
-	it.renewing++
+	s.lead.leases.addRenewing(key, token, +1)
 	return s.lead.epoch, nil
 }
 
@@ -119,9 +119,8 @@ func (s *Service) endRenew(key string, token, epoch uint64) {
 	if s.lead.epoch != epoch {
 		return
 	}
-	if it, ok := s.lead.leases.get(key); ok && it.token == token && it.renewing > 0 {
-		it.renewing--
-		if it.renewing == 0 && !it.deadline.After(s.cfg.Now()) {
+	if s.lead.leases.addRenewing(key, token, -1) {
+		if it, _ := s.lead.leases.get(key); it.renewing == 0 && !it.deadline.After(s.cfg.Now()) {
 			s.signalTimersChanged()
 		}
 	}

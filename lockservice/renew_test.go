@@ -103,12 +103,11 @@ func TestRenewAfterLeaseRanOut(t *testing.T) {
 // lock handed out for expiry refuses renewals: a Renew and an Expire of
 // one lock are never in flight together.
 func TestLeaseHeapRenewExpireExclusive(t *testing.T) {
-	h := newLeaseHeap()
+	h := newLeaseTable()
 	t0 := time.Unix(1000, 0)
 	h.arm("a", 1, "", time.Second, t0)
 	h.arm("b", 2, "", time.Second, t0)
-	a, _ := h.get("a")
-	a.renewing = 1
+	h.addRenewing("a", 1, +1)
 	due := h.due(t0.Add(2*time.Second), time.Second, 10)
 	if len(due) != 1 || due[0].key != "b" {
 		t.Fatalf("due = %+v, want only b (a has a renew in flight)", due)
@@ -121,12 +120,12 @@ func TestLeaseHeapRenewExpireExclusive(t *testing.T) {
 	if !h.extend("a", 1, 5*time.Second, now) {
 		t.Fatal("extend found no timer")
 	}
-	if a.deadline != now.Add(5*time.Second) || a.lease != 5*time.Second {
+	if a, _ := h.get("a"); !a.deadline.Equal(now.Add(5*time.Second)) || a.lease != 5*time.Second {
 		t.Fatalf("a: deadline %v lease %v", a.deadline.Sub(t0), a.lease)
 	}
 	// A shorter lease never moves it earlier.
 	h.extend("a", 1, time.Second, now)
-	if a.deadline != now.Add(5*time.Second) {
+	if a, _ := h.get("a"); !a.deadline.Equal(now.Add(5 * time.Second)) {
 		t.Fatal("a shorter renewal moved the deadline earlier")
 	}
 	if h.extend("a", 9, time.Minute, now) {

@@ -141,7 +141,7 @@ type Service struct {
 type leaderState struct {
 	mu     sync.Mutex // guards every field below
 	ready  bool
-	leases *leaseHeap
+	leases *leaseTable
 	// epoch counts leadership changes; reserved maps a key with a Grant in
 	// flight to the epoch that proposed it (and the identity it counts
 	// against), so work left over from an earlier leadership never clears
@@ -202,7 +202,7 @@ func New(cfg Config) *Service {
 		expireq:       make(chan leaseItem, expireBatch),
 		inflight:      inflight{by: make(map[string]int)},
 		lead: leaderState{
-			leases:     newLeaseHeap(),
+			leases:     newLeaseTable(),
 			reserved:   make(map[string]reservation),
 			reservedBy: make(map[string]int),
 			queues:     make(map[string]*waitQueue),
