@@ -247,7 +247,7 @@ func TestSlowPolicyIsolated(t *testing.T) {
 		cfg.Plugins = loop
 		// Long enough that no healthy call of a loaded CI box is cut off;
 		// alice's "loop" runs to it.
-		cfg.PluginCallTimeoutMS = 500
+		cfg.PluginCallTimeoutMS = 1000
 		cfg.PluginTimePerIdentityMS = 100
 	})
 	bob := tenant(t, d, "bob")
@@ -276,12 +276,14 @@ func TestSlowPolicyIsolated(t *testing.T) {
 			// The pace: 32 requests a second from 8 callers.
 			time.Sleep(250 * time.Millisecond)
 		})
+		// Measured from the start: while one of alice's calls spins on
+		// its instance, and after, while her spent share refuses her.
+		loaded := probe(t, bob, cycles)
 		testkit.Eventually(t, 10*time.Second, "alice's plugin time spent", func() bool {
 			mu.Lock()
 			defer mu.Unlock()
 			return codes[string(protocol.CodeResourceExhausted)] > 0
 		})
-		loaded := probe(t, bob, cycles)
 		close(stop)
 		wait()
 		ratios = append(ratios, float64(loaded)/float64(quiet))
