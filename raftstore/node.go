@@ -288,6 +288,8 @@ func (n *Node) Start() {
 			if err := n.rn.Campaign(); err != nil {
 				n.log.Warn("campaign as sole voter", "err", err)
 			}
+		} else {
+			advanceElection(n.rn, n.cfg.ElectionTicks)
 		}
 		n.publishStatus()
 		n.started = true
@@ -296,6 +298,26 @@ func (n *Node) Start() {
 		n.bg.Add(1)
 		go n.yieldLoop()
 	})
+}
+
+// advanceElection fast-forwards a starting node's election clock to one
+// tick short of the election timeout, as etcd does on boot
+// (--initial-election-tick-advance). Raft draws each election timeout at
+// random in [ElectionTicks, 2×ElectionTicks) ticks, so a node that would
+// otherwise wait 1–2 s before its first campaign waits 1..ElectionTicks
+// ticks: a cluster restarted after a power cut elects a leader about a
+// second sooner, and the nodes still campaign at spread-out times.
+//
+// Timing never decides safety in raft; the only effect of an early
+// campaign is a pre-vote round (PreVote is on). While a leader is alive
+// its followers refuse it (CheckQuorum: they heard from the leader within
+// the election timeout), so a node restarting into a healthy cluster
+// cannot depose its leader this way; it learns of the leader from its
+// next heartbeat.
+func advanceElection(rn *raft.RawNode, electionTicks int) {
+	for i := 1; i < electionTicks; i++ {
+		rn.Tick()
+	}
 }
 
 // Stop stops the loop and waits for it. It does not close the Store.
