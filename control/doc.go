@@ -28,8 +28,8 @@
 //     attempts limited per source address without locking anyone out:
 //     once a source has spent them, each of its requests waits
 //     FailureDelay (evictable) before its credential is checked, and
-//     each failure is answered too_many_attempts, but a correct
-//     credential is always accepted. The client refuses plain http off
+//     failures beyond one per FailureRefill are answered
+//     too_many_attempts, but a correct credential is always accepted. The client refuses plain http off
 //     loopback (ErrInsecureURL): the credential would travel in clear.
 //
 //   - The wire format (client.go): Request, Reply, Member, and Error with
