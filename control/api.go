@@ -347,7 +347,7 @@ func (p *Plane) identity(_ *http.Request, req Request) (Reply, *Error) {
 	var err error
 	p.cfg.Node.View(func(m *core.Machine) { err = m.CheckIdentity(req.NodeID, req.Incarnation) })
 	if err != nil {
-		return Reply{}, &Error{Code: CodeRejected, Reason: "identity_refused", Message: err.Error()}
+		return Reply{}, &Error{Code: CodeRejected, Reason: ReasonIdentityRefused, Message: err.Error()}
 	}
 	return Reply{Result: "identity_current", NodeID: req.NodeID, Incarnation: req.Incarnation}, nil
 }

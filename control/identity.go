@@ -15,6 +15,10 @@ import (
 
 const identityFile = "identity.json"
 
+// ReasonIdentityRefused is the reason of /v1/identity's refusal: the
+// identity was retired or replaced, for good.
+const ReasonIdentityRefused = "identity_refused"
+
 // identityCheckTimeout bounds the start-up question "is my identity
 // still current?": a node that gets no answer starts anyway.
 const identityCheckTimeout = 3 * time.Second

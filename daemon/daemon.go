@@ -92,6 +92,13 @@ type Daemon struct {
 	// only); controlClientTLS is how this node calls other nodes' API.
 	controlServerTLS, controlClientTLS *tls.Config
 
+	// removal records this node's removal from the cluster (removed.go);
+	// done is closed when the node cannot go on: its raft loop stopped,
+	// or it was removed. watching says the removal watcher runs.
+	removal  *removal
+	done     chan struct{}
+	watching bool
+
 	// placementStop stops the leader-placement loop (placement.go) and
 	// waits for it, once (later calls return at once); nil when it does
 	// not run.
@@ -114,7 +121,8 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if log == nil {
 		log = slog.Default()
 	}
-	d := &Daemon{cfg: cfg, baseLog: log, log: startLogger(log, cfg), reg: prometheus.NewRegistry()}
+	d := &Daemon{cfg: cfg, baseLog: log, log: startLogger(log, cfg), reg: prometheus.NewRegistry(),
+		removal: newRemoval(), done: make(chan struct{})}
 	// Every error return below leaves through here: undo what started.
 	defer func() {
 		if err != nil {
@@ -133,6 +141,9 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if err := d.startRaft(ctx, opts, m, raftMetrics); err != nil {
 		return nil, err
 	}
+	if err := d.checkNotRemoved(); err != nil {
+		return nil, err
+	}
 	d.ctl = control.New(d.controlConfig(m.addrs))
 	if err := d.startClientService(ctx, opts); err != nil {
 		return nil, err
@@ -146,6 +157,17 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if err := d.ctl.Start(); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
+	d.watching = true
+	go d.watchRemoval()
+	go func() {
+		select {
+		case <-d.node.Done():
+			close(d.done)
+		case <-d.removal.done:
+			close(d.done)
+		case <-d.removal.stop:
+		}
+	}()
 	d.log.Info("node started", "data", d.cfg.Data, "nats", natsclient.Redact(d.ClientURL()), "members", len(m.peers), "acl", d.cfg.ACL != "", "partition", d.cfg.Partition().String())
 	return d, nil
 }
@@ -230,6 +252,10 @@ func (d *Daemon) resolveMembership(ctx context.Context) (membership, error) {
 		Logger:         d.log,
 		TLS:            d.controlClientTLS,
 	})
+	var refused *control.Error
+	if errors.As(err, &refused) && refused.Reason == control.ReasonIdentityRefused {
+		return membership{}, fmt.Errorf("%w: %w", ErrRemoved, err)
+	}
 	if err != nil {
 		return membership{}, err
 	}
@@ -527,8 +553,18 @@ func (d *Daemon) API() *natsapi.Service          { return d.api }
 func (d *Daemon) Peers() *peer.Transport         { return d.peers }
 func (d *Daemon) Registry() *prometheus.Registry { return d.reg }
 
-// Done is closed if the raft loop stops on a fatal error.
-func (d *Daemon) Done() <-chan struct{} { return d.node.Done() }
+// Done is closed when the node cannot go on: its raft loop stopped on a
+// fatal error, or it was removed from the cluster (Err says which).
+func (d *Daemon) Done() <-chan struct{} { return d.done }
+
+// Err is why Done is closed: an error wrapping ErrRemoved, or the raft
+// loop's fatal error (nil while the node runs).
+func (d *Daemon) Err() error {
+	if err := d.removedErr(); err != nil {
+		return err
+	}
+	return d.node.Err()
+}
 
 // Shutdown is the planned stop: a leader first hands leadership to an
 // active voter (raftstore.Node.HandOver), for at most as long as ctx
@@ -557,6 +593,10 @@ func HandOverTimeout(cfg Config) time.Duration {
 // than once and on a partly started daemon.
 func (d *Daemon) Close() {
 	d.closeOnce.Do(func() {
+		close(d.removal.stop)
+		if d.watching {
+			<-d.removal.exited
+		}
 		if d.placementStop != nil {
 			d.placementStop()
 		}

@@ -17,8 +17,13 @@
 // the Nats-Request-Info header they rely on (identity.go, Config.
 // IdentitySettings). TLS of the peer transport and the
 // control API from PEM files (tls.go). The cluster ID and the refusal to
-// bootstrap a static member on an empty data directory (clusterid.go). Start and Close (daemon.go): start the parts in
-// dependency order, hand each one the others it needs, stop them in
+// bootstrap a static member on an empty data directory (clusterid.go). A
+// member that was removed from the cluster (retired or replaced) stops
+// itself with ErrRemoved, as etcd's removed member does: refused at start
+// when its own applied state says so, and while it runs once it applies
+// its removal or, after a long time without a leader, once the leader's
+// status over NATS no longer lists it (removed.go); Done and Err say so.
+// Start and Close (daemon.go): start the parts in dependency order, hand each one the others it needs, stop them in
 // reverse order; Shutdown, the planned stop (SIGTERM), has a leader hand
 // leadership over first. Plugin loading from the configured files and the adapter
 // that makes a plugin set the lock service's Grant policy (plugins.go).

@@ -236,7 +236,65 @@ func TestStaticClusterReplacesWipedMember(t *testing.T) {
 	if lead := od.Node().Status().Lead; lead != 0 {
 		t.Fatalf("the replaced node follows leader %d", lead)
 	}
+	// It never applied its removal (it was down), yet it learns it from
+	// the leader's status and stops itself instead of campaigning forever.
+	select {
+	case <-od.Done():
+	case <-time.After(30 * time.Second):
+		t.Fatal("the replaced node keeps running")
+	}
+	if err := od.Err(); !errors.Is(err, daemon.ErrRemoved) {
+		t.Fatalf("the replaced node stopped with %v, want ErrRemoved", err)
+	}
 	stop.Store(true)
 	wg.Wait()
 	t.Logf("%d locks granted, %d acquires failed during the replacement", taken.Load(), failed.Load())
+}
+
+// A member retired while it runs applies its own retirement and stops
+// itself, saying so once at ERROR; started again, it refuses at once.
+func TestRetiredMemberStopsItself(t *testing.T) {
+	logs := make([]*testkit.LogBuffer, 3)
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *daemon.Config) {
+		cfg.ControlListen = testkit.FreeAddr(t)
+		cfg.ControlCredential = staticAdmin
+	}), testcluster.WithOptions(func(i int, o *daemon.Options) {
+		o.Logger, logs[i] = testkit.CaptureLogger()
+	}))
+	leader := c.Leader(10 * time.Second)
+	victim := c.Follower(leader)
+	urls := controlURLs(c)
+	rep, err := adminCall(t, urls, "/v1/members", control.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inc uint64
+	for _, m := range rep.Members {
+		if m.NodeID == uint64(victim+1) {
+			inc = m.Incarnation
+		}
+	}
+	if _, err := adminCall(t, urls, "/v1/retire", control.Request{NodeID: uint64(victim + 1), Incarnation: inc}); err != nil {
+		t.Fatal(err)
+	}
+	d := c.Node(victim)
+	select {
+	case <-d.Done():
+	case <-time.After(20 * time.Second):
+		t.Fatal("the retired member keeps running")
+	}
+	if err := d.Err(); !errors.Is(err, daemon.ErrRemoved) {
+		t.Fatalf("stopped with %v, want ErrRemoved", err)
+	}
+	if n := strings.Count(logs[victim].String(), "the member has been permanently removed from the cluster"); n != 1 {
+		t.Fatalf("%d removal log lines:\n%s", n, logs[victim].String())
+	}
+	if err := c.Stop(victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(victim); !errors.Is(err, daemon.ErrRemoved) {
+		t.Fatalf("restart of a retired member: %v, want ErrRemoved", err)
+	}
+	// The other two go on as a two-voter cluster.
+	c.Leader(10 * time.Second)
 }

@@ -28,6 +28,8 @@ const exitCodesHelp = `Exit status:
        may exist that expires within its lease)
   4    resource_exhausted: a cluster limit refused the request (locks, your
        quota, waiters, the leader's disk); nothing changed, retry later
+  5    serve: this member was removed from the cluster (retired, or replaced
+       by another node); do not restart it: start a new node in its place
   lock exec exits with its command's status: 126 when the command cannot
   run, 127 when it is not found, 128+N when signal N ended it.`
 

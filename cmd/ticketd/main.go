@@ -24,4 +24,7 @@ const (
 	exitIndeterminate = 3
 	// exitResourceExhausted: a limit refused the request (resource_exhausted).
 	exitResourceExhausted = 4
+	// exitRemoved: serve's member was removed from the cluster (retired,
+	// or replaced); restarting it cannot help.
+	exitRemoved = 5
 )

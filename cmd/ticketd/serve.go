@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -35,7 +36,14 @@ YAML file (--config, flat keys named like the flags), TICKETD_* environment
 variables (TICKETD_NATS_LISTEN for --nats-listen) and flags. Unknown keys
 are refused. Secrets come from --*-file flags or TICKETD_* variables, never
 from flag values. serve stops on SIGTERM or SIGINT, a leader handing
-leadership over first.`,
+leadership over first.
+
+Exit status: 0 after SIGTERM or SIGINT; 1 when the node fails (its log's
+last ERROR line says why); 2 for a refused configuration; 5 when this
+member was removed from the cluster (retired, or replaced by another node:
+the log says "the member has been permanently removed from the cluster"),
+at start or while it runs: do not restart it, start a new node in its place
+(docs/operations.md, "Replacing a failed node").`,
 		Example: `  ticketd serve
   ticketd serve --config ticketd.yaml
   ticketd serve --id 1 --data data1 --peer-listen 127.0.0.1:7001 --peer-secret-file peer.secret \
@@ -219,6 +227,10 @@ func serve(ctx context.Context, fs *pflag.FlagSet, _ []string, stdout, stderr io
 		// before anything else runs on a store that cannot go on.
 		OnStorageFailure: func(error) { os.Exit(exitFailure) },
 	})
+	if errors.Is(err, daemon.ErrRemoved) {
+		log.Error("start refused", "err", err)
+		return exitRemoved
+	}
 	if err != nil {
 		log.Error("start failed", "err", err)
 		return exitFailure
@@ -227,8 +239,12 @@ func serve(ctx context.Context, fs *pflag.FlagSet, _ []string, stdout, stderr io
 	case <-ctx.Done():
 		log.Info("signal received; shutting down")
 	case <-d.Done():
-		log.Error("raft loop stopped", "err", d.Node().Err())
+		err := d.Err()
 		d.Close()
+		if errors.Is(err, daemon.ErrRemoved) {
+			return exitRemoved // the daemon logged why
+		}
+		log.Error("raft loop stopped", "err", err)
 		return exitFailure
 	}
 	sctx, cancel := context.WithTimeout(context.Background(), daemon.HandOverTimeout(cfg))
