@@ -206,7 +206,7 @@ func roundTrip(ctx context.Context, urls []string, path, credential string, body
 		}
 		select {
 		case <-ctx.Done():
-			return nil, ctx.Err()
+			return nil, fmt.Errorf("control: %w; last: %w", ctx.Err(), last)
 		case <-time.After(min(time.Duration(attempt+1)*100*time.Millisecond, time.Second)):
 		}
 	}

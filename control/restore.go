@@ -139,8 +139,10 @@ func Restore(b Backup, o RestoreOptions) (Restored, error) {
 		return Restored{}, fmt.Errorf("%w: %w: the backup's last token %d plus --bump-tokens %d is above %d, which leaves the restored cluster fewer than 2^63 tokens to issue; a real cluster never gets there: the backup is forged or broken, or the bump too large",
 			ErrRestore, ErrTokenHeadroom, last, o.BumpTokens, MaxRestoredToken)
 	}
-	if _, ok, err := ReadIdentity(o.DataDir); err != nil || ok {
-		return refuse("%s already holds a node identity (%v)", o.DataDir, err)
+	if _, ok, err := ReadIdentity(o.DataDir); err != nil {
+		return refuse("%s: reading its node identity: %v", o.DataDir, err)
+	} else if ok {
+		return refuse("%s already holds a node identity: restore into a new, empty data directory", o.DataDir)
 	}
 	state, id, err := core.Reseed(b.State, core.ReseedOptions{
 		BumpTokens: o.BumpTokens, DropLocks: o.DropLocks, Static: len(o.Voters) > 0, Address: o.PeerAddress,

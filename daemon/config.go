@@ -80,7 +80,8 @@ type Config struct {
 	InitialClusterToken string `koanf:"initial-cluster-token"`
 
 	MetricsListen string `koanf:"metrics-listen"`
-	// Pprof serves net/http/pprof under /debug/pprof/ on MetricsListen.
+	// Pprof serves net/http/pprof under /debug/pprof/ on MetricsListen,
+	// which must then be loopback; /debug/pprof/cmdline is not served.
 	Pprof bool `koanf:"pprof"`
 
 	TickMS          int    `koanf:"tick-ms"`
@@ -288,8 +289,9 @@ func (c Config) Validate() error {
 	if c.Data == "" {
 		return configErr("data must name a directory")
 	}
-	if c.Pprof && c.MetricsListen == "" {
-		return configErr("pprof needs metrics-listen")
+	if c.Pprof && !control.IsLoopback(c.MetricsListen) {
+		// Profiles show memory and goroutine stacks: loopback only.
+		return configErr("pprof needs metrics-listen on a loopback address (127.0.0.1:PORT or [::1]:PORT), got %q: profiles expose the process's memory and stacks", c.MetricsListen)
 	}
 	switch c.LeaderPlacement {
 	case "", PlacementFollowClients, PlacementOff:
@@ -424,6 +426,8 @@ func (c Config) validateShares() error {
 
 func (c Config) validateNATS() error {
 	switch {
+	case natsclient.HasPassword(c.NATSURL):
+		return configErr("nats-url carries a password (user:password@), which ps, logs and config dumps would show: set nats-user and the password with nats-password-file, TICKETD_NATS_PASSWORD_FILE or %s", natsclient.PasswordEnv)
 	case c.NATSConfig != "" && c.NATSURL != "":
 		return configErr("nats-config configures the embedded server; nats-url uses another one: choose one")
 	case c.NATSConfig != "" && (c.NATSClusterListen != "" || c.NATSRoutes != ""):

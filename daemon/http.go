@@ -11,13 +11,17 @@ import (
 )
 
 // startHTTP serves /metrics, /healthz, /readyz (and /debug/pprof when
-// enabled) on the metrics listener.
+// enabled, never the command line) on the metrics listener.
 func (d *Daemon) startHTTP() error {
 	mux := http.NewServeMux()
 	mux.Handle("/metrics", promhttp.HandlerFor(d.reg, promhttp.HandlerOpts{}))
 	if d.cfg.Pprof {
+		// Loopback only (Config.Validate). No /debug/pprof/cmdline: the
+		// command line may hold what must not leave the process (a
+		// secret given by mistake), so it is answered 404 here rather
+		// than by pprof.Index's lookup.
 		mux.HandleFunc("/debug/pprof/", pprof.Index)
-		mux.HandleFunc("/debug/pprof/cmdline", pprof.Cmdline)
+		mux.Handle("/debug/pprof/cmdline", http.NotFoundHandler())
 		mux.HandleFunc("/debug/pprof/profile", pprof.Profile)
 		mux.HandleFunc("/debug/pprof/symbol", pprof.Symbol)
 		mux.HandleFunc("/debug/pprof/trace", pprof.Trace)

@@ -114,8 +114,11 @@ func (d *Daemon) identityProblems(own string, opts *natsserver.Options) []string
 // exported at all.
 func (d *Daemon) exportProblems(own string) []string {
 	az, err := d.ns.Accountz(&natsserver.AccountzOptions{Account: own})
-	if err != nil || az.Account == nil {
-		return []string{fmt.Sprintf("its exports cannot be read (%v)", err)}
+	if err != nil {
+		return []string{fmt.Sprintf("its exports cannot be read: %v", err)}
+	}
+	if az.Account == nil {
+		return []string{fmt.Sprintf("account %s is not on the NATS server", own)}
 	}
 	lock := d.lockSubjects()
 	var out []string

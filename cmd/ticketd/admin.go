@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
+	"net/url"
 	"os"
 	"strings"
 	"time"
@@ -13,7 +15,6 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/ticketd/ticketd/control"
-	"github.com/ticketd/ticketd/internal/natsclient"
 )
 
 // adminLong is the description of `ticketd admin`.
@@ -36,7 +37,8 @@ type adminOptions struct {
 	name                    string // "members", "replace complete", ...
 	cc                      *controlFlags
 	timeout                 time.Duration
-	bootCred, bootCredFile  string
+	bootCred                *secretFlag
+	out                     string // mint-join: the credential's file
 	oldID, newID, node, inc uint64
 }
 
@@ -50,15 +52,18 @@ admin credential.`,
 			`  ticketd admin bootstrap --control https://10.0.0.1:7100 --control-tls-ca ca.pem \
       --control-credential-file control.cred --bootstrap-credential-file bootstrap.cred`,
 			func(fs *pflag.FlagSet, o *adminOptions) {
-				fs.StringVar(&o.bootCred, "bootstrap-credential", "", "bootstrap credential")
-				fs.StringVar(&o.bootCredFile, "bootstrap-credential-file", "", "file holding the bootstrap credential (or TICKETD_BOOTSTRAP_CREDENTIAL)")
-				_ = fs.MarkDeprecated("bootstrap-credential", "it shows in ps; use TICKETD_BOOTSTRAP_CREDENTIAL or --bootstrap-credential-file")
+				o.bootCred = addSecretFlag(fs, "bootstrap-credential", "one-shot bootstrap credential node 1 was started with")
 			}),
 		adminLeaf("mint-join", "Mint a one-time join credential for a new node",
-			`Mint a one-time credential that lets one new node join (ticketd serve --join).
-It is printed in the JSON reply: keep it out of shell history and logs.`,
-			`  ticketd admin mint-join --control http://127.0.0.1:7100 --control-credential-file control.cred`,
-			nil),
+			`Mint a one-time credential that lets one new node join (ticketd serve --join
+with --join-credential-file). With --out it is written to FILE (mode 0600;
+an existing FILE is refused) and left out of the JSON reply; without, the
+reply carries it: keep it out of shell history and logs.`,
+			`  ticketd admin mint-join --control http://127.0.0.1:7100 --control-credential-file control.cred --out join.cred
+  ticketd serve --join http://127.0.0.1:7100 --join-credential-file join.cred ...`,
+			func(fs *pflag.FlagSet, o *adminOptions) {
+				fs.StringVar(&o.out, "out", "", "write the credential to this file (mode 0600, refused if it exists) instead of the reply")
+			}),
 		adminLeaf("members", "List members with NodeID, incarnation, address and role",
 			`List the cluster's members as the leader sees them: NodeID, incarnation,
 peer address and role (voter, learner).`,
@@ -131,9 +136,9 @@ func admin(ctx context.Context, o *adminOptions, _ []string, stdout, stderr io.W
 	var body control.Request
 	switch o.name {
 	case "bootstrap":
-		bootCred, err := secret(o.bootCred, o.bootCredFile, "TICKETD_BOOTSTRAP_CREDENTIAL")
+		bootCred, err := o.bootCred.value()
 		if err != nil {
-			return usagef(stderr, "bootstrap-credential-file: %v", err)
+			return usagef(stderr, "%v", err)
 		}
 		path, body = "/v1/bootstrap", control.Request{Credential: bootCred}
 	case "mint-join":
@@ -149,14 +154,46 @@ func admin(ctx context.Context, o *adminOptions, _ []string, stdout, stderr io.W
 	default:
 		return usagef(stderr, "unknown admin command %q", o.name)
 	}
+	if o.out != "" {
+		if _, err := os.Lstat(o.out); err == nil {
+			// Before minting a credential that would be lost.
+			fmt.Fprintf(stderr, "error: %s exists: name a new file\n", o.out)
+			return exitFailure
+		}
+	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
+	if err := checkReachable(ctx, urls); err != nil {
+		return fail(stderr, err)
+	}
 	rep, err := control.Call(ctx, urls, path, cred, body, callOpts...)
 	if err != nil {
 		return failControl(stderr, err)
 	}
-	printJSON(stdout, rep)
+	var credFile string
+	if o.out != "" && rep.Credential != "" {
+		if err := writeFileAtomic(o.out, []byte(rep.Credential+"\n"), false); err != nil {
+			fmt.Fprintf(stderr, "error: %v (the credential was minted but not saved: mint another; the lost one stays unused)\n", err)
+			return exitFailure
+		}
+		rep.Credential, credFile = "", o.out
+	}
+	printJSON(stdout, struct {
+		control.Reply
+		CredentialFile string `json:"credential_file,omitempty"`
+		// ClusterID in hex, as every command and status print it.
+		ClusterID string `json:"cluster_id,omitempty"`
+	}{rep, credFile, clusterIDText(rep.ClusterID)})
 	return 0
+}
+
+// clusterIDText is how every command prints a cluster ID: 16 hex digits
+// ("" for 0, a cluster created before cluster IDs).
+func clusterIDText(id uint64) string {
+	if id == 0 {
+		return ""
+	}
+	return fmt.Sprintf("%016x", id)
 }
 
 // failControl prints a control API error with its stable code once
@@ -171,53 +208,39 @@ func failControl(stderr io.Writer, err error) int {
 	return exitFailure
 }
 
-// secret is a secret from its flag (deprecated), else its file, else the
-// environment variable env.
-func secret(flagValue, file, env string) (string, error) {
-	if flagValue != "" {
-		return flagValue, nil
-	}
-	if file != "" {
-		return natsclient.ReadSecretFile(file)
-	}
-	return os.Getenv(env), nil
-}
-
 // controlFlags are the flags of every command that calls the control
-// API: where it is, the credential (never the environment as a flag
-// default: --help would print it), and TLS.
+// API: where it is, the control credential (a secret: never a flag value,
+// and never the environment as a flag default, which --help would print),
+// and TLS.
 type controlFlags struct {
-	urls, cred, credFile, ca, cert, key *string
+	urls, ca, cert, key string
+	cred                *secretFlag
 }
 
 func addControlFlags(fs *pflag.FlagSet) *controlFlags {
-	c := &controlFlags{
-		urls: fs.String("control", "http://127.0.0.1:7100", "comma-separated control URLs"),
-		ca:   fs.String("control-tls-ca", "", "CA (PEM) of the nodes' control certificates (https URLs)"),
-		cert: fs.String("control-tls-cert", "", "client certificate (PEM) for a control API with mutual TLS"),
-		key:  fs.String("control-tls-key", "", "client key (PEM) of --control-tls-cert"),
-	}
+	c := &controlFlags{}
 	c.addCredential(fs)
+	fs.StringVar(&c.urls, "control", "http://127.0.0.1:7100", "comma-separated control URLs (https with --control-tls-ca off loopback)")
+	fs.StringVar(&c.ca, "control-tls-ca", "", "CA (PEM) of the nodes' control certificates (https URLs)")
+	fs.StringVar(&c.cert, "control-tls-cert", "", "client certificate (PEM) for a control API with mutual TLS")
+	fs.StringVar(&c.key, "control-tls-key", "", "client key (PEM) of --control-tls-cert")
 	return c
 }
 
 // addCredential registers the control credential's flags alone: snapshot
 // status and restore verify a backup with the credential and call no API.
 func (c *controlFlags) addCredential(fs *pflag.FlagSet) {
-	c.cred = fs.String("credential", "", "control credential")
-	c.credFile = fs.String("credential-file", "", "file holding the control credential (or TICKETD_CONTROL_CREDENTIAL)")
-	_ = fs.MarkDeprecated("credential", "it shows in ps; use TICKETD_CONTROL_CREDENTIAL or --credential-file")
+	c.cred = addSecretFlag(fs, "control-credential", "control credential")
+	// The flag's name before it matched serve's, still accepted. Hidden,
+	// not deprecated: cobra prints deprecation notes on stdout, which
+	// carries the command's JSON.
+	fs.StringVar(&c.cred.file, "credential-file", "", "same as --control-credential-file")
+	_ = fs.MarkHidden("credential-file")
 }
 
-// credential is the control credential: flag, else file, else
-// TICKETD_CONTROL_CREDENTIAL.
-func (c *controlFlags) credential() (string, error) {
-	cred, err := secret(*c.cred, *c.credFile, "TICKETD_CONTROL_CREDENTIAL")
-	if err != nil {
-		return "", fmt.Errorf("credential-file: %w", err)
-	}
-	return cred, nil
-}
+// credential is the control credential: --control-credential-file, else
+// TICKETD_CONTROL_CREDENTIAL_FILE's file, else TICKETD_CONTROL_CREDENTIAL.
+func (c *controlFlags) credential() (string, error) { return c.cred.value() }
 
 // resolve reads the parsed flags: the URLs, the credential and the call
 // options for TLS.
@@ -226,12 +249,72 @@ func (c *controlFlags) resolve() ([]string, string, []control.CallOption, error)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	if *c.ca == "" && *c.cert == "" && *c.key == "" {
-		return strings.Split(*c.urls, ","), cred, nil, nil
+	urls := strings.Split(c.urls, ",")
+	if c.ca == "" && c.cert == "" && c.key == "" {
+		return urls, cred, nil, nil
 	}
-	cfg, err := control.ClientTLS(*c.ca, *c.cert, *c.key)
+	cfg, err := control.ClientTLS(c.ca, c.cert, c.key)
 	if err != nil {
 		return nil, "", nil, err
 	}
-	return strings.Split(*c.urls, ","), cred, []control.CallOption{control.WithTLS(cfg)}, nil
+	return urls, cred, []control.CallOption{control.WithTLS(cfg)}, nil
+}
+
+// controlDialTimeout bounds the dial of each control URL by
+// checkReachable; controlReachWait how long it keeps trying (a node just
+// started opens its control listener within it).
+const (
+	controlDialTimeout = 2 * time.Second
+	controlReachWait   = 5 * time.Second
+)
+
+// checkReachable fails within controlReachWait, naming each URL with its
+// OS error, when no control URL accepts a TCP connection: control.Call
+// retries nodes it cannot dial until its deadline (30 s), which for a
+// mistyped or dead address only hides the cause.
+func checkReachable(ctx context.Context, urls []string) error {
+	ctx, cancel := context.WithTimeout(ctx, controlReachWait)
+	defer cancel()
+	var last []string // the failures of the last round not cut short
+	for {
+		failed, err := dialAny(ctx, urls)
+		if err == nil {
+			return nil
+		}
+		if ctx.Err() == nil || last == nil {
+			last = failed
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("no control API reachable: %s", strings.Join(last, "; "))
+		case <-time.After(200 * time.Millisecond):
+		}
+	}
+}
+
+// dialAny dials each URL's address until one accepts; failed is each
+// URL with its dial error.
+func dialAny(ctx context.Context, urls []string) (failed []string, err error) {
+	d := net.Dialer{Timeout: controlDialTimeout}
+	for _, raw := range urls {
+		u, perr := url.Parse(strings.TrimSpace(raw))
+		if perr != nil || u.Host == "" {
+			return nil, nil // control.Call names a malformed URL
+		}
+		host := u.Host
+		if u.Port() == "" {
+			port := "80"
+			if u.Scheme == "https" {
+				port = "443"
+			}
+			host = net.JoinHostPort(u.Hostname(), port)
+		}
+		c, derr := d.DialContext(ctx, "tcp", host)
+		if derr == nil {
+			_ = c.Close()
+			return nil, nil
+		}
+		failed, err = append(failed, fmt.Sprintf("%s: %v", raw, derr)), derr
+	}
+	return failed, err
 }

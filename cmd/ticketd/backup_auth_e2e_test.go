@@ -80,11 +80,11 @@ func TestBackupAuthenticationCLI(t *testing.T) {
 		code int
 		want string // in stderr
 	}{
-		{"verified", []string{good, "--credential-file", credFile}, 0, ""},
-		{"no credential", []string{good}, exitUsage, "--credential-file"},
-		{"altered", []string{file("altered.tkb", altered), "--credential-file", credFile}, exitFailure, "error: backup_altered:"},
-		{"foreign", []string{file("foreign.tkb", seal(info, m.Snapshot(), "another-clusters-credential")), "--credential-file", credFile}, exitFailure, "error: backup_wrong_key:"},
-		{"forged legacy", []string{forged, "--credential-file", credFile}, exitFailure, "error: backup_unauthenticated:"},
+		{"verified", []string{good, "--control-credential-file", credFile}, 0, ""},
+		{"no credential", []string{good}, exitUsage, "--control-credential-file"},
+		{"altered", []string{file("altered.tkb", altered), "--control-credential-file", credFile}, exitFailure, "error: backup_altered:"},
+		{"foreign", []string{file("foreign.tkb", seal(info, m.Snapshot(), "another-clusters-credential")), "--control-credential-file", credFile}, exitFailure, "error: backup_wrong_key:"},
+		{"forged legacy", []string{forged, "--control-credential-file", credFile}, exitFailure, "error: backup_unauthenticated:"},
 		{"forged legacy, insecure", []string{forged, "--insecure-skip-verify"}, 0, "was not authenticated"},
 	} {
 		v, stderr, code := cli(t, bin, append([]string{"snapshot", "status"}, tc.args...)...)
@@ -105,10 +105,10 @@ func TestBackupAuthenticationCLI(t *testing.T) {
 	if _, err := os.Stat(data); !os.IsNotExist(err) {
 		t.Fatalf("a refused restore left %s behind (%v)", data, err)
 	}
-	if _, stderr, code := cli(t, bin, "snapshot", "restore", good, "--data", data, "--credential-file", credFile, "--bump-tokens", "9223372036854775808"); code != exitUsage {
+	if _, stderr, code := cli(t, bin, "snapshot", "restore", good, "--data", data, "--control-credential-file", credFile, "--bump-tokens", "9223372036854775808"); code != exitUsage {
 		t.Fatalf("--bump-tokens 2^63: exit %d, %s", code, stderr)
 	}
-	res, stderr, code := cli(t, bin, "snapshot", "restore", good, "--data", data, "--credential-file", credFile)
+	res, stderr, code := cli(t, bin, "snapshot", "restore", good, "--data", data, "--control-credential-file", credFile)
 	if code != 0 || res["first_token"] != float64(1+control.BumpTokensDefault+1) {
 		t.Fatalf("restoring the good backup: exit %d, %v, %s", code, res, stderr)
 	}

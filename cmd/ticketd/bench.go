@@ -187,7 +187,7 @@ func (b *benchStats) countErr(err error) { // mu held
 func runBench(ctx context.Context, cfg benchConfig) (BenchResult, error) {
 	conns := make([]*sdk.Client, cfg.clients)
 	for i := range conns {
-		c, err := sdk.Connect(cfg.url, cfg.opts...)
+		c, err := connectSDK(cfg.url, cfg.opts...)
 		if err != nil {
 			for _, c := range conns[:i] {
 				_ = c.Close()

@@ -36,6 +36,12 @@ func addClientFlags(cmd *cobra.Command) *clientFlags {
 	fs.StringVar(&cf.url, "nats", defaultNATS, "NATS URL(s) of any node, comma-separated (no password in it: --nats-user and "+natsclient.PasswordEnv+")")
 	fs.DurationVar(&cf.timeout, "timeout", 10*time.Second, "give up after this long")
 	cf.auth = natsclient.Flags(fs, os.Getenv)
+	cmd.PreRunE = func(*cobra.Command, []string) error {
+		if natsclient.HasPassword(cf.url) {
+			return natsURLPasswordRefusal("nats")
+		}
+		return nil
+	}
 	return cf
 }
 
@@ -48,12 +54,30 @@ func (c *clientFlags) sdkOptions() ([]sdk.Option, error) {
 	return []sdk.Option{sdk.WithAuth(a)}, nil
 }
 
-func (c *clientFlags) connect(ctx context.Context) (*sdk.Client, context.Context, context.CancelFunc, error) {
+// dial connects to NATS as the flags say, with extra SDK options.
+func (c *clientFlags) dial(extra ...sdk.Option) (*sdk.Client, error) {
 	opts, err := c.sdkOptions()
 	if err != nil {
-		return nil, nil, nil, err
+		return nil, err
 	}
-	cl, err := sdk.Connect(c.url, opts...)
+	return connectSDK(c.url, append(opts, extra...)...)
+}
+
+// connectSDK is sdk.Connect whose error, when no server could be reached,
+// keeps the OS error of the dial (connection refused, timeout) beside the
+// URL.
+func connectSDK(url string, opts ...sdk.Option) (*sdk.Client, error) {
+	var d natsclient.DialRecorder
+	cl, err := sdk.Connect(url, append(opts, sdk.WithNATSOptions(d.Option()))...)
+	if err != nil {
+		return nil, d.Explain(err)
+	}
+	return cl, nil
+}
+
+// connect dials and bounds the command by --timeout.
+func (c *clientFlags) connect(ctx context.Context) (*sdk.Client, context.Context, context.CancelFunc, error) {
+	cl, err := c.dial()
 	if err != nil {
 		return nil, nil, nil, err
 	}
@@ -240,11 +264,7 @@ func status(ctx context.Context, o *statusOptions, _ []string, stdout, stderr io
 		if o.interval <= 0 {
 			return usagef(stderr, "--interval must be positive, got %v", o.interval)
 		}
-		opts, err := cf.sdkOptions()
-		if err != nil {
-			return fail(stderr, err)
-		}
-		cl, err := sdk.Connect(cf.url, opts...)
+		cl, err := cf.dial()
 		if err != nil {
 			return fail(stderr, err)
 		}

@@ -168,7 +168,7 @@ TICKETD_* variable (see the README's secrets table).
 	root.CompletionOptions.HiddenDefaultCmd = true
 	root.SetVersionTemplate("{{.Version}}")
 	root.SetUsageTemplate(usageTemplate)
-	root.SetFlagErrorFunc(func(_ *cobra.Command, err error) error { return err })
+	root.SetFlagErrorFunc(flagError)
 	root.SetHelpCommand(helpCmd())
 	root.AddCommand(
 		serveCmd(),
@@ -182,6 +182,24 @@ TICKETD_* variable (see the README's secrets table).
 		versionCmd(),
 	)
 	return root
+}
+
+// refusal is a command line refused for a reason the usage would not
+// explain (a secret given as a value): run prints it with a hint to --help
+// instead of the usage.
+type refusal struct{ msg string }
+
+func (r *refusal) Error() string { return r.msg }
+
+// flagError is cobra's flag error, or, for a flag that would put a secret
+// on the command line, the refusal that says where the secret goes.
+func flagError(_ *cobra.Command, err error) error {
+	if name, ok := strings.CutPrefix(err.Error(), "unknown flag: --"); ok {
+		if msg := refusedSecretFlag(name); msg != "" {
+			return &refusal{msg}
+		}
+	}
+	return err
 }
 
 // helpCmd is "ticketd help [PATH...]": the help of that command on stdout,
@@ -216,6 +234,11 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	var ee *exitError
 	if errors.As(err, &ee) {
 		return ee.code
+	}
+	var re *refusal
+	if errors.As(err, &re) {
+		fmt.Fprintf(stderr, "Error: %v\nRun '%s --help' for usage.\n", err, cmd.CommandPath())
+		return exitUsage
 	}
 	// Anything else cobra returns is a mistake on the command line: an
 	// unknown command or flag, a bad value, the wrong arguments.

@@ -11,10 +11,11 @@
 //	ticketd status [--watch [--interval 1s]]   one view, or a live view of every member
 //	ticketd bench --clients 16 --keys 1000 --duration 10s [--json]
 //	ticketd version                                  release, revision, Go, cluster version
-//	ticketd snapshot save FILE --control URLS         back up (control credential)
+//	ticketd snapshot save FILE --control URLS [--force] back up (control credential), mode 0600
 //	ticketd snapshot status FILE                      verify a backup file
 //	ticketd snapshot restore FILE --data DIR [--peer-address A | --id N --initial-cluster ...]
 //	                         [--bump-tokens N] [--drop-locks]
+//	ticketd admin bootstrap|mint-join [--out FILE]|members|replace complete|replace abort|retire
 //
 // The command tree is built with cobra (commands.go): every command's
 // --help (and `ticketd help PATH`) shows a description, its Usage line with
@@ -29,7 +30,17 @@
 // signal N ended it), and on failure print the stable error code and
 // message on stderr and exit non-zero (exit status 2 for usage errors, 3
 // for indeterminate outcomes, 4 when a cluster limit refused the request
-// (resource_exhausted: nothing changed, retry later), 1 otherwise).
+// (resource_exhausted: nothing changed, retry later), 1 otherwise; the
+// table is exitCodesHelp). An unreachable NATS or control endpoint is
+// named with its OS error (natsclient.DialRecorder, checkReachable).
+// lock acquire and lock exec name their owner USER@HOST:PID unless
+// --owner says otherwise; lock exec resolves its command before taking the
+// lock, so a missing command uses up no token.
+//
+// Secrets (secrets.go) never come from a flag value: each has a
+// --NAME-file flag, TICKETD_NAME_FILE and TICKETD_NAME, read the same way
+// by every command (natsclient.ResolveSecret); a secret given as a value,
+// or a password inside a NATS URL, is refused naming what to use instead.
 //
 // serve stops on SIGTERM or SIGINT, a leader handing leadership over
 // first. On Linux, lock exec runs its command under a guard (the binary

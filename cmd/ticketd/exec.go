@@ -104,11 +104,16 @@ func lockExec(ctx context.Context, o *execOptions, args []string, stdout, stderr
 	if o.grace < 0 || margin > o.lease*3/4 {
 		return usagef(stderr, "--lease %v is too short for --grace %v: it must be at least 4/3 of (grace + %v)", o.lease, o.grace, execKillMargin)
 	}
-	opts, err := cf.sdkOptions()
-	if err != nil {
-		return fail(stderr, err)
+	// Resolve the command before taking the lock: a command that cannot
+	// run must not use up a token (nor make others wait).
+	if _, err := exec.LookPath(argv[0]); err != nil {
+		fmt.Fprintf(stderr, "error: lock exec: %v (no lock taken)\n", err)
+		if errors.Is(err, exec.ErrNotFound) || errors.Is(err, os.ErrNotExist) {
+			return exitNotFound
+		}
+		return exitCannotRun
 	}
-	cl, err := sdk.Connect(cf.url, opts...)
+	cl, err := cf.dial()
 	if err != nil {
 		return fail(stderr, err)
 	}

@@ -126,11 +126,7 @@ lock get for the current holder.`,
 // lockWatch is `ticketd lock watch KEY`: one JSON line per event until
 // interrupted (exit 0).
 func lockWatch(ctx context.Context, cf *clientFlags, pos []string, stdout, stderr io.Writer) int {
-	opts, err := cf.sdkOptions()
-	if err != nil {
-		return fail(stderr, err)
-	}
-	cl, err := sdk.Connect(cf.url, append(opts, sdk.WithRequestTimeout(cf.timeout))...)
+	cl, err := cf.dial(sdk.WithRequestTimeout(cf.timeout))
 	if err != nil {
 		return fail(stderr, err)
 	}

@@ -64,7 +64,7 @@ func serveFlags() *pflag.FlagSet {
 	fs.Uint64("id", d.ID, "raft id of this node")
 	fs.String("data", d.Data, "data directory")
 	fs.String("nats-listen", d.NATSListen, "client address of the embedded NATS server")
-	fs.String("nats-url", "", "use this existing NATS instead of the embedded server")
+	fs.String("nats-url", "", "use this existing NATS instead of the embedded server (no password in it: --nats-user and TICKETD_NATS_PASSWORD_FILE)")
 	fs.String("nats-cluster-listen", "", "embedded NATS cluster (route) listen address")
 	fs.String("nats-routes", "", "comma-separated route addresses of the other nodes' embedded NATS")
 	fs.String("nats-cluster-name", d.NATSClusterName, "embedded NATS cluster name")
@@ -76,8 +76,7 @@ func serveFlags() *pflag.FlagSet {
 	fs.String("acl", "", "access list file (YAML: identity -> key prefix -> operations); none: every request is allowed")
 	fs.Bool("nats-trust-request-info", false, "vouch that the server at --nats-url writes who is asking (ticketd alone in its account, exporting ticketd.v1.lock.> to tenant accounts); needed there by --acl and per-identity limits; wrong, it lets clients claim identities")
 	fs.String("peer-listen", "", "raft peer listen address (multi-node)")
-	fs.String("peer-secret", "", "cluster secret shared by all nodes (>= 16 bytes)")
-	fs.String("peer-secret-file", "", "file holding the peer secret (or TICKETD_PEER_SECRET)")
+	fs.String("peer-secret-file", "", "file holding the cluster secret shared by all nodes, >= 16 bytes (or TICKETD_PEER_SECRET_FILE, TICKETD_PEER_SECRET)")
 	fs.String("peer-tls-cert", "", "peer mutual TLS certificate (PEM)")
 	fs.String("peer-tls-key", "", "peer mutual TLS key (PEM)")
 	fs.String("peer-tls-ca", "", "peer mutual TLS CA (PEM)")
@@ -85,7 +84,7 @@ func serveFlags() *pflag.FlagSet {
 	fs.String("initial-cluster-state", d.InitialClusterState, "new: this start creates the static cluster; existing: an empty data directory is refused")
 	fs.String("initial-cluster-token", d.InitialClusterToken, "mixed into a new static cluster's ID, so clusters with the same members and secret refuse each other")
 	fs.String("metrics-listen", "", "HTTP address for /metrics, /healthz, /readyz")
-	fs.Bool("pprof", false, "also serve Go profiles under /debug/pprof/ on --metrics-listen")
+	fs.Bool("pprof", false, "also serve Go profiles under /debug/pprof/ on --metrics-listen, which must be loopback")
 	fs.String("leader-placement", d.LeaderPlacement, "follow-clients: hand leadership to the node through whose NATS server most requests come; off: never")
 	fs.Int("tick-ms", d.TickMS, "raft tick in milliseconds")
 	fs.Int("election-ticks", d.ElectionTicks, "ticks without a heartbeat before an election")
@@ -96,18 +95,15 @@ func serveFlags() *pflag.FlagSet {
 	fs.String("log-level", d.LogLevel, "debug, info, warn or error")
 	fs.String("log-format", d.LogFormat, "text or json")
 	fs.String("control-listen", "", "control API listen address (bootstrap, join, replacement); never the client port")
-	fs.String("control-credential", "", "admin credential of the control API (>= 16 bytes)")
-	fs.String("control-credential-file", "", "file holding the control credential (or TICKETD_CONTROL_CREDENTIAL)")
-	fs.String("bootstrap-credential", "", "one-shot bootstrap credential of the first node (>= 16 bytes)")
-	fs.String("bootstrap-credential-file", "", "file holding the bootstrap credential (or TICKETD_BOOTSTRAP_CREDENTIAL)")
+	fs.String("control-credential-file", "", "file holding the admin credential of the control API, >= 16 bytes (or TICKETD_CONTROL_CREDENTIAL_FILE, TICKETD_CONTROL_CREDENTIAL)")
+	fs.String("bootstrap-credential-file", "", "file holding the first node's one-shot bootstrap credential, >= 16 bytes (or TICKETD_BOOTSTRAP_CREDENTIAL_FILE, TICKETD_BOOTSTRAP_CREDENTIAL)")
 	fs.String("join", "", "comma-separated control URLs of the cluster to join")
-	fs.String("join-credential", "", "one-time join credential minted by an admin")
-	fs.String("join-credential-file", "", "file holding the join credential (or TICKETD_JOIN_CREDENTIAL)")
+	fs.String("join-credential-file", "", "file holding the one-time join credential minted by an admin (or TICKETD_JOIN_CREDENTIAL_FILE, TICKETD_JOIN_CREDENTIAL)")
 	fs.String("control-tls-cert", "", "control API TLS certificate (PEM); required off loopback")
 	fs.String("control-tls-key", "", "control API TLS key (PEM)")
 	fs.String("control-tls-client-ca", "", "CA (PEM) that control API client certificates must chain to (mutual TLS)")
 	fs.String("control-tls-ca", "", "CA (PEM) this node trusts when it calls other nodes' control API (join)")
-	fs.Uint64("replace", 0, "with --join: join as the replacement of this voter's NodeID (needs --control-credential)")
+	fs.Uint64("replace", 0, "with --join: join as the replacement of this voter's NodeID (needs the control credential)")
 	fs.String("plugins", "", "comma-separated WebAssembly plugin modules (policy and/or audit)")
 	fs.Uint32("plugin-memory-pages", 0, "memory limit per plugin instance in 64 KiB pages (0: plugins default)")
 	fs.Int("plugin-call-timeout-ms", 0, "deadline of one plugin call (0: plugins default)")
@@ -125,12 +121,6 @@ func serveFlags() *pflag.FlagSet {
 	fs.Int("plugin-ms-per-identity", d.PluginTimePerIdentityMS, "policy plugin time one identity may use per second, in milliseconds; beyond: resource_exhausted")
 	fs.Int64("disk-alarm-bytes", d.DiskAlarmBytes, "below this much free space on the data disk, refuse grants (releases still work) and raise the nospace alarm; a node needs a quarter of it free to start")
 	fs.Int64("disk-ballast-bytes", d.DiskBallastBytes, "space reserved in data/raft/BALLAST, released if a write still meets a full disk (-1: none)")
-	// A secret given as a flag value is visible to every local user in
-	// `ps`: the flags still work, but say so.
-	for _, name := range []string{"peer-secret", "control-credential", "bootstrap-credential", "join-credential"} {
-		env := "TICKETD_" + strings.ToUpper(strings.ReplaceAll(name, "-", "_"))
-		_ = fs.MarkDeprecated(name, fmt.Sprintf("it shows in ps; use %s or --%s-file", env, name))
-	}
 	return fs
 }
 

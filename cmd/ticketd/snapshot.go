@@ -23,6 +23,7 @@ import (
 type saveOptions struct {
 	cc      *controlFlags
 	timeout time.Duration
+	force   bool
 }
 
 func snapshotSaveCmd() *cobra.Command {
@@ -31,8 +32,9 @@ func snapshotSaveCmd() *cobra.Command {
 		Short: "Write a backup taken by the leader to FILE",
 		Long: `Ask the leader, through the control API (--control, with the control
 credential), for a consistent backup of the cluster and write it to FILE,
-readable by its owner only: it holds lock owners and credential hashes.
-FILE is written to FILE.part, synced and renamed, so it is either absent,
+readable by its owner only (mode 0600): it holds lock owners and
+credential hashes. An existing FILE is refused unless --force. FILE is
+written to FILE.part, synced and moved into place, so it is either absent,
 the old file or a complete backup.`,
 		Example: `  ticketd snapshot save backup.tkb --control http://127.0.0.1:7100 --control-credential-file control.cred
   TICKETD_CONTROL_CREDENTIAL_FILE=control.cred ticketd snapshot save backup.tkb`,
@@ -40,6 +42,7 @@ the old file or a complete backup.`,
 	}
 	o := &saveOptions{cc: addControlFlags(cmd.Flags())}
 	cmd.Flags().DurationVar(&o.timeout, "timeout", 60*time.Second, "give up after this long")
+	cmd.Flags().BoolVar(&o.force, "force", false, "replace FILE if it exists")
 	cmd.RunE = bind(o, snapshotSave)
 	return cmd
 }
@@ -53,13 +56,21 @@ func snapshotSave(ctx context.Context, o *saveOptions, args []string, stdout, st
 	if err != nil {
 		return usagef(stderr, "%v", err)
 	}
+	if _, err := os.Lstat(path); err == nil && !o.force {
+		// Before asking the leader for anything.
+		fmt.Fprintf(stderr, "error: %s exists: name a new file, or --force to replace it\n", path)
+		return exitFailure
+	}
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)
 	defer cancel()
+	if err := checkReachable(ctx, urls); err != nil {
+		return fail(stderr, err)
+	}
 	b, file, err := control.SaveBackup(ctx, urls, cred, callOpts...)
 	if err != nil {
 		return failControl(stderr, err)
 	}
-	if err := writeFileAtomic(path, file); err != nil {
+	if err := writeFileAtomic(path, file, o.force); err != nil {
 		fmt.Fprintf(stderr, "error: %v\n", err)
 		return exitFailure
 	}
@@ -69,37 +80,6 @@ func snapshotSave(ctx context.Context, o *saveOptions, args []string, stdout, st
 		control.BackupInfo
 	}{path, len(file), b.Info})
 	return 0
-}
-
-// writeFileAtomic writes b to path through a synced temporary file and a
-// rename, and syncs the directory, so a crash leaves the old file or the
-// new one. The file is readable by its owner only: it holds lock owners
-// and credential hashes.
-func writeFileAtomic(path string, b []byte) error {
-	tmp := path + ".part"
-	f, err := os.OpenFile(tmp, os.O_CREATE|os.O_TRUNC|os.O_WRONLY, 0o600)
-	if err != nil {
-		return fmt.Errorf("write %s: %w", path, err)
-	}
-	if _, err := f.Write(b); err != nil {
-		f.Close()
-		return fmt.Errorf("write %s: %w", tmp, err)
-	}
-	if err := f.Sync(); err != nil {
-		f.Close()
-		return fmt.Errorf("sync %s: %w", tmp, err)
-	}
-	if err := f.Close(); err != nil {
-		return fmt.Errorf("close %s: %w", tmp, err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		return fmt.Errorf("rename %s: %w", tmp, err)
-	}
-	if d, err := os.Open(filepath.Dir(path)); err == nil {
-		_ = d.Sync()
-		d.Close()
-	}
-	return nil
 }
 
 // verifyFlags say how status and restore authenticate a backup: with
@@ -126,7 +106,7 @@ func (v *verifyFlags) verify() (control.Verify, error) {
 	}
 	if cred == "" && !v.insecure {
 		return control.Verify{}, errors.New("a backup is verified with the control credential it was taken with: " +
-			"give --credential-file FILE or TICKETD_CONTROL_CREDENTIAL (--insecure-skip-verify reads it unverified)")
+			"give --control-credential-file FILE, TICKETD_CONTROL_CREDENTIAL_FILE or TICKETD_CONTROL_CREDENTIAL (--insecure-skip-verify reads it unverified)")
 	}
 	return control.Verify{Key: control.NewBackupKey(cred), Insecure: v.insecure}, nil
 }
@@ -157,7 +137,7 @@ func snapshotStatusCmd() *cobra.Command {
 it was taken with) and print what it holds: the index and term it was
 taken at, locks, last token, members, whether it carries control-plane
 state, and whether it was authenticated.`,
-		Example: `  ticketd snapshot status backup.tkb --credential-file control.cred`,
+		Example: `  ticketd snapshot status backup.tkb --control-credential-file control.cred`,
 		Args:    exactArgs("FILE"),
 	}
 	cmd.RunE = bind(addVerifyFlags(cmd.Flags()), snapshotStatus)
@@ -211,7 +191,7 @@ func snapshotRestoreCmd() *cobra.Command {
 		Use:   "restore FILE --data DIR",
 		Short: "Seed a new cluster's first member from a backup",
 		Long:  restoreLong,
-		Example: `  ticketd snapshot restore backup.tkb --data /var/lib/ticketd --peer-address 10.0.0.1:7001 --credential-file control.cred
+		Example: `  ticketd snapshot restore backup.tkb --data /var/lib/ticketd --peer-address 10.0.0.1:7001 --control-credential-file control.cred
   TICKETD_CONTROL_CREDENTIAL=... ticketd snapshot restore backup.tkb --data data1 --id 1 --initial-cluster 1=127.0.0.1:7001,2=127.0.0.1:7002,3=127.0.0.1:7003`,
 		Args: exactArgs("FILE"),
 	}

@@ -133,9 +133,16 @@ func (c *cpCluster) grow(size int, dir string) {
 	c.t.Helper()
 	first := "http://" + c.nodes[0].control
 	for i := len(c.nodes); i < size; i++ {
-		cred := c.run("admin", "mint-join", "--control", c.urls())["credential"].(string)
+		// The credential goes to a file of mode 0600, not the reply.
+		credFile := filepath.Join(dir, fmt.Sprintf("join-%d.cred", i))
+		if rep := c.run("admin", "mint-join", "--control", c.urls(), "--out", credFile); rep["credential"] != nil || rep["credential_file"] != credFile {
+			c.t.Fatalf("mint-join --out replied %v", rep)
+		}
+		if fi, err := os.Stat(credFile); err != nil || fi.Mode().Perm() != 0o600 {
+			c.t.Fatalf("join credential file: %v, %v; want mode 0600", fi, err)
+		}
 		c.start(i, filepath.Join(dir, fmt.Sprintf("n%d", i)), testkit.FreeAddr(c.t),
-			[]string{"TICKETD_JOIN_CREDENTIAL=" + cred}, "--join", first)
+			[]string{"TICKETD_JOIN_CREDENTIAL_FILE=" + credFile}, "--join", first)
 	}
 	c.voters(size)
 }
@@ -202,6 +209,13 @@ func TestBackupRestoreIntoNewCluster(t *testing.T) {
 	testkit.Eventually(t, 20*time.Second, "load to run", func() bool { return cycles.Load() >= 50 })
 	file := filepath.Join(dir, "backup.tkd")
 	saved := old.run("snapshot", "save", file, "--control", old.urls())
+	if fi, err := os.Stat(file); err != nil || fi.Mode().Perm() != 0o600 {
+		t.Fatalf("backup file: %v, %v; want mode 0600", fi, err)
+	}
+	if _, stderr, code := cli(t, bin, "snapshot", "save", file, "--control", old.urls()); code != exitFailure || !strings.Contains(stderr, "exists") {
+		t.Fatalf("a second save to %s: exit %d, %s; want a refusal to overwrite", file, code, stderr)
+	}
+	saved = old.run("snapshot", "save", file, "--control", old.urls(), "--force")
 	backupLast := uint64(saved["last_token"].(float64))
 	// The old cluster keeps granting after the backup.
 	after := cycles.Load()

@@ -73,7 +73,11 @@ func lead(ctx context.Context, e *sdk.Election, id string, work time.Duration) {
 		case <-ctx.Done():
 			rctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 			defer cancel()
-			fmt.Printf("%s resigning token=%d: %v\n", id, e.Token(), e.Resign(rctx))
+			if err := e.Resign(rctx); err != nil {
+				fmt.Printf("%s resigning token=%d failed: %v (the term ends within its lease)\n", id, e.Token(), err)
+			} else {
+				fmt.Printf("%s resigning token=%d: done\n", id, e.Token())
+			}
 			return
 		case <-tick.C:
 			// Every write the leader makes carries its term's token; the

@@ -157,30 +157,61 @@ func redactOne(raw string) string {
 }
 
 // Flags adds the NATS client flags to fs and returns a function that
-// builds the Auth once fs is parsed: the password comes from
-// --nats-password-file, else from PasswordEnv; never from a flag value.
-// getenv is os.Getenv outside tests.
+// builds the Auth once fs is parsed. The password is a secret
+// (ResolveSecret): from --nats-password-file, else the file
+// TICKETD_NATS_PASSWORD_FILE names, else PasswordEnv; never from a flag
+// value. When no flag chooses the method (--nats-creds, --nats-nkey,
+// --nats-user), TICKETD_NATS_CREDS, TICKETD_NATS_NKEY and
+// TICKETD_NATS_USER may (as for serve). getenv is os.Getenv outside tests.
 func Flags(fs *pflag.FlagSet, getenv func(string) string) func() (Auth, error) {
-	creds := fs.String("nats-creds", "", "NATS credentials file (user JWT and seed)")
-	nkey := fs.String("nats-nkey", "", "NATS user nkey seed file")
-	user := fs.String("nats-user", "", "NATS user name; the password comes from --nats-password-file or "+PasswordEnv)
-	pwFile := fs.String("nats-password-file", "", "file holding the NATS password")
+	creds := fs.String("nats-creds", "", "NATS credentials file (user JWT and seed) (or "+EnvName("nats-creds")+")")
+	nkey := fs.String("nats-nkey", "", "NATS user nkey seed file (or "+EnvName("nats-nkey")+")")
+	user := fs.String("nats-user", "", "NATS user name; the password comes from --nats-password-file, "+EnvName("nats-password-file")+" or "+PasswordEnv)
+	pwFile := fs.String("nats-password-file", "", "file holding the NATS password (or "+EnvName("nats-password-file")+")")
 	ca := fs.String("nats-tls-ca", "", "CA certificates (PEM) that sign the NATS server's certificate; requires TLS")
 	cert := fs.String("nats-tls-cert", "", "client certificate (PEM) for NATS servers that verify clients")
 	key := fs.String("nats-tls-key", "", "client key (PEM) of --nats-tls-cert")
 	inbox := fs.String("nats-inbox-prefix", "", "reply subject prefix instead of _INBOX (must match the user's subscribe permission)")
 	return func() (Auth, error) {
 		a := Auth{CredsFile: *creds, NKeyFile: *nkey, User: *user, TLSCA: *ca, TLSCert: *cert, TLSKey: *key, InboxPrefix: *inbox}
+		if !fs.Changed("nats-creds") && !fs.Changed("nats-nkey") && !fs.Changed("nats-user") {
+			a.CredsFile, a.NKeyFile, a.User = getenv(EnvName("nats-creds")), getenv(EnvName("nats-nkey")), getenv(EnvName("nats-user"))
+		}
 		if a.User != "" {
-			a.Password = getenv(PasswordEnv)
-			if *pwFile != "" {
-				pw, err := ReadSecretFile(*pwFile)
-				if err != nil {
-					return Auth{}, fmt.Errorf("%w: nats-password-file: %w", ErrAuth, err)
-				}
-				a.Password = pw
+			pw, err := ResolveSecret("nats-password", *pwFile, getenv)
+			if err != nil {
+				return Auth{}, fmt.Errorf("%w: %w", ErrAuth, err)
 			}
+			a.Password = pw
 		}
 		return a, a.Validate()
 	}
+}
+
+// HasPassword reports whether any of urls (one URL or a comma-separated
+// list) carries a password (user:password@): a secret that ps, shell
+// history and configuration dumps would show.
+func HasPassword(urls string) bool {
+	for _, raw := range strings.Split(urls, ",") {
+		raw = strings.TrimSpace(raw)
+		if u, err := url.Parse(raw); err == nil && u.User != nil {
+			if _, ok := u.User.Password(); ok {
+				return true
+			}
+			continue
+		}
+		// Unparsable: a ':' before the last '@' may be a password.
+		if at := strings.LastIndexByte(raw, '@'); at >= 0 && strings.Contains(strings.TrimPrefix(raw[:at], schemeOf(raw)), ":") {
+			return true
+		}
+	}
+	return false
+}
+
+// schemeOf is raw's "scheme://", or "".
+func schemeOf(raw string) string {
+	if i := strings.Index(raw, "://"); i >= 0 {
+		return raw[:i+3]
+	}
+	return ""
 }

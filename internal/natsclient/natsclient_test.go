@@ -2,11 +2,13 @@ package natsclient
 
 import (
 	"errors"
+	"net"
 	"os"
 	"path/filepath"
 	"strings"
 	"testing"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/pflag"
 )
 
@@ -66,19 +68,23 @@ func TestFlagsPassword(t *testing.T) {
 	}
 	for _, tc := range []struct {
 		args []string
+		env  func(string) string
 		want string
+		bad  bool
 	}{
-		{[]string{"--nats-user", "alice"}, "from-env"},
-		{[]string{"--nats-user", "alice", "--nats-password-file", pw}, "from-file"},
-		{nil, ""}, // no user: the variable is not read
+		{[]string{"--nats-user", "alice"}, env, "from-env", false},
+		{[]string{"--nats-user", "alice", "--nats-password-file", pw}, func(string) string { return "" }, "from-file", false},
+		// A file and the variable that differ: refused, as serve does.
+		{[]string{"--nats-user", "alice", "--nats-password-file", pw}, env, "", true},
+		{nil, env, "", false}, // no user: the variable is not read
 	} {
 		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
-		build := Flags(fs, env)
+		build := Flags(fs, tc.env)
 		if err := fs.Parse(tc.args); err != nil {
 			t.Fatal(err)
 		}
 		a, err := build()
-		if err != nil || a.Password != tc.want {
+		if (err != nil) != tc.bad || a.Password != tc.want {
 			t.Errorf("%v: password %q, %v; want %q", tc.args, a.Password, err, tc.want)
 		}
 	}
@@ -91,5 +97,107 @@ func TestFlagsPassword(t *testing.T) {
 	_ = os.WriteFile(empty, nil, 0o600)
 	if _, err := ReadSecretFile(empty); err == nil {
 		t.Fatal("an empty secret file was accepted")
+	}
+}
+
+// A refused connection keeps its OS error: nats.go alone says only "no
+// servers available for connection".
+func TestDialRecorderExplainsNoServers(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close() // nothing listens there now
+	var d DialRecorder
+	_, err = nats.Connect("nats://"+addr, d.Option(), nats.MaxReconnects(0))
+	if !errors.Is(err, nats.ErrNoServers) {
+		t.Fatalf("connect to a closed port: %v, want ErrNoServers", err)
+	}
+	got := d.Explain(err)
+	if !errors.Is(got, nats.ErrNoServers) || !strings.Contains(got.Error(), "dial tcp "+addr+": connect: connection refused") {
+		t.Fatalf("Explain = %q, want the dial error of %s", got, addr)
+	}
+	other := errors.New("something else")
+	if d.Explain(other) != other {
+		t.Fatal("Explain changed an error that is not ErrNoServers")
+	}
+}
+
+// Every secret resolves the same way: the --NAME-file flag, else the file
+// TICKETD_NAME_FILE names, else TICKETD_NAME; a file and TICKETD_NAME that
+// differ are refused.
+func TestResolveSecret(t *testing.T) {
+	dir := t.TempDir()
+	flagFile, envFile := filepath.Join(dir, "flag"), filepath.Join(dir, "env")
+	_ = os.WriteFile(flagFile, []byte("from-flag-file\n"), 0o600)
+	_ = os.WriteFile(envFile, []byte("from-env-file\n"), 0o600)
+	for _, tc := range []struct {
+		name string
+		file string
+		env  map[string]string
+		want string
+		bad  bool
+	}{
+		{"nothing", "", nil, "", false},
+		{"value variable", "", map[string]string{"TICKETD_CONTROL_CREDENTIAL": "v"}, "v", false},
+		{"file variable", "", map[string]string{"TICKETD_CONTROL_CREDENTIAL_FILE": envFile}, "from-env-file", false},
+		{"flag beats file variable", flagFile, map[string]string{"TICKETD_CONTROL_CREDENTIAL_FILE": envFile}, "from-flag-file", false},
+		{"file and value agree", flagFile, map[string]string{"TICKETD_CONTROL_CREDENTIAL": "from-flag-file"}, "from-flag-file", false},
+		{"file and value differ", "", map[string]string{"TICKETD_CONTROL_CREDENTIAL_FILE": envFile, "TICKETD_CONTROL_CREDENTIAL": "x"}, "", true},
+		{"missing file", filepath.Join(dir, "absent"), nil, "", true},
+	} {
+		got, err := ResolveSecret("control-credential", tc.file, func(k string) string { return tc.env[k] })
+		if (err != nil) != tc.bad || got != tc.want {
+			t.Errorf("%s: %q, %v; want %q (error: %v)", tc.name, got, err, tc.want, tc.bad)
+		}
+		if err != nil && (strings.Contains(err.Error(), "from-env-file") || strings.Contains(err.Error(), "from-flag-file")) {
+			t.Errorf("%s: the error shows the secret: %v", tc.name, err)
+		}
+	}
+}
+
+// TICKETD_NATS_PASSWORD_FILE is read like --nats-password-file, and the
+// auth method comes from the environment only when no flag chose one.
+func TestFlagsEnvironment(t *testing.T) {
+	dir := t.TempDir()
+	pw := filepath.Join(dir, "pw")
+	_ = os.WriteFile(pw, []byte("from-env-file\n"), 0o600)
+	env := map[string]string{"TICKETD_NATS_PASSWORD_FILE": pw, "TICKETD_NATS_USER": "bob"}
+	for _, tc := range []struct {
+		args           []string
+		user, password string
+		creds          string
+	}{
+		{nil, "bob", "from-env-file", ""},
+		{[]string{"--nats-user", "alice"}, "alice", "from-env-file", ""},
+		{[]string{"--nats-creds", "c.creds"}, "", "", "c.creds"},
+	} {
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		build := Flags(fs, func(k string) string { return env[k] })
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		a, err := build()
+		if err != nil || a.User != tc.user || a.Password != tc.password || a.CredsFile != tc.creds {
+			t.Errorf("%v: %+v, %v", tc.args, a, err)
+		}
+	}
+}
+
+func TestHasPassword(t *testing.T) {
+	for in, want := range map[string]bool{
+		"nats://127.0.0.1:4222":                       false,
+		"nats://alice@127.0.0.1:4222":                 false, // a user (or token) without a password
+		"nats://alice:s3cret@127.0.0.1:4222":          true,
+		"nats://127.0.0.1:4222, tls://a:b@h:1":        true,
+		"nats://a:%zz@h:1":                            true, // does not parse
+		"a:b@h:1":                                     true,
+		"nats://u:p@ss@h:1":                           true,
+		"nats://127.0.0.1:4222,nats://127.0.0.2:4222": false,
+	} {
+		if got := HasPassword(in); got != want {
+			t.Errorf("HasPassword(%q) = %v, want %v", in, got, want)
+		}
 	}
 }
