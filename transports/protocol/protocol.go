@@ -189,10 +189,10 @@ type GetReply struct {
 
 // StatusReply is one node's view of the cluster.
 type StatusReply struct {
-	ID           uint64 `json:"id"`
-	Leader       uint64 `json:"leader"`
-	Term         uint64 `json:"term"`
-	State        string `json:"state"`
+	ID     uint64 `json:"id"`
+	Leader uint64 `json:"leader"`
+	Term   uint64 `json:"term"`
+	State  string `json:"state"`
 	// Role is the node's part in the cluster: leader, follower, learner
 	// (a non-voting member catching up), candidate or pre-candidate.
 	Role string `json:"role,omitempty"`
