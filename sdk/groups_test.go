@@ -8,61 +8,12 @@ import (
 	"testing"
 	"time"
 
-	"github.com/nats-io/nats-server/v2/server"
 	"github.com/nats-io/nats.go"
 
-	"github.com/ticketd/ticketd/daemon"
-	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/sdk"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
-
-// partitionedNATS starts a NATS cluster of n routed servers whose
-// configuration maps the keyed subjects onto groups groups
-// (protocol.PartitionMapping, docs/scaling.md) and returns them.
-func partitionedNATS(t *testing.T, n int, groups uint32) []*server.Server {
-	t.Helper()
-	clients, routes := testkit.FreeAddrs(t, n), testkit.FreeAddrs(t, n)
-	var routeURLs []string
-	for _, r := range routes {
-		routeURLs = append(routeURLs, fmt.Sprintf("%q", "nats-route://"+r))
-	}
-	src, dest := protocol.PartitionMapping(groups)
-	var out []*server.Server
-	for i := range n {
-		conf := fmt.Sprintf(`
-server_name: nats-%d
-listen: %q
-cluster { name: ticketd-groups, listen: %q, routes: [%s] }
-mappings { %q: %q }
-`, i, clients[i], routes[i], strings.Join(routeURLs, ", "), src, dest)
-		out = append(out, testkit.NATSServerFromConfig(t, conf))
-	}
-	for _, s := range out {
-		testkit.Eventually(t, 10*time.Second, "a full mesh of NATS routes", func() bool { return s.NumRoutes() >= n-1 })
-	}
-	return out
-}
-
-// startGroup starts group g of groups: three in-process nodes connected to
-// the NATS servers (node i to server i first), and waits for its leader.
-func startGroup(t *testing.T, ns []*server.Server, g, groups uint32) *testcluster.Cluster {
-	t.Helper()
-	c := testcluster.New(t, 3, testcluster.WithConfig(func(i int, cfg *daemon.Config) {
-		var urls []string
-		for j := range ns {
-			urls = append(urls, ns[(i+j)%len(ns)].ClientURL())
-		}
-		cfg.NATSURL, cfg.NATSListen, cfg.NATSClusterListen, cfg.NATSRoutes = strings.Join(urls, ","), "", "", ""
-		cfg.Group, cfg.Groups = g, groups
-		// Each group is a cluster of its own, with its own cluster ID.
-		cfg.InitialClusterToken = fmt.Sprintf("group-%d", g)
-	}))
-	lead := c.Leader(15 * time.Second)
-	testkit.Eventually(t, 15*time.Second, "a settled leader", func() bool { return testcluster.Settled(c.Node(lead)) })
-	return c
-}
 
 // heldIn reports whether group c's leader holds key.
 func heldIn(t *testing.T, c *testcluster.Cluster, key string) bool {
@@ -92,10 +43,10 @@ func TestTwoGroupsBehindOneNATS(t *testing.T) {
 		t.Skip("two in-process groups skipped in -short mode")
 	}
 	const groups = 2
-	ns := partitionedNATS(t, 2, groups)
-	cluster := []*testcluster.Cluster{startGroup(t, ns, 0, groups), startGroup(t, ns, 1, groups)}
+	gs := testcluster.NewGroups(t, 2, groups, 3)
+	cluster := gs.Clusters
 	var clients []*sdk.Client
-	for _, s := range ns {
+	for _, s := range gs.NATS {
 		cl, err := sdk.Connect(s.ClientURL(), sdk.WithPartitioned(), sdk.WithRequestTimeout(2*time.Second),
 			sdk.WithRetryBackoff(5*time.Millisecond, 100*time.Millisecond))
 		if err != nil {

@@ -31,6 +31,20 @@ func WithPartitioned() Option {
 	return func(c *config) { c.partitioned = true }
 }
 
+// GroupStatus asks one node of group g of a partitioned deployment
+// (whichever the queue group picks) for its view of its group. It is
+// read-only and retried like Get.
+func (c *Client) GroupStatus(ctx context.Context, g uint32) (*Status, error) {
+	return c.status(ctx, &request{op: "status", subject: protocol.GroupStatusSubject(g), group: &g, readOnly: true})
+}
+
+// GroupNodeStatus asks node id of group g for its own view, in one
+// attempt, as NodeStatus does in a single cluster (raft ids repeat across
+// groups).
+func (c *Client) GroupNodeStatus(ctx context.Context, g uint32, id uint64) (*Status, error) {
+	return c.status(ctx, &request{op: "status", subject: protocol.GroupNodeStatusSubject(g, id), group: &g, readOnly: true, once: true})
+}
+
 // keyedSubject is where op on key is sent.
 func (c *Client) keyedSubject(op, key string) string {
 	if c.cfg.partitioned {

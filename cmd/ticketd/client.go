@@ -23,10 +23,11 @@ const defaultNATS = "nats://127.0.0.1:4222"
 // NATS is, how long to try, and how to authenticate to it (the NATS
 // client flags of natsclient.Flags).
 type clientFlags struct {
-	fs      *pflag.FlagSet
-	url     string
-	timeout time.Duration
-	auth    func() (natsclient.Auth, error)
+	fs          *pflag.FlagSet
+	url         string
+	timeout     time.Duration
+	partitioned bool
+	auth        func() (natsclient.Auth, error)
 }
 
 // addClientFlags adds the client flags to cmd.
@@ -35,6 +36,7 @@ func addClientFlags(cmd *cobra.Command) *clientFlags {
 	cf := &clientFlags{fs: fs}
 	fs.StringVar(&cf.url, "nats", defaultNATS, "NATS URL(s) of any node, comma-separated (no password in it: --nats-user and "+natsclient.PasswordEnv+")")
 	fs.DurationVar(&cf.timeout, "timeout", 10*time.Second, "give up after this long")
+	fs.BoolVar(&cf.partitioned, "partitioned", false, "the nodes are groups of a partitioned deployment (docs/scaling.md): send each key's requests on its hashed subject, list across every group")
 	cf.auth = natsclient.Flags(fs, os.Getenv)
 	cmd.PreRunE = func(*cobra.Command, []string) error {
 		if natsclient.HasPassword(cf.url) {
@@ -51,7 +53,11 @@ func (c *clientFlags) sdkOptions() ([]sdk.Option, error) {
 	if err != nil {
 		return nil, err
 	}
-	return []sdk.Option{sdk.WithAuth(a)}, nil
+	opts := []sdk.Option{sdk.WithAuth(a)}
+	if c.partitioned {
+		opts = append(opts, sdk.WithPartitioned())
+	}
+	return opts, nil
 }
 
 // dial connects to NATS as the flags say, with extra SDK options.
@@ -153,14 +159,18 @@ func lockAcquire(ctx context.Context, o *acquireOptions, pos []string, stdout, s
 	if err != nil {
 		return fail(stderr, err)
 	}
-	printJSON(stdout, map[string]any{
+	out := map[string]any{
 		"key":      l.Key,
 		"token":    l.Token,
 		"owner":    l.Owner,
 		"lease_ms": l.Lease.Milliseconds(),
 		"index":    l.Index,
 		"deadline": l.Deadline().UTC().Format(time.RFC3339Nano),
-	})
+	}
+	if l.Group != nil {
+		out["group"] = *l.Group // the token is this group's
+	}
+	printJSON(stdout, out)
 	return 0
 }
 
@@ -237,6 +247,7 @@ type statusOptions struct {
 	cf       *clientFlags
 	watch    bool
 	interval time.Duration
+	group    uint32
 }
 
 func statusCmd() *cobra.Command {
@@ -254,6 +265,7 @@ refreshes a compact table of every member until interrupted.`,
 	o := &statusOptions{cf: addClientFlags(cmd)}
 	cmd.Flags().BoolVar(&o.watch, "watch", false, "refresh a live view of every member until interrupted")
 	cmd.Flags().DurationVar(&o.interval, "interval", watchIntervalDefault, "refresh interval of --watch")
+	cmd.Flags().Uint32Var(&o.group, "group", 0, "in a partitioned deployment, show this group (default: the group of whichever node answers)")
 	cmd.RunE = bind(o, status)
 	return cmd
 }
@@ -270,27 +282,43 @@ func status(ctx context.Context, o *statusOptions, _ []string, stdout, stderr io
 		}
 		defer cl.Close()
 		// --timeout bounds one refresh, not the whole watch.
-		return watchStatus(ctx, cl, o.interval, min(cf.timeout, max(o.interval, time.Second)), stdout)
+		return watchStatus(ctx, cl, o.askStatus(cl), o.interval, min(cf.timeout, max(o.interval, time.Second)), stdout)
 	}
 	cl, ctx, done, err := cf.connect(ctx)
 	if err != nil {
 		return fail(stderr, err)
 	}
 	defer done()
-	st, err := cl.Status(ctx)
+	st, err := o.askStatus(cl)(ctx)
 	if err != nil {
 		return fail(stderr, err)
 	}
+	ask := memberAsker(cl, st)
 	// Per-peer match indexes are known only to the leader: ask it.
 	if st.Leader != 0 && st.Leader != st.ID {
-		subj := protocol.NodeStatusSubject(st.Leader)
-		if m, err := cl.Conn().RequestWithContext(ctx, subj, []byte("{}")); err == nil {
-			var ls protocol.StatusReply
-			if protocol.ParseReply(m.Data, &ls) == nil {
-				st = &ls
-			}
+		if ls, err := ask(ctx, st.Leader); err == nil {
+			st = ls
 		}
 	}
-	printJSON(stdout, statusReport(ctx, cl.NodeStatus, st))
+	printJSON(stdout, statusReport(ctx, ask, st))
 	return 0
+}
+
+// askStatus asks any node, or with --group a node of that group.
+func (o *statusOptions) askStatus(cl *sdk.Client) func(context.Context) (*sdk.Status, error) {
+	if o.cf.fs.Changed("group") {
+		return func(ctx context.Context) (*sdk.Status, error) { return cl.GroupStatus(ctx, o.group) }
+	}
+	return cl.Status
+}
+
+// memberAsker asks a member of st's cluster for its own status: in a
+// partitioned deployment on its group's subject (raft ids repeat across
+// groups).
+func memberAsker(cl *sdk.Client, st *sdk.Status) askMember {
+	if st.Group == nil {
+		return cl.NodeStatus
+	}
+	g := *st.Group
+	return func(ctx context.Context, id uint64) (*protocol.StatusReply, error) { return cl.GroupNodeStatus(ctx, g, id) }
 }

@@ -98,13 +98,17 @@ func lockLs(ctx context.Context, o *lsOptions, pos []string, stdout, stderr io.W
 		if err != nil {
 			return fail(stderr, err)
 		}
-		printJSON(stdout, map[string]any{
+		out := map[string]any{
 			"key":          h.Key,
 			"token":        h.Token,
 			"owner":        h.Owner,
 			"lease_ms":     h.Lease.Milliseconds(),
 			"remaining_ms": h.Remaining.Milliseconds(),
-		})
+		}
+		if h.Group != nil {
+			out["group"] = *h.Group
+		}
+		printJSON(stdout, out)
 	}
 	return 0
 }

@@ -66,6 +66,8 @@ func serveFlags() *pflag.FlagSet {
 	fs.String("nats-listen", d.NATSListen, "client address of the embedded NATS server")
 	fs.String("nats-url", "", "use this existing NATS instead of the embedded server (no password in it: --nats-user and TICKETD_NATS_PASSWORD_FILE)")
 	fs.String("nats-cluster-listen", "", "embedded NATS cluster (route) listen address")
+	fs.Uint32("group", d.Group, "in a partitioned deployment (docs/scaling.md, with --groups): this cluster is group N, numbered from 0")
+	fs.Uint32("groups", d.Groups, "in a partitioned deployment: the number of groups, as in the NATS mapping's partition(N,1); 0: not partitioned")
 	fs.String("nats-routes", "", "comma-separated route addresses of the other nodes' embedded NATS")
 	fs.String("nats-cluster-name", d.NATSClusterName, "embedded NATS cluster name")
 	fs.String("nats-config", "", "nats-server configuration file for the embedded server (listen, TLS, accounts, users, permissions, routes)")

@@ -29,14 +29,14 @@ type sample struct {
 // a member that does not answer is shown as unreachable. On a terminal the
 // screen is redrawn; otherwise each refresh is appended, so the output can
 // be piped or logged.
-func watchStatus(ctx context.Context, cl *sdk.Client, interval, timeout time.Duration, stdout io.Writer) int {
+func watchStatus(ctx context.Context, cl *sdk.Client, ask func(context.Context) (*sdk.Status, error), interval, timeout time.Duration, stdout io.Writer) int {
 	redraw := isTerminal(stdout)
 	prev := map[uint64]sample{}
 	tick := time.NewTicker(interval)
 	defer tick.Stop()
 	for {
 		rctx, cancel := context.WithTimeout(ctx, timeout)
-		view := refresh(rctx, cl, prev)
+		view := refresh(rctx, cl, ask, prev)
 		cancel()
 		if ctx.Err() != nil {
 			return 0
@@ -57,13 +57,13 @@ func watchStatus(ctx context.Context, cl *sdk.Client, interval, timeout time.Dur
 }
 
 // refresh renders one view and updates prev with this refresh's samples.
-func refresh(ctx context.Context, cl *sdk.Client, prev map[uint64]sample) string {
+func refresh(ctx context.Context, cl *sdk.Client, ask func(context.Context) (*sdk.Status, error), prev map[uint64]sample) string {
 	now := time.Now()
-	first, err := cl.Status(ctx)
+	first, err := ask(ctx)
 	if err != nil {
 		return fmt.Sprintf("ticketd  %s  no node answered: %v\n", now.UTC().Format(time.RFC3339), err)
 	}
-	views, errs := askMembers(ctx, cl.NodeStatus, memberIDs(first), first)
+	views, errs := askMembers(ctx, memberAsker(cl, first), memberIDs(first), first)
 	return renderView(now, first, views, errs, prev)
 }
 

@@ -61,6 +61,12 @@ func GroupSubject(g uint32, op string) string {
 // queue group.
 func GroupStatusSubject(g uint32) string { return groupPrefix(g) + ".status" }
 
+// GroupNodeStatusSubject is where node id of group g answers status
+// itself (Partition.NodeStatusSubject).
+func GroupNodeStatusSubject(g uint32, id uint64) string {
+	return fmt.Sprintf("%s.node.%d.status", groupPrefix(g), id)
+}
+
 func groupPrefix(g uint32) string {
 	return SubjectGroupPrefix + "." + strconv.FormatUint(uint64(g), 10)
 }
@@ -148,7 +154,7 @@ func (p Partition) NodeStatusSubject(id uint64) string {
 	if !p.Partitioned() {
 		return NodeStatusSubject(id)
 	}
-	return fmt.Sprintf("%s.node.%d.status", groupPrefix(p.Group), id)
+	return GroupNodeStatusSubject(p.Group, id)
 }
 
 // ForwardSubject is where p's follower forwards op to leader (see the

@@ -14,6 +14,10 @@
 // assert: exactly one ready leader, and every running node at the same
 // applied index with the same lock-table digest.
 //
+// NewGroups (groups.go) starts a partitioned deployment
+// (docs/scaling.md): routed NATS servers whose configuration holds the
+// partition mapping, and one cluster per group behind them.
+//
 // Start and Stop return errors and never fail the test, so code running
 // off the test goroutine (the faults nemesis) can use them; the waits
 // fail the test and belong on the test goroutine.
