@@ -20,9 +20,11 @@ func TestClusterVersionRaisedOnlyWhenEveryMemberReadsIt(t *testing.T) {
 		down    uint64
 		want    uint64 // the cluster version afterwards
 	}{
-		{name: "alone, no probe needed", cs: raftpb.ConfState{Voters: []uint64{1}}, want: 2},
+		{name: "alone, no probe needed", cs: raftpb.ConfState{Voters: []uint64{1}}, want: core.MaxClusterVersion},
 		{name: "members but no probe", cs: raftpb.ConfState{Voters: []uint64{1, 2, 3}}, want: 1},
 		{name: "every member reads 2", cs: raftpb.ConfState{Voters: []uint64{1, 2, 3}}, reports: map[uint64]uint64{2: 2, 3: 2}, want: 2},
+		{name: "every member reads 3", cs: raftpb.ConfState{Voters: []uint64{1, 2, 3}}, reports: map[uint64]uint64{2: 3, 3: 3}, want: 3},
+		{name: "a member reads only 2", cs: raftpb.ConfState{Voters: []uint64{1, 2, 3}}, reports: map[uint64]uint64{2: 3, 3: 2}, want: 2},
 		{name: "one voter is older", cs: raftpb.ConfState{Voters: []uint64{1, 2, 3}}, reports: map[uint64]uint64{2: 2, 3: 1}, want: 1},
 		{name: "an older learner holds it back", cs: raftpb.ConfState{Voters: []uint64{1, 2}, Learners: []uint64{4}}, reports: map[uint64]uint64{2: 2, 4: 1}, want: 1},
 		{name: "a member does not answer", cs: raftpb.ConfState{Voters: []uint64{1, 2, 3}}, reports: map[uint64]uint64{2: 2}, down: 3, want: 1},

@@ -44,7 +44,8 @@ func (k Kind) String() string {
 // Command is one replicated command. Which fields are meaningful depends
 // on Kind; every other field must be zero:
 //
-//	Grant:   Key, LeaseMS, Owner, GrantedAtMS, Identity (cluster version 2)
+//	Grant:   Key, LeaseMS, Owner, GrantedAtMS, Identity (cluster version 2),
+//	         RequestID (cluster version 3)
 //	Release: Key, Token
 //	Expire:  Key, Token
 //	Renew:   Key, Token, LeaseMS (0: keep the lock's lease)
@@ -54,13 +55,17 @@ func (k Kind) String() string {
 // id chosen by the client; Identity is who the transport authenticated
 // (the NATS account and user), recorded for per-identity accounting. Both
 // are information, never authority over a lock: only the token is.
-// Command is comparable, so a decoded command can be checked against the
-// proposed one with ==.
+// RequestID is the client's id for this acquire (empty: none), which makes
+// a retry of it safe (requests.go); it is scoped to Identity. It is not
+// Entry.RequestID, the proposing node's id for matching a result to its
+// caller. Command is comparable, so a decoded command can be checked
+// against the proposed one with ==.
 type Command struct {
 	Kind        Kind
 	Key         string
 	Owner       string
 	Identity    string
+	RequestID   string
 	LeaseMS     uint64
 	GrantedAtMS uint64
 	Token       uint64
@@ -70,6 +75,13 @@ type Command struct {
 // Grant builds a Grant command.
 func Grant(key, owner string, leaseMS, grantedAtMS uint64) Command {
 	return Command{Kind: KindGrant, Key: key, Owner: owner, LeaseMS: leaseMS, GrantedAtMS: grantedAtMS}
+}
+
+// WithRequest returns the Grant c made by identity with request id
+// requestID (cluster version 3 when requestID is not empty).
+func (c Command) WithRequest(identity, requestID string) Command {
+	c.Identity, c.RequestID = identity, requestID
+	return c
 }
 
 // Renew builds a Renew command; leaseMS 0 keeps the lock's lease.
@@ -94,10 +106,13 @@ func (c Command) Validate() error { return c.validate() }
 // validate is Validate without copying the command (Apply's hot path).
 func (c *Command) validate() error {
 	if c.Kind == KindControl {
-		if c.Key != "" || c.Owner != "" || c.Identity != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 || c.Token != 0 {
+		if c.Key != "" || c.Owner != "" || c.Identity != "" || c.RequestID != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 || c.Token != 0 {
 			return invalidf("control carries only a control request")
 		}
 		return c.Control.Validate()
+	}
+	if c.RequestID != "" && c.Kind != KindGrant {
+		return invalidf("%s must not carry a request id", c.Kind)
 	}
 	if err := ValidateKey(c.Key); err != nil {
 		return err
@@ -114,6 +129,9 @@ func (c *Command) validate() error {
 			return err
 		}
 		if err := ValidateIdentity(c.Identity); err != nil {
+			return err
+		}
+		if err := ValidateRequestID(c.RequestID); err != nil {
 			return err
 		}
 		if c.Token != 0 {
@@ -199,6 +217,25 @@ func ValidateIdentity(id string) error {
 	return nil
 }
 
+// ValidateRequestID checks a client request id: at most MaxRequestIDLen
+// bytes of valid UTF-8 with no NUL. Empty means none.
+func ValidateRequestID(id string) error {
+	switch {
+	case len(id) > MaxRequestIDLen:
+		return invalidf("request id is %d bytes, the limit is %d", len(id), MaxRequestIDLen)
+	case !utf8.ValidString(id):
+		return invalidf("request id is not valid UTF-8")
+	case strings.IndexByte(id, 0) >= 0:
+		return invalidf("request id contains NUL")
+	}
+	return nil
+}
+
+// validRequestIDBytes is ValidateRequestID for encoded bytes.
+func validRequestIDBytes(id []byte) bool {
+	return len(id) <= MaxRequestIDLen && utf8.Valid(id) && bytes.IndexByte(id, 0) < 0
+}
+
 // ValidateLeaseMS checks a lease length in milliseconds.
 func ValidateLeaseMS(ms uint64) error {
 	if ms < MinLeaseMS || ms > MaxLeaseMS {
@@ -228,6 +265,22 @@ const (
 
 	// ResultRenewed: a Renew found its token; the lease is extended.
 	ResultRenewed ResultKind = 11
+
+	// Results of a Grant with a request id (cluster version 3,
+	// requests.go); none of them changes the lock table.
+	//
+	// ResultGrantRepeated: the request id names the lock held on this
+	// key: the earlier grant of the same request, whose token it gives.
+	ResultGrantRepeated ResultKind = 12
+	// ResultGrantEnded: the request id names a grant of this key that has
+	// since ended (released or expired); Token is the one it had.
+	ResultGrantEnded ResultKind = 13
+	// ResultRequestMismatch: the request id names a grant (held or ended)
+	// of another key; Token is that grant's.
+	ResultRequestMismatch ResultKind = 14
+	// ResultRequestsExhausted: the request records are at
+	// MaxRequestRecords and none can be forgotten yet.
+	ResultRequestsExhausted ResultKind = 15
 )
 
 func (r ResultKind) String() string {
@@ -256,6 +309,14 @@ func (r ResultKind) String() string {
 		return "control_rejected"
 	case ResultRenewed:
 		return "renewed"
+	case ResultGrantRepeated:
+		return "grant_repeated"
+	case ResultGrantEnded:
+		return "grant_ended"
+	case ResultRequestMismatch:
+		return "request_mismatch"
+	case ResultRequestsExhausted:
+		return "requests_exhausted"
 	}
 	return fmt.Sprintf("result(%d)", uint8(r))
 }
@@ -265,6 +326,10 @@ func (r ResultKind) String() string {
 //	Granted:             Token is the fencing token issued.
 //	Renewed:             Token is the renewed lock's token.
 //	GrantRejected:       Token is the token the key is held with.
+//	GrantRepeated:       Token is the token the request was granted (held).
+//	GrantEnded:          Token is the token the request was granted (ended).
+//	RequestMismatch:     Token is the token of the request's grant of
+//	                     another key.
 //	Expired:             Existed tells whether a lock was removed.
 //	BootstrapRecorded:   NodeID, Incarnation of the first voter.
 //	AdmissionAccepted:   NodeID, Incarnation issued to the new learner.
@@ -284,7 +349,7 @@ type Result struct {
 
 func (r Result) String() string {
 	switch r.Kind {
-	case ResultGranted, ResultGrantRejected, ResultRenewed:
+	case ResultGranted, ResultGrantRejected, ResultRenewed, ResultGrantRepeated, ResultGrantEnded, ResultRequestMismatch:
 		return fmt.Sprintf("%s{token:%d}", r.Kind, r.Token)
 	case ResultExpired:
 		return fmt.Sprintf("expired{existed:%t}", r.Existed)

@@ -42,6 +42,10 @@ const (
 	// ControlSetClusterVersion raises the cluster version (version.go). The
 	// leader proposes it; it needs no bootstrap (static clusters have none).
 	ControlSetClusterVersion ControlOp = 9
+	// ControlSetFenceKey makes a new fence signing key current (fence.go):
+	// the leader generates its seed, Apply records it. Cluster version 3;
+	// it needs no bootstrap either.
+	ControlSetFenceKey ControlOp = 10
 )
 
 func (o ControlOp) String() string {
@@ -64,6 +68,8 @@ func (o ControlOp) String() string {
 		return "retire"
 	case ControlSetClusterVersion:
 		return "set_cluster_version"
+	case ControlSetFenceKey:
+		return "set_fence_key"
 	}
 	return fmt.Sprintf("control_op(%d)", uint8(o))
 }
@@ -80,10 +86,12 @@ func (o ControlOp) String() string {
 //	AbortReplacement:    OldNodeID, NewNodeID, NewIncarnation
 //	Retire:              NodeID, Incarnation
 //	SetClusterVersion:   Version
+//	SetFenceKey:         FenceSeed
 //
 // CredentialHash is the SHA-256 of a credential; the credential itself is
-// never replicated. The leader authenticates the caller before proposing;
-// Apply only checks the replicated invariants.
+// never replicated. FenceSeed is a secret that is replicated (fence.go);
+// String shows only its key ID. The leader authenticates the caller before
+// proposing; Apply only checks the replicated invariants.
 type ControlRequest struct {
 	Op             ControlOp
 	CredentialHash [32]byte
@@ -94,6 +102,7 @@ type ControlRequest struct {
 	NewNodeID      uint64
 	NewIncarnation uint64
 	Version        uint64
+	FenceSeed      FenceSeed
 }
 
 // String shows the op and the fields it carries, e.g.
@@ -125,6 +134,9 @@ func (r ControlRequest) String() string {
 	if r.Address != "" {
 		field("address", strconv.Quote(r.Address))
 	}
+	if r.FenceSeed != (FenceSeed{}) {
+		field("key_id", newFenceKey(r.FenceSeed).id)
+	}
 	b.WriteByte('}')
 	return b.String()
 }
@@ -132,15 +144,18 @@ func (r ControlRequest) String() string {
 // isZero is r == ControlRequest{}, field by field: every lock command
 // checks it, and this is cheaper than comparing the whole struct.
 func (r *ControlRequest) isZero() bool {
-	h := r.CredentialHash[:]
 	return r.Op == 0 && r.NodeID|r.Incarnation|r.OldNodeID|r.NewNodeID|r.NewIncarnation|r.Version == 0 && len(r.Address) == 0 &&
-		binary.LittleEndian.Uint64(h)|binary.LittleEndian.Uint64(h[8:])|binary.LittleEndian.Uint64(h[16:])|binary.LittleEndian.Uint64(h[24:]) == 0
+		zero32(&r.CredentialHash) && zero32((*[32]byte)(&r.FenceSeed))
+}
+
+func zero32(h *[32]byte) bool {
+	return binary.LittleEndian.Uint64(h[:])|binary.LittleEndian.Uint64(h[8:])|binary.LittleEndian.Uint64(h[16:])|binary.LittleEndian.Uint64(h[24:]) == 0
 }
 
 // Control field bits: which fields an op carries. The encoding writes the
 // present fields in this bit order.
 const (
-	cfHash uint8 = 1 << iota
+	cfHash uint16 = 1 << iota
 	cfNodeID
 	cfIncarnation
 	cfOldNodeID
@@ -148,13 +163,14 @@ const (
 	cfNewIncarnation
 	cfAddress
 	cfVersion
+	cfSeed
 )
 
 // controlFieldNames names the field bits, in bit order, for errors.
-var controlFieldNames = [...]string{"a credential hash", "a node id", "an incarnation", "an old node id", "a new node id", "a new incarnation", "an address", "a version"}
+var controlFieldNames = [...]string{"a credential hash", "a node id", "an incarnation", "an old node id", "a new node id", "a new incarnation", "an address", "a version", "a fence seed"}
 
 // controlFields[op] is the set of fields op carries; 0 for unknown ops.
-var controlFields = [...]uint8{
+var controlFields = [...]uint16{
 	ControlBootstrap:           cfHash | cfAddress,
 	ControlMintJoin:            cfHash,
 	ControlAdmit:               cfHash | cfAddress,
@@ -164,9 +180,10 @@ var controlFields = [...]uint8{
 	ControlAbortReplacement:    cfOldNodeID | cfNewNodeID | cfNewIncarnation,
 	ControlRetire:              cfNodeID | cfIncarnation,
 	ControlSetClusterVersion:   cfVersion,
+	ControlSetFenceKey:         cfSeed,
 }
 
-func (o ControlOp) fields() uint8 {
+func (o ControlOp) fields() uint16 {
 	if int(o) < len(controlFields) {
 		return controlFields[o]
 	}
@@ -181,9 +198,9 @@ func (r ControlRequest) Validate() error {
 	if f == 0 {
 		return invalidf("unknown control op %d", uint8(r.Op))
 	}
-	var present uint8
+	var present uint16
 	for _, x := range [...]struct {
-		bit uint8
+		bit uint16
 		set bool
 	}{
 		{cfHash, r.CredentialHash != [32]byte{}},
@@ -194,6 +211,7 @@ func (r ControlRequest) Validate() error {
 		{cfNewIncarnation, r.NewIncarnation != 0},
 		{cfAddress, r.Address != ""},
 		{cfVersion, r.Version != 0},
+		{cfSeed, r.FenceSeed != FenceSeed{}},
 	} {
 		if x.set {
 			present |= x.bit
@@ -201,7 +219,7 @@ func (r ControlRequest) Validate() error {
 	}
 	if present != f {
 		for bit, name := range controlFieldNames {
-			switch b := uint8(1) << bit; {
+			switch b := uint16(1) << bit; {
 			case f&b != 0 && present&b == 0:
 				return invalidf("%s needs %s", r.Op, name)
 			case f&b == 0 && present&b != 0:
@@ -314,6 +332,12 @@ func Retire(nodeID, incarnation uint64) Command {
 // SetClusterVersion builds a SetClusterVersion control command.
 func SetClusterVersion(version uint64) Command {
 	return controlCommand(ControlRequest{Op: ControlSetClusterVersion, Version: version})
+}
+
+// SetFenceKey builds a SetFenceKey control command. seed must come from a
+// cryptographic random source (crypto/rand) on the leader.
+func SetFenceKey(seed FenceSeed) Command {
+	return controlCommand(ControlRequest{Op: ControlSetFenceKey, FenceSeed: seed})
 }
 
 func controlCommand(r ControlRequest) Command { return Command{Kind: KindControl, Control: r} }

@@ -50,6 +50,8 @@ const (
 	ReasonIdentityReused ControlReason = "identity_reused"
 	// SetClusterVersion to a version not above the current one.
 	ReasonVersionNotNewer ControlReason = "version_not_newer"
+	// SetFenceKey with a seed (or a key ID) already kept.
+	ReasonFenceKeyExists ControlReason = "fence_key_exists"
 )
 
 func rejected(reason ControlReason) Result {
@@ -82,6 +84,8 @@ func (m *Machine) applyControl(r ControlRequest) Result {
 		}
 		c.clusterVersion = r.Version
 		return Result{Kind: ResultControlApplied}
+	case ControlSetFenceKey:
+		return c.applySetFenceKey(r.FenceSeed)
 	}
 	return Result{Kind: ResultNoop} // unreachable: Validate rejects unknown ops
 }

@@ -86,7 +86,8 @@ type JoinCredential struct {
 // and Retired by NodeID, JoinCredentials by Hash; an empty list is nil.
 //
 // Invariants (checked by the decoders): before bootstrap everything but
-// ClusterVersion is zero; after it there is at least one voter; Issued is exactly Members
+// ClusterVersion and FenceKeys is zero; after it there is at least one
+// voter; Issued is exactly Members
 // plus Retired, with matching incarnations and no NodeID in both; ids and
 // incarnations are non-zero, unique and not above the counters; a pending
 // replacement names a current voter (Old) and a current learner (New).
@@ -105,6 +106,10 @@ type ControlState struct {
 	// ClusterVersion is 0 until a SetClusterVersion raised it; the
 	// effective version is then at least 2 (version.go).
 	ClusterVersion uint64
+	// FenceKeys are the seeds of the fence signing keys (fence.go), oldest
+	// first, the current one last; at most MaxFenceKeys, none twice; only
+	// from cluster version 3. They are secrets.
+	FenceKeys []FenceSeed
 }
 
 // control is the machine's in-memory control state. The zero value is the
@@ -120,6 +125,7 @@ type control struct {
 	creds           map[[32]byte]CredentialState
 	pending         *Replacement
 	clusterVersion  uint64
+	fenceKeys       []fenceKey // oldest first
 }
 
 // nextIdentity returns the identity the next issuance gets, or why it
@@ -216,6 +222,7 @@ func (c *control) state() ControlState {
 		LastNodeID:      c.lastNodeID,
 		LastIncarnation: c.lastIncarnation,
 		ClusterVersion:  c.clusterVersion,
+		FenceKeys:       fenceSeeds(c.fenceKeys),
 	}
 	cs.Members = c.sortedMembers()
 	cs.Issued = sortedIdentities(c.issued)
@@ -239,6 +246,7 @@ func newControl(cs ControlState) control {
 		lastNodeID:      cs.LastNodeID,
 		lastIncarnation: cs.LastIncarnation,
 		clusterVersion:  cs.ClusterVersion,
+		fenceKeys:       fenceKeys(cs.FenceKeys),
 	}
 	if len(cs.Members) > 0 {
 		c.members = make(map[uint64]Member, len(cs.Members))

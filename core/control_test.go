@@ -1010,7 +1010,7 @@ func TestDecodeControlStateRejects(t *testing.T) {
 		{"bad magic", seal(cat([]byte("TKX\x01"), ctl0)), core.CodeMalformed},
 		{"a snapshot", core.NewMachine().Snapshot(), core.CodeMalformed},
 		{"version 0", seal(cat([]byte("TKC\x00"), ctl0)), core.CodeUnknownVersion},
-		{"version 3", seal(cat([]byte("TKC\x03"), ctl0)), core.CodeUnknownVersion},
+		{"version 4", seal(cat([]byte("TKC\x04"), ctl0)), core.CodeUnknownVersion},
 		{"bad checksum", func() []byte { b := ctlRec(valid()); b[len(b)-2] ^= 1; return b }(), core.CodeMalformed},
 		{"checksum missing", cat([]byte("TKC\x01"), ctl0), core.CodeMalformed},
 		{"trailing byte", ctlRec(valid(), []byte{0}), core.CodeMalformed},

@@ -18,23 +18,35 @@ import (
 // counter, the lock count and the hash of the control record:
 //
 //	digest = SHA-256("ticketd state digest v1" | last_token:8 | count:8 | lock_sum:32 | control_sum:32)
-//	lock_sum = Σ SHA-256(lock record v2 encoding of the lock) mod 2^256
+//	lock_sum = Σ SHA-256(lock record v2 encoding of the lock [| request_id:str]) mod 2^256
 //	control_sum = SHA-256(EncodeControlState(control state))
+//
+// From cluster version 3 on it also covers the request state: the data
+// clock, the FIFO of ended request records (each term bound to its
+// sequence number, so their order counts) and, through the lock terms,
+// every held lock's request id; and the control record then carries the
+// fence keys:
+//
+//	digest = SHA-256("ticketd state digest v2" | last_token:8 | count:8 | lock_sum:32 | control_sum:32
+//	                 | data_clock:8 | ended_head:8 | ended_count:8 | ended_sum:32)
+//	ended_sum = Σ SHA-256(seq:8 | EncodeEndedRequest(record)) mod 2^256
+//
+// A state of an earlier cluster version has no request ids, request
+// records or fence keys, and its digest is what the binaries of that
+// version compute: members of a cluster in a rolling upgrade agree.
 //
 // It detects replicas that diverged, which is what it is for; it is not a
 // commitment an adversary could not forge.
 
-const digestDomain = "ticketd state digest v1"
+const (
+	digestDomain   = "ticketd state digest v1"
+	digestDomainV2 = "ticketd state digest v2"
+)
 
-// lockSum is a 256-bit accumulator, little-endian 64-bit limbs.
-type lockSum [4]uint64
+// sum256 is a 256-bit accumulator, little-endian 64-bit limbs.
+type sum256 [4]uint64
 
-func lockTerm(l Lock) [4]uint64 {
-	// The version 2 record layout with the identity always present, so that
-	// an identity (even empty) is part of the term.
-	var buf [64 + MaxKeyLen + MaxOwnerLen + MaxIdentityLen]byte
-	b := appendString(appendLock(buf[:0], l), l.Identity)
-	h := sha256.Sum256(b)
+func termOf(h [32]byte) [4]uint64 {
 	var t [4]uint64
 	for i := range t {
 		t[i] = binary.LittleEndian.Uint64(h[8*i:])
@@ -42,32 +54,69 @@ func lockTerm(l Lock) [4]uint64 {
 	return t
 }
 
-func (s *lockSum) add(l Lock) {
-	t := lockTerm(l)
+func lockTerm(l Lock) [4]uint64 {
+	// The version 2 record layout with the identity always present, so that
+	// an identity (even empty) is part of the term; a request id follows
+	// when there is one (the lock encoding and the identity are length
+	// prefixed, so this stays unambiguous, and a lock without one keeps
+	// the term of earlier versions).
+	var buf [64 + MaxKeyLen + MaxOwnerLen + MaxIdentityLen + MaxRequestIDLen]byte
+	b := appendString(appendLock(buf[:0], l), l.Identity)
+	if l.RequestID != "" {
+		b = appendString(b, l.RequestID)
+	}
+	return termOf(sha256.Sum256(b))
+}
+
+func endedTerm(seq uint64, e *EndedRequest) [4]uint64 {
+	var buf [8 + 1 + MaxEndedSnapshotSize]byte
+	b := binary.BigEndian.AppendUint64(buf[:0], seq)
+	return termOf(sha256.Sum256(appendEndedRequest(b, e)))
+}
+
+func (s *sum256) add(t [4]uint64) {
 	var c uint64
 	for i := range s {
 		s[i], c = bits.Add64(s[i], t[i], c)
 	}
 }
 
-func (s *lockSum) sub(l Lock) {
-	t := lockTerm(l)
+func (s *sum256) sub(t [4]uint64) {
 	var b uint64
 	for i := range s {
 		s[i], b = bits.Sub64(s[i], t[i], b)
 	}
 }
 
+func (s *sum256) appendTo(b []byte) []byte {
+	for _, limb := range s {
+		b = binary.LittleEndian.AppendUint64(b, limb)
+	}
+	return b
+}
+
 func controlSum(cs ControlState) [32]byte { return sha256.Sum256(EncodeControlState(cs)) }
 
-func stateDigest(lastToken uint64, count int, ls *lockSum, ctl *[32]byte) [32]byte {
-	var b [len(digestDomain) + 8 + 8 + 32 + 32]byte
-	n := copy(b[:], digestDomain)
-	binary.BigEndian.PutUint64(b[n:], lastToken)
-	binary.BigEndian.PutUint64(b[n+8:], uint64(count))
-	for i, limb := range ls {
-		binary.LittleEndian.PutUint64(b[n+16+8*i:], limb)
-	}
-	copy(b[n+48:], ctl[:])
-	return sha256.Sum256(b[:])
+func stateDigest(lastToken uint64, count int, ls *sum256, ctl *[32]byte) [32]byte {
+	var buf [len(digestDomain) + 8 + 8 + 32 + 32]byte
+	b := append(buf[:0], digestDomain...)
+	b = binary.BigEndian.AppendUint64(b, lastToken)
+	b = binary.BigEndian.AppendUint64(b, uint64(count))
+	b = ls.appendTo(b)
+	b = append(b, ctl[:]...)
+	return sha256.Sum256(b)
+}
+
+func stateDigestV2(lastToken uint64, count int, ls *sum256, ctl *[32]byte, r *requests) [32]byte {
+	var buf [len(digestDomainV2) + 8 + 8 + 32 + 32 + 8 + 8 + 8 + 32]byte
+	b := append(buf[:0], digestDomainV2...)
+	b = binary.BigEndian.AppendUint64(b, lastToken)
+	b = binary.BigEndian.AppendUint64(b, uint64(count))
+	b = ls.appendTo(b)
+	b = append(b, ctl[:]...)
+	b = binary.BigEndian.AppendUint64(b, r.clockMS)
+	b = binary.BigEndian.AppendUint64(b, r.headSeq())
+	b = binary.BigEndian.AppendUint64(b, uint64(r.endedLen()))
+	b = r.sum.appendTo(b)
+	return sha256.Sum256(b)
 }

@@ -2,16 +2,43 @@
 //
 // # What it owns
 //
-// The replicated commands of SPEC §2 (Grant, Release, Expire, Control),
-// their results (SPEC §3), the lock table, the fencing-token counter, the
-// replicated control state (control.go: requests; control_apply.go: their
-// application; control_state.go: the state), and the versioned binary
-// encodings of log entries and lock records (encoding.go), snapshots
-// (encoding_snapshot.go, including SnapshotEncoder, which builds a
-// snapshot one lock or one stored lock record at a time) and the control
-// record (encoding_control.go), the incremental state digest (digest.go)
-// and the limits, with the arithmetic that makes the largest table fit
-// every path a snapshot travels (limits.go).
+// The replicated commands of SPEC §2 (Grant, Renew, Release, Expire,
+// Control), their results (SPEC §3), the lock table, the fencing-token
+// counter, the request records that make an acquire retry-safe
+// (requests.go), the fence signing keys (fence.go), the replicated control
+// state (control.go: requests; control_apply.go: their application;
+// control_state.go: the state), the cluster version that gates every
+// format (version.go), and the versioned binary encodings of log entries
+// and lock records (encoding.go), snapshots (encoding_snapshot.go,
+// including SnapshotEncoder, which builds a snapshot one lock or one
+// stored lock record at a time), ended request records and the request
+// section (encoding_requests.go) and the control record
+// (encoding_control.go), the incremental state digest (digest.go) and the
+// limits, with the arithmetic that makes the largest state fit every path
+// a snapshot travels (limits.go).
+//
+// # Request records
+//
+// A Grant may carry the client's request id (cluster version 3), scoped
+// to its identity. While the grant is held its lock carries the id; when
+// it ends, a record of it (hashes, token, end time) stays in a bounded
+// FIFO for RequestRetentionMS of the data clock, the highest GrantedAtMS
+// applied. A retry of the request gets ResultGrantRepeated or
+// ResultGrantEnded with the first grant's token, never a second grant;
+// ResultRequestMismatch when the id was used for another key;
+// ResultRequestsExhausted when MaxRequestRecords are kept and none may be
+// forgotten yet. LookupRequest and RequestRoom let the leader check
+// before proposing.
+//
+// # Fence signing keys
+//
+// The control state keeps up to MaxFenceKeys Ed25519 keys (cluster version
+// 3), the newest current: SetFenceKey carries a seed the leader generated;
+// CurrentFenceKey signs, FencePublicKeys verifies. The seed is a secret
+// held in the replicated state: the raft log, every snapshot, the control
+// record in storage and every backup carry it, so those files are secrets
+// (whoever reads one can sign fences for the cluster). Printing a command,
+// a control request or a control state never shows it (FenceSeed.String).
 //
 // # Control
 //
@@ -42,7 +69,9 @@
 // I/O, and no map-iteration order leaks into a result, a snapshot or a
 // digest. Every replica that applies the same commands in the same order
 // reaches byte-identical state. Time enters only as data inside a command
-// (Grant.GrantedAtMS, recorded for information and never consulted).
+// (Grant.GrantedAtMS, recorded for information; from cluster version 3 it
+// also advances the data clock, which dates ended request records, and
+// never decides whether a lock is held).
 //
 // Fencing tokens are assigned by Apply from a counter that is part of the
 // replicated state, so they are identical on every node for the same entry
@@ -52,8 +81,11 @@
 // # Hostile input
 //
 // Decoders (DecodeEntry, DecodeSnapshot, DecodeSnapshotState,
-// DecodeLockRecord, DecodeControlState) accept only their known versions
-// (snapshots: 2, and 1 from before the control state), enforce the limits in limits.go, reject trailing
+// DecodeLockRecord, DecodeControlState, DecodeEndedRequest) accept only
+// their known versions (entries 1-3, snapshots 1-4, lock records 1-3,
+// control records 1-3; version.go says which cluster version writes
+// which), accept only the canonical encoding (the oldest version that
+// carries the value), enforce the limits in limits.go, reject trailing
 // bytes, and return *Error values with stable codes. They are fuzzed; see
 // fuzz_test.go and testdata/fuzz.
 package core

@@ -15,21 +15,34 @@ import (
 const (
 	// EntryVersion1 carries Grant (without identity), Release, Expire and
 	// the control ops up to Retire; EntryVersion2 adds Grant.Identity,
-	// Renew and SetClusterVersion.
+	// Renew and SetClusterVersion; EntryVersion3 adds Grant.RequestID and
+	// SetFenceKey.
 	EntryVersion1 byte = 1
 	EntryVersion2 byte = 2
+	EntryVersion3 byte = 3
 	// SnapshotVersion1 is a lock table; SnapshotVersion2 adds the control
 	// state; SnapshotVersion3 adds each lock's identity and writes the
-	// control section in its version 2 form (with the cluster version).
+	// control section in its version 2 form (with the cluster version);
+	// SnapshotVersion4 adds each lock's request id, writes the control
+	// section in its version 3 form (with the fence keys) and adds the
+	// request section (data clock and ended request records).
 	SnapshotVersion1 byte = 1
 	SnapshotVersion2 byte = 2
 	SnapshotVersion3 byte = 3
-	// LockRecVersion2 adds the identity to LockRecVersion1.
+	SnapshotVersion4 byte = 4
+	// LockRecVersion2 adds the identity to LockRecVersion1; LockRecVersion3
+	// adds the request id.
 	LockRecVersion1 byte = 1
 	LockRecVersion2 byte = 2
-	// ControlStateVersion2 adds the cluster version to ControlStateVersion1.
+	LockRecVersion3 byte = 3
+	// ControlStateVersion2 adds the cluster version to
+	// ControlStateVersion1; ControlStateVersion3 adds the fence keys.
 	ControlStateVersion1 byte = 1
 	ControlStateVersion2 byte = 2
+	ControlStateVersion3 byte = 3
+	// EndedRequestVersion1 is the one format of a stored ended request
+	// record (EncodeEndedRequest).
+	EndedRequestVersion1 byte = 1
 )
 
 // snapshotMagic starts every snapshot and controlMagic every control
@@ -43,18 +56,19 @@ var castagnoli = crc32.MakeTable(crc32.Castagnoli)
 
 // Entry is the payload of one raft log entry: a command plus the proposer's
 // request id. RequestID only lets the proposing node match the applied
-// result to its waiting caller; Apply never looks at it.
+// result to its waiting caller; Apply never looks at it. (The client's
+// request id of a Grant is Command.RequestID, which Apply does use.)
 type Entry struct {
 	RequestID uint64
 	Command   Command
 }
 
 // EncodeEntry encodes a log entry in the oldest format that can carry it
-// (entryVersion), version 1 or 2:
+// (entryVersion), version 1, 2 or 3:
 //
 //	version:1 | request_id:uvarint | kind:1 | fields
 //	  grant:          key:str | lease_ms:uvarint | owner:str | granted_at_ms:uvarint
-//	                  | identity:str (version 2 only)
+//	                  | identity:str (version 2 and 3) | client_request_id:str (version 3 only)
 //	  release/expire: key:str | token:uvarint
 //	  renew:          key:str | token:uvarint | lease_ms:uvarint (version 2 only)
 //	  control:        op:1 | the op's fields, in this order, each only if the op has it:
@@ -66,13 +80,14 @@ type Entry struct {
 //	    promote, retire:             node_id | incarnation
 //	    prepare_replacement:         old_node_id | address
 //	    complete/abort_replacement:  old_node_id | new_node_id | new_incarnation
-//	    set_cluster_version:         version:uvarint (version 2 only; after address in field order)
+//	    set_cluster_version:         version:uvarint (version 2 and 3; after address in field order)
+//	    set_fence_key:               seed:32 (version 3 only; after version in field order)
 //	str = length:uvarint | bytes
 //
 // Only the fields the kind (and op) carries are written.
 func EncodeEntry(e Entry) []byte {
 	c := e.Command
-	b := make([]byte, 0, 24+len(c.Key)+len(c.Owner)+len(c.Identity)+len(c.Control.Address))
+	b := make([]byte, 0, 24+len(c.Key)+len(c.Owner)+len(c.Identity)+len(c.RequestID)+len(c.Control.Address))
 	version := entryVersion(c)
 	b = append(b, version)
 	b = binary.AppendUvarint(b, e.RequestID)
@@ -85,6 +100,9 @@ func EncodeEntry(e Entry) []byte {
 		b = binary.AppendUvarint(b, c.GrantedAtMS)
 		if version >= EntryVersion2 {
 			b = appendString(b, c.Identity)
+		}
+		if version >= EntryVersion3 {
+			b = appendString(b, c.RequestID)
 		}
 	case KindRenew:
 		b = appendString(b, c.Key)
@@ -106,7 +124,7 @@ func appendControlRequest(b []byte, r ControlRequest) []byte {
 		b = append(b, r.CredentialHash[:]...)
 	}
 	for _, x := range []struct {
-		bit uint8
+		bit uint16
 		v   uint64
 	}{{cfNodeID, r.NodeID}, {cfIncarnation, r.Incarnation}, {cfOldNodeID, r.OldNodeID}, {cfNewNodeID, r.NewNodeID}, {cfNewIncarnation, r.NewIncarnation}} {
 		if f&x.bit != 0 {
@@ -118,6 +136,9 @@ func appendControlRequest(b []byte, r ControlRequest) []byte {
 	}
 	if f&cfVersion != 0 {
 		b = binary.AppendUvarint(b, r.Version)
+	}
+	if f&cfSeed != 0 {
+		b = append(b, r.FenceSeed[:]...)
 	}
 	return b
 }
@@ -136,7 +157,7 @@ func (d *decoder) controlRequest() ControlRequest {
 		r.CredentialHash = d.hash()
 	}
 	for _, x := range []struct {
-		bit uint8
+		bit uint16
 		v   *uint64
 	}{{cfNodeID, &r.NodeID}, {cfIncarnation, &r.Incarnation}, {cfOldNodeID, &r.OldNodeID}, {cfNewNodeID, &r.NewNodeID}, {cfNewIncarnation, &r.NewIncarnation}} {
 		if f&x.bit != 0 {
@@ -148,6 +169,9 @@ func (d *decoder) controlRequest() ControlRequest {
 	}
 	if f&cfVersion != 0 {
 		r.Version = d.uvarint()
+	}
+	if f&cfSeed != 0 {
+		r.FenceSeed = d.hash()
 	}
 	return r
 }
@@ -161,7 +185,7 @@ func DecodeEntry(b []byte) (Entry, error) {
 	}
 	d := decoder{b: b}
 	v := d.byte()
-	if d.err == nil && v != EntryVersion1 && v != EntryVersion2 {
+	if d.err == nil && (v < EntryVersion1 || v > EntryVersion3) {
 		return Entry{}, &Error{Code: CodeUnknownVersion, Detail: "entry version " + strconv.Itoa(int(v))}
 	}
 	var e Entry
@@ -178,6 +202,9 @@ func DecodeEntry(b []byte) (Entry, error) {
 		e.Command.GrantedAtMS = d.uvarint()
 		if v >= EntryVersion2 {
 			e.Command.Identity = d.str(MaxIdentityLen)
+		}
+		if v >= EntryVersion3 {
+			e.Command.RequestID = d.str(MaxRequestIDLen)
 		}
 	case KindRelease, KindExpire:
 		e.Command.Key = d.str(MaxKeyLen)
@@ -199,39 +226,54 @@ func DecodeEntry(b []byte) (Entry, error) {
 	}
 	// Each command has exactly one encoding: the oldest format that can
 	// carry it (a version 2 grant without identity would also decode to a
-	// version 1 command).
+	// version 1 command, a version 3 grant without request id to a version
+	// 2 or 1 one).
 	if entryVersion(e.Command) != v {
 		return Entry{}, malformedf("%s in entry version %d, want %d", e.Command.Kind, v, entryVersion(e.Command))
 	}
 	return e, nil
 }
 
-// EncodeLockRecord encodes one lock as stored in a per-key storage row:
-// version 1 (version:1 | lock) when it has no identity, else version 2
-// (version:1 | lock | identity:str).
+// EncodeLockRecord encodes one lock as stored in a per-key storage row, in
+// the oldest version that carries it: version 1 (version:1 | lock) when it
+// has neither identity nor request id, version 2 (version:1 | lock |
+// identity:str) when it has only an identity, else version 3 (version:1 |
+// lock | identity:str | request_id:str).
 func EncodeLockRecord(l Lock) []byte {
-	b := make([]byte, 0, 16+len(l.Key)+len(l.Owner)+len(l.Identity))
-	if l.Identity == "" {
-		b = append(b, LockRecVersion1)
-		return appendLock(b, l)
+	b := make([]byte, 0, 16+len(l.Key)+len(l.Owner)+len(l.Identity)+len(l.RequestID))
+	switch {
+	case l.RequestID != "":
+		b = append(b, LockRecVersion3)
+		return appendString(appendString(appendLock(b, l), l.Identity), l.RequestID)
+	case l.Identity != "":
+		b = append(b, LockRecVersion2)
+		return appendString(appendLock(b, l), l.Identity)
 	}
-	b = append(b, LockRecVersion2)
-	return appendString(appendLock(b, l), l.Identity)
+	b = append(b, LockRecVersion1)
+	return appendLock(b, l)
 }
 
 // DecodeLockRecord decodes one stored lock row.
 func DecodeLockRecord(b []byte) (Lock, error) {
 	d := decoder{b: b}
 	v := d.byte()
-	if d.err == nil && v != LockRecVersion1 && v != LockRecVersion2 {
+	if d.err == nil && (v < LockRecVersion1 || v > LockRecVersion3) {
 		return Lock{}, &Error{Code: CodeUnknownVersion, Detail: "lock record version " + strconv.Itoa(int(v))}
 	}
 	l := d.lock()
-	if v == LockRecVersion2 {
+	if v >= LockRecVersion2 {
 		l.Identity = d.str(MaxIdentityLen)
-		if d.err == nil && l.Identity == "" {
-			return Lock{}, malformedf("lock record version 2 with an empty identity")
-		}
+	}
+	if v >= LockRecVersion3 {
+		l.RequestID = d.str(MaxRequestIDLen)
+	}
+	// Canonical: each lock has one record, the oldest version that carries it.
+	switch {
+	case d.err != nil:
+	case v == LockRecVersion2 && l.Identity == "":
+		return Lock{}, malformedf("lock record version 2 with an empty identity")
+	case v == LockRecVersion3 && l.RequestID == "":
+		return Lock{}, malformedf("lock record version 3 with an empty request id")
 	}
 	if err := d.finish(); err != nil {
 		return Lock{}, err
@@ -250,6 +292,9 @@ func validateLock(l Lock) error {
 		return err
 	}
 	if err := ValidateIdentity(l.Identity); err != nil {
+		return err
+	}
+	if err := ValidateRequestID(l.RequestID); err != nil {
 		return err
 	}
 	if err := ValidateLeaseMS(l.LeaseMS); err != nil {

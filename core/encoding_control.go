@@ -13,12 +13,13 @@ import (
 
 // EncodeControlState encodes the control state as the control record,
 // which raftstore keeps in its own row: version 1 while the cluster
-// version is 1, version 2 (which adds the cluster version) from then on.
+// version is 1, version 2 (which adds the cluster version) at cluster
+// version 2, version 3 (which adds the fence keys) from 3 on.
 //
 //	"TKC" | version:1 | control | crc32c:4 (big endian, of all before)
 //
 // control, shared with snapshots (version 1 in snapshot version 2, version
-// 2 in snapshot version 3):
+// 2 in snapshot version 3, version 3 in snapshot version 4):
 //
 //	flags:1 (bit 0 bootstrapped, bit 1 replacement pending; no other bits)
 //	| bootstrap_hash:32 (only if bootstrapped)
@@ -28,7 +29,8 @@ import (
 //	| count:uvarint | identity*     retired
 //	| count:uvarint | credential*   credential = hash:32 | state:1 (1 minted, 2 consumed)
 //	| old:uvarint | new:uvarint | new_incarnation:uvarint | address:str (only if pending)
-//	| cluster_version:uvarint (version 2 only; 2..MaxClusterVersion)
+//	| cluster_version:uvarint (version 2 and 3; 2 in version 2, 3..MaxClusterVersion in 3)
+//	| count:uvarint | seed:32*     fence keys, oldest first (version 3 only; at most MaxFenceKeys)
 //
 // Members, issued and retired are strictly ascending by node id,
 // credentials strictly ascending by hash (bytewise). The lists are sorted
@@ -55,7 +57,7 @@ func DecodeControlState(b []byte) (ControlState, error) {
 		return ControlState{}, malformedf("control record magic missing")
 	}
 	version := b[3]
-	if version != ControlStateVersion1 && version != ControlStateVersion2 {
+	if version < ControlStateVersion1 || version > ControlStateVersion3 {
 		return ControlState{}, &Error{Code: CodeUnknownVersion, Detail: "control record version " + strconv.Itoa(int(version))}
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
@@ -86,17 +88,20 @@ const (
 )
 
 func controlSizeHint(cs ControlState) int {
-	n := 64 + len(cs.Issued)*8 + len(cs.Retired)*8 + len(cs.JoinCredentials)*credentialSize
+	n := 64 + len(cs.Issued)*8 + len(cs.Retired)*8 + len(cs.JoinCredentials)*credentialSize + len(cs.FenceKeys)*FenceSeedSize
 	for _, mem := range cs.Members {
 		n += 16 + len(mem.Address)
 	}
 	return n
 }
 
-// controlVersion is the control section format for cs: 2 once the cluster
-// version was raised, 1 before.
+// controlVersion is the control section format for cs: the one of its
+// cluster version (1 before any was set).
 func controlVersion(cs ControlState) byte {
-	if cs.ClusterVersion >= 2 {
+	switch {
+	case cs.ClusterVersion >= 3:
+		return ControlStateVersion3
+	case cs.ClusterVersion == 2:
 		return ControlStateVersion2
 	}
 	return ControlStateVersion1
@@ -147,6 +152,12 @@ func appendControl(b []byte, cs ControlState, version byte) []byte {
 	}
 	if version >= ControlStateVersion2 {
 		b = binary.AppendUvarint(b, cs.ClusterVersion)
+	}
+	if version >= ControlStateVersion3 {
+		b = binary.AppendUvarint(b, uint64(len(cs.FenceKeys)))
+		for _, seed := range cs.FenceKeys {
+			b = append(b, seed[:]...)
+		}
 	}
 	return b
 }
@@ -202,10 +213,20 @@ func (d *decoder) control(version byte) (ControlState, error) {
 	}
 	if version >= ControlStateVersion2 {
 		cs.ClusterVersion = d.uvarint()
-		// Version 2 is written exactly when the cluster version is 2 or
-		// more, and a version this binary does not know is unreadable.
+		// Version 2 is written exactly at cluster version 2 and version 3
+		// from 3 on, and a version this binary does not know is
+		// unreadable.
 		if d.err == nil && (cs.ClusterVersion < 2 || cs.ClusterVersion > MaxClusterVersion) {
 			return ControlState{}, &Error{Code: CodeUnknownVersion, Detail: "cluster version " + strconv.FormatUint(cs.ClusterVersion, 10)}
+		}
+		if d.err == nil && controlVersion(cs) != version {
+			return ControlState{}, malformedf("control version %d with cluster version %d", version, cs.ClusterVersion)
+		}
+	}
+	if version >= ControlStateVersion3 {
+		n := d.count(MaxFenceKeys, FenceSeedSize, "fence keys")
+		for i := uint64(0); i < n && d.err == nil; i++ {
+			cs.FenceKeys = append(cs.FenceKeys, FenceSeed(d.hash()))
 		}
 	}
 	if d.err != nil {
@@ -245,8 +266,11 @@ func (d *decoder) identities(what string) []Identity {
 // validateControlState checks the invariants listed on ControlState, in
 // the order of the steps below; the first failure is the error. The
 // cluster version was checked by the decoder of the section that carries
-// it.
+// it (and so fence keys appear only from cluster version 3 on).
 func validateControlState(cs ControlState) error {
+	if err := validateFenceKeys(cs.FenceKeys); err != nil {
+		return err
+	}
 	if !cs.Bootstrapped {
 		if cs.BootstrapHash != ([32]byte{}) || cs.LastNodeID != 0 || cs.LastIncarnation != 0 ||
 			len(cs.Members) != 0 || len(cs.Issued) != 0 || len(cs.Retired) != 0 || len(cs.JoinCredentials) != 0 || cs.Pending != nil {

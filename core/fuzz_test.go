@@ -12,6 +12,7 @@ import (
 	"math"
 	"reflect"
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/ticketd/ticketd/core"
@@ -39,7 +40,13 @@ func FuzzDecodeEntry(f *testing.F) {
 	for _, e := range append(sampleEntries(), sampleControlEntries()...) {
 		f.Add(core.EncodeEntry(e))
 	}
-	grown := grownMachine(f).Snapshot()
+	for _, c := range []core.Command{rgrant("k", "acct", "r1", 5), rgrant("잠금", "", "r", 0), core.SetFenceKey(seed(1)), core.SetClusterVersion(3)} {
+		f.Add(core.EncodeEntry(core.Entry{RequestID: 3, Command: c}))
+	}
+	grownM := grownMachine(f)
+	grown := grownM.Snapshot()
+	applyAll(grownM, core.SetClusterVersion(3), core.SetFenceKey(seed(1)), rgrant("c", "acct", "r1", 5))
+	grown3 := grownM.Snapshot()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := core.DecodeEntry(b)
 		if err != nil {
@@ -58,9 +65,6 @@ func FuzzDecodeEntry(f *testing.F) {
 		// A decoded command always has an effect on a fresh machine, except
 		// that one of a later cluster version than the machine's is a Noop.
 		want := map[core.Kind]core.Result{core.KindGrant: granted(1), core.KindRelease: notFound, core.KindExpire: expiredFalse}[e.Command.Kind]
-		if core.CommandVersion(e.Command) > 1 {
-			want = noop
-		}
 		if e.Command.Kind == core.KindControl {
 			want = map[core.ControlOp]core.Result{
 				core.ControlBootstrap:           bootstrapRecorded(1, 1),
@@ -74,26 +78,32 @@ func FuzzDecodeEntry(f *testing.F) {
 				core.ControlSetClusterVersion:   {Kind: core.ResultControlApplied},
 			}[e.Command.Control.Op]
 		}
+		if core.CommandVersion(e.Command) > 1 {
+			want = noop
+		}
 		if got := core.NewMachine().Apply(e.Command); got != want {
 			t.Fatalf("Apply(%+v) on a fresh machine = %v, want %v", e.Command, got, want)
 		}
-		if e.Command.Kind != core.KindControl {
-			return
+		// On machines with every kind of control state, at cluster version
+		// 1 and 3 (with a fence key and a request record): a control
+		// rejection changes nothing and anything else changes something,
+		// and the state stays valid and survives its snapshot and records.
+		for _, snap := range [][]byte{grown, grown3} {
+			m := core.NewMachine()
+			if err := m.Restore(snap); err != nil {
+				t.Fatal(err)
+			}
+			before := m.Digest()
+			pending, isPending := m.PendingReplacement()
+			got := m.Apply(e.Command)
+			if e.Command.Kind == core.KindControl {
+				if changed := m.Digest() != before; changed != mustChange(e.Command.Control, got, pending, isPending) {
+					t.Fatalf("Apply(%v) = %v, state changed: %t", e.Command.Control, got, changed)
+				}
+				checkControlInvariants(t, m)
+			}
+			checkRequestsSurvive(t, m)
 		}
-		// On a machine with every kind of control state, a rejection
-		// changes nothing and anything else changes something, and the
-		// state stays valid.
-		m := core.NewMachine()
-		if err := m.Restore(grown); err != nil {
-			t.Fatal(err)
-		}
-		before := m.Digest()
-		pending, isPending := m.PendingReplacement()
-		got := m.Apply(e.Command)
-		if changed := m.Digest() != before; changed != mustChange(e.Command.Control, got, pending, isPending) {
-			t.Fatalf("Apply(%v) = %v, state changed: %t", e.Command.Control, got, changed)
-		}
-		checkControlInvariants(t, m)
 	})
 }
 
@@ -106,6 +116,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		grownMachine(f).Snapshot(),
 		func() []byte { m := core.NewMachine(); lifecycle(f, m); return m.Snapshot() }(),
 		v2Machine(f).Snapshot(),
+		v3Full(f).Snapshot(),
 	} {
 		f.Add(snap)
 		f.Add(snap[:len(snap)-4]) // a body, for the sealed check below
@@ -167,6 +178,11 @@ func checkSnapshot(t *testing.T, b []byte) {
 		t.Fatal("restored machine does not reproduce the snapshot")
 	}
 	checkControlInvariants(t, m)
+	// The storage path (lock, control and request records) accepts what
+	// the snapshot decoder accepts, and reaches the same state.
+	if x := rebuildFromRecords(t, nil, m); x.Digest() != m.Digest() {
+		t.Fatal("rebuilt from records, the state differs")
+	}
 	// The next grant never reuses a token.
 	key := "\x01fuzz"
 	for _, held := m.Get(key); held; _, held = m.Get(key) {
@@ -193,6 +209,7 @@ func FuzzDecodeControlState(f *testing.F) {
 		}(),
 		grownMachine(f).ControlSnapshot(),
 		v2Machine(f).ControlSnapshot(),
+		v3Full(f).ControlSnapshot(),
 	} {
 		f.Add(rec)
 		f.Add(rec[:len(rec)-4]) // a body, for the sealed check below
@@ -255,6 +272,10 @@ func checkControlRecord(t *testing.T, b []byte) {
 	if p := cs.Pending; p != nil {
 		cmds = append(cmds, core.CompleteReplacement(p.Old, p.New, p.NewIncarnation), core.AbortReplacement(p.Old, p.New, p.NewIncarnation))
 	}
+	cmds = append(cmds, core.SetFenceKey(seed(9)), core.SetClusterVersion(3))
+	for _, k := range cs.FenceKeys {
+		cmds = append(cmds, core.SetFenceKey(k))
+	}
 	for _, c := range cmds {
 		if c.Validate() != nil {
 			continue
@@ -277,6 +298,8 @@ func FuzzDecodeLockRecord(f *testing.F) {
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, Owner: "o", LeaseMS: 100, GrantedAtMS: 7}))
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, Owner: "o", Identity: "ACCOUNT/user", LeaseMS: 100, GrantedAtMS: 7}))
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "잠금", Token: math.MaxUint64, LeaseMS: core.MaxLeaseMS, GrantedAtMS: math.MaxUint64}))
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, Owner: "o", Identity: "ACCOUNT/user", RequestID: "req-1", LeaseMS: 100, GrantedAtMS: 7}))
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, RequestID: "r", LeaseMS: 100}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		l, err := core.DecodeLockRecord(b)
 		if err != nil {
@@ -293,7 +316,11 @@ func FuzzDecodeLockRecord(f *testing.F) {
 		if _, _, err := core.DecodeSnapshot(core.EncodeSnapshot(l.Token, []core.Lock{l})); err != nil {
 			t.Fatalf("lock %+v is not snapshot-valid: %v", l, err)
 		}
-		if err := core.Grant(l.Key, l.Owner, l.LeaseMS, l.GrantedAtMS).Validate(); err != nil {
+		v4 := core.SnapshotState{LastToken: l.Token, Locks: []core.Lock{l}, Control: core.ControlState{ClusterVersion: 3}}
+		if st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(v4)); err != nil || st.Locks[0] != l {
+			t.Fatalf("lock %+v does not travel in a version 4 snapshot: %+v, %v", l, st, err)
+		}
+		if err := core.Grant(l.Key, l.Owner, l.LeaseMS, l.GrantedAtMS).WithRequest(l.Identity, l.RequestID).Validate(); err != nil {
 			t.Fatalf("lock %+v could not have been granted: %v", l, err)
 		}
 	})
@@ -307,9 +334,14 @@ func FuzzDecodeLockRecord(f *testing.F) {
 //	op bits 0-2: 0,1 grant; 2 release(arg); 3 expire(arg); 4 checkpoint;
 //	             5 raw command of kind arg%6 (often invalid);
 //	             6 release, 7 expire with the current holder's token
+//	op bit 3:    on a grant, a request id: identity arg bit 0, request id
+//	             arg bits 1-2, time arg minutes (so records age past the
+//	             retention)
 //	op bits 4-5: key index
 //	op bits 6-7 both set: a control command instead, op bits 0-2 choosing
-//	             the op and arg its fields (see fuzzControl)
+//	             the op and arg its fields (see fuzzControl); with op bit
+//	             3, SetClusterVersion(2 + arg bit 1) when arg bit 0 is
+//	             clear, else SetFenceKey of seed arg bits 1-2
 //
 // A first byte >= 0xf0 starts the counter just below the end of the token
 // space.
@@ -335,9 +367,16 @@ func FuzzApplySequence(f *testing.F) {
 			op, arg := data[i], data[i+1]
 			key := keys[op>>4&3]
 			var c core.Command
-			if op>>6 == 3 {
+			switch {
+			case op>>6 == 3 && op&8 != 0 && arg&1 == 0:
+				c = core.SetClusterVersion(2 + uint64(arg>>1&1))
+			case op>>6 == 3 && op&8 != 0:
+				c = core.SetFenceKey(seed(1 + int(arg>>1&3)))
+			case op>>6 == 3:
 				c = fuzzControl(direct, op&7, arg)
-			} else {
+			case op&7 <= 1 && op&8 != 0:
+				c = rgrant(key, []string{"", "x"}[arg&1], "r"+strconv.Itoa(int(arg>>1&3)), uint64(arg)*60_000)
+			default:
 				switch op & 7 {
 				case 0, 1:
 					c = core.Grant(key, string(rune('a'+arg%3)), core.MinLeaseMS+uint64(arg), uint64(arg))
@@ -420,13 +459,39 @@ func fuzzControl(m *core.Machine, op, arg byte) core.Command {
 }
 
 // mustChange says whether a control request that got result must have
-// changed the state: a rejection never does, and neither does a retried
-// prepare of the pending replacement (same old voter, same address),
-// which only tells the identity already prepared; anything else does.
+// changed the state: a rejection never does, nor a Noop (a request of a
+// later cluster version), and neither does a retried prepare of the
+// pending replacement (same old voter, same address), which only tells
+// the identity already prepared; anything else does.
 func mustChange(r core.ControlRequest, got core.Result, pending core.Replacement, isPending bool) bool {
-	if got.Kind == core.ResultControlRejected {
+	if got.Kind == core.ResultControlRejected || got.Kind == core.ResultNoop {
 		return false
 	}
 	retry := r.Op == core.ControlPrepareReplacement && isPending && pending.Old == r.OldNodeID && pending.Address == r.Address
 	return !retry
+}
+
+// FuzzDecodeEndedRequest: the stored ended request record decodes only
+// from its canonical encoding, and what decodes travels in a snapshot.
+func FuzzDecodeEndedRequest(f *testing.F) {
+	f.Add(core.EncodeEndedRequest(core.EndedRequest{Request: core.RequestKey("a", "r"), KeyHash: core.RequestKeyHash("k"), Token: 1, EndedAtMS: 5}))
+	f.Add(core.EncodeEndedRequest(core.EndedRequest{Token: math.MaxUint64, EndedAtMS: math.MaxUint64}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		e, err := core.DecodeEndedRequest(b)
+		if err != nil {
+			checkDecodeError(t, err)
+			if e != (core.EndedRequest{}) {
+				t.Fatalf("failed decode returned %+v", e)
+			}
+			return
+		}
+		if re := core.EncodeEndedRequest(e); !bytes.Equal(re, b) {
+			t.Fatalf("not canonical: %x re-encodes to %x", b, re)
+		}
+		s := core.SnapshotState{LastToken: e.Token, Control: core.ControlState{ClusterVersion: 3},
+			Requests: core.RequestState{DataClockMS: e.EndedAtMS, Ended: []core.EndedRequest{e}}}
+		if st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(s)); err != nil || !reflect.DeepEqual(st.Requests, s.Requests) {
+			t.Fatalf("record %+v does not travel in a snapshot: %+v, %v", e, st, err)
+		}
+	})
 }

@@ -17,6 +17,9 @@ const (
 	// MaxIdentityLen is the longest authenticated identity in bytes (a
 	// NATS account public key is 56 bytes, a user name rarely more).
 	MaxIdentityLen = 256
+	// MaxRequestIDLen is the longest client request id (Grant.RequestID)
+	// in bytes: room for a UUID or a ULID with a prefix.
+	MaxRequestIDLen = 64
 
 	// MaxEntrySize bounds one encoded log entry.
 	MaxEntrySize = 4096
@@ -35,31 +38,39 @@ const (
 // MaxInflightDefault, 10,000), so the table can exceed the limit by a few
 // tens of thousands: MaxLocksOverrun allows 100,000.
 //
-// One lock in a snapshot (version 3) takes at most MaxLockSnapshotSize:
+// One lock in a snapshot (version 4) takes at most MaxLockSnapshotSize:
 //
-//	key 2+512 | token 10 | owner 2+256 | lease 4 | granted_at 10 | identity 2+256 = 1,054 bytes
+//	key 2+512 | token 10 | owner 2+256 | lease 4 | granted_at 10 | identity 2+256
+//	| request_id 2+64 = 1,120 bytes
 //
-// and the control section at most MaxControlSnapshotSize (MaxControlNodes
+// the control section at most MaxControlSnapshotSize (MaxControlNodes
 // members of 10+10+1+2+MaxAddressLen bytes, issued and retired lists of
-// 20 bytes each, MaxJoinCredentials credentials of 33 bytes, plus the
-// fixed fields): 65,536 × (279 + 20 + 20 + 33) + 1,024 ≈ 23.1 MB. So a
-// snapshot of the largest table is at most
+// 20 bytes each, MaxJoinCredentials credentials of 33 bytes, MaxFenceKeys
+// seeds of 32 bytes, plus the fixed fields): 65,536 × (279 + 20 + 20 + 33)
+// + 4 × 32 + 1,024 ≈ 23.1 MB, and the request section (requests.go) at
+// most MaxRequestsSnapshotSize: 30 + MaxRequestRecords × 84 ≈ 176.2 MB. So
+// a snapshot of the largest state is at most
 //
-//	MaxSnapshotSize = 64 + (MaxLocks + MaxLocksOverrun) × 1,054 + 23.1 MB
-//	                = 64 + 1,148,576 × 1,054 + 23,069,696 ≈ 1.234 GB
+//	MaxSnapshotSize = 64 + (MaxLocks + MaxLocksOverrun) × 1,120 + 23.1 MB + 176.2 MB
+//	                = 64 + 1,148,576 × 1,120 + 23,069,824 + 176,160,798 ≈ 1.486 GB
 //
 // which must fit (each checked by a test or a compile-time assertion):
 //   - the decoder: 1,148,576 locks ≤ MaxSnapshotLocks (16,777,216);
 //   - the peer transport's streamed message, 2 GiB (transports/peer
 //     MaxSnapshotSize; daemon asserts it at compile time);
 //   - the one Pebble batch (4 GiB) that installs a received snapshot: the
-//     snapshot bytes plus one row per lock (2+512 key, 1+1,054 value, ~10
-//     batch overhead): 1.234 GB + 1,148,576 × 1,579 ≈ 3.05 GB.
+//     snapshot bytes plus one row per lock (2+512 key, 1+1,120 value, ~10
+//     batch overhead) and one per ended request record (10 key, 1+84
+//     value, ~10): 1.486 GB + 1,148,576 × 1,645 + 2,097,152 × 105
+//     ≈ 3.60 GB.
 //
 // DefaultMaxLocks is below MaxLocks so that an operator can raise it a
 // little without first measuring memory: a held lock costs about 0.5 KB of
 // RSS at small sizes and 3 KB at the maximum key, owner and identity
-// sizes on each node (see the issue notes for the measurement).
+// sizes on each node (see the issue notes for the measurement). A request
+// record costs about 160 bytes (an ended one: its 80-byte record in the
+// FIFO and its index entry; a held lock's request id: the id in the lock
+// and its index entry), so a full request table is about 330 MB.
 const (
 	// MaxLocks is the highest --max-locks a node accepts.
 	MaxLocks = 1 << 20
@@ -69,11 +80,53 @@ const (
 	// can take the table past MaxLocks.
 	MaxLocksOverrun = 100_000
 	// MaxLockSnapshotSize is the largest encoding of one lock in a snapshot.
-	MaxLockSnapshotSize = (2 + MaxKeyLen) + 10 + (2 + MaxOwnerLen) + 4 + 10 + (2 + MaxIdentityLen)
+	MaxLockSnapshotSize = (2 + MaxKeyLen) + 10 + (2 + MaxOwnerLen) + 4 + 10 + (2 + MaxIdentityLen) + (2 + MaxRequestIDLen)
 	// MaxControlSnapshotSize bounds the control section of a snapshot.
-	MaxControlSnapshotSize = MaxControlNodes*(10+10+1+2+MaxAddressLen+20+20) + MaxJoinCredentials*33 + 1024
-	// MaxSnapshotSize bounds the snapshot of any table the cluster can hold.
-	MaxSnapshotSize = 64 + (MaxLocks+MaxLocksOverrun)*MaxLockSnapshotSize + MaxControlSnapshotSize
+	MaxControlSnapshotSize = MaxControlNodes*(10+10+1+2+MaxAddressLen+20+20) + MaxJoinCredentials*33 + MaxFenceKeys*32 + 1024
+	// MaxEndedSnapshotSize is the largest encoding of one ended request
+	// record: request 32 | key_hash 32 | token 10 | ended_at 10.
+	MaxEndedSnapshotSize = 32 + 32 + 10 + 10
+	// MaxRequestsSnapshotSize bounds the request section of a snapshot:
+	// data clock, head and count (10 each) and the ended records.
+	MaxRequestsSnapshotSize = 30 + MaxRequestRecords*MaxEndedSnapshotSize
+	// MaxSnapshotSize bounds the snapshot of any state the cluster can hold.
+	MaxSnapshotSize = 64 + (MaxLocks+MaxLocksOverrun)*MaxLockSnapshotSize + MaxControlSnapshotSize + MaxRequestsSnapshotSize
+)
+
+// Limits on the request records (requests.go): what lets a client retry an
+// acquire with the same request id and get the outcome of the first one.
+//
+// A request record exists for every held lock granted with a request id,
+// and for every such grant that ended (released or expired), until it is
+// pruned. The total is bounded by MaxRequestRecords, enforced by Apply
+// itself (a Grant that would exceed it yields ResultRequestsExhausted,
+// which the leader answers with resource_exhausted), so, unlike the lock
+// table, it has no overrun. MaxRequestRecords is twice MaxLocks so that a
+// full lock table whose every lock carries a request id (the SDK sends one
+// on every acquire) still leaves room for the ended ones.
+//
+// Time is the data clock: the highest GrantedAtMS any Grant applied at
+// cluster version 3 carried (the leaders' wall clocks, as data). An ended
+// record is kept for RequestRetentionMS of it; when the table is full, an
+// ended record older than MinRequestRetentionMS may be forgotten early to
+// make room. Ended records older than RequestRetentionMS are pruned at most
+// RequestPruneBudget per applied lock command, oldest first, so that no
+// single apply does unbounded work.
+const (
+	// MaxRequestRecords bounds held locks with a request id plus ended
+	// request records.
+	MaxRequestRecords = 1 << 21
+	// RequestRetentionMS is how long (by the data clock) an ended grant's
+	// outcome is remembered for a retry.
+	RequestRetentionMS = uint64(10 * time.Minute / time.Millisecond)
+	// MinRequestRetentionMS is the least time an ended grant's outcome is
+	// remembered, even when the table is full: a Grant that would have to
+	// forget a younger one is refused (ResultRequestsExhausted) instead.
+	MinRequestRetentionMS = uint64(time.Minute / time.Millisecond)
+	// RequestPruneBudget is the most ended records one applied lock
+	// command prunes. Each command ends at most one grant, so any budget
+	// above one drains a backlog.
+	RequestPruneBudget = 4
 )
 
 // Limits on the replicated control state (SPEC §2 Control). Apply enforces
@@ -90,6 +143,10 @@ const (
 	// (consumed ones are remembered so that they can never be reused). A
 	// MintJoin beyond it is rejected with ReasonLimitReached.
 	MaxJoinCredentials = 1 << 16
+	// MaxFenceKeys bounds the fence signing keys kept (fence.go): the
+	// current one and the three before it, so that fences signed before a
+	// rotation keep verifying for a while.
+	MaxFenceKeys = 4
 )
 
 // MinLeaseMS and MaxLeaseMS are MinLease and MaxLease in milliseconds, the

@@ -8,30 +8,35 @@ import (
 // Lock is one held lock in the table. LeaseMS is the lease a holder may
 // assume from each grant or renewal; renewals only ever lengthen it.
 // Identity is who the transport authenticated when it was granted (empty:
-// anonymous, or granted before cluster version 2).
+// anonymous, or granted before cluster version 2). RequestID is the
+// client's request id of the Grant that made it (empty: none; cluster
+// version 3), scoped to Identity (requests.go).
 type Lock struct {
 	Key         string
 	Token       uint64
 	Owner       string
 	Identity    string
+	RequestID   string
 	LeaseMS     uint64
 	GrantedAtMS uint64
 }
 
-// Machine is the lock table, the token counter and the control state
-// (control.go). The zero value is an empty table whose first token will be
-// 1, not yet bootstrapped. Machine is not safe for concurrent use; its
-// owner (raftstore) serialises access.
+// Machine is the lock table, the token counter, the request records
+// (requests.go) and the control state (control.go). The zero value is an
+// empty table whose first token will be 1, not yet bootstrapped. Machine
+// is not safe for concurrent use; its owner (raftstore) serialises access.
 type Machine struct {
 	locks     map[string]Lock
 	lastToken uint64
 	ctl       control
+	req       requests
 
 	// lockSum and ctlSum keep Digest O(1): lockSum is the multiset hash of
-	// the lock table (digest.go), updated by put and del, the only two
-	// places the table changes; ctlSum is the hash of the control record,
+	// the lock table (digest.go), updated by put, grant and end
+	// (requests.go), the only places the table changes; ctlSum is the hash of the control record,
 	// recomputed whenever a control command or a restore may change it.
-	lockSum lockSum
+	// (req keeps the sum of its ended records itself.)
+	lockSum sum256
 	ctlSum  [32]byte
 }
 
@@ -48,7 +53,9 @@ func NewMachine() *Machine {
 // sees one still stays identical to the others. A Grant after token
 // math.MaxUint64 has been issued also yields Noop: tokens never wrap.
 // A valid control command yields one of the control results; a rejected
-// one (ControlRejected) changes nothing.
+// one (ControlRejected) changes nothing. From cluster version 3 on, every
+// lock command also keeps the request records (requests.go): a Grant
+// advances the data clock, and each prunes a few stale ended records.
 func (m *Machine) Apply(c Command) Result {
 	if c.validate() != nil || !m.supports(&c) {
 		return Result{Kind: ResultNoop}
@@ -63,9 +70,22 @@ func (m *Machine) Apply(c Command) Result {
 	if m.locks == nil {
 		m.locks = make(map[string]Lock)
 	}
+	if m.ctl.clusterVersion >= 3 {
+		if c.Kind == KindGrant {
+			m.req.clockMS = max(m.req.clockMS, c.GrantedAtMS)
+		}
+		m.req.prune(RequestPruneBudget)
+	}
 	held, ok := m.locks[c.Key]
 	switch c.Kind {
 	case KindGrant:
+		var h [32]byte
+		if c.RequestID != "" {
+			h = RequestKey(c.Identity, c.RequestID)
+			if r, named := m.grantRequest(&c, h); named {
+				return r
+			}
+		}
 		if ok {
 			return Result{Kind: ResultGrantRejected, Token: held.Token}
 		}
@@ -74,8 +94,12 @@ func (m *Machine) Apply(c Command) Result {
 			// and then reuse old tokens, so no further grant takes effect.
 			return Result{Kind: ResultNoop}
 		}
+		if c.RequestID != "" && !m.req.makeRoom() {
+			return Result{Kind: ResultRequestsExhausted}
+		}
 		m.lastToken++
-		m.put(Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, Identity: c.Identity, LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS})
+		m.grant(Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, Identity: c.Identity, RequestID: c.RequestID,
+			LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS}, &h)
 		return Result{Kind: ResultGranted, Token: m.lastToken}
 	case KindRenew:
 		if !ok || held.Token != c.Token {
@@ -93,13 +117,13 @@ func (m *Machine) Apply(c Command) Result {
 		if !ok || held.Token != c.Token {
 			return Result{Kind: ResultNotFound}
 		}
-		m.del(c.Key)
+		m.end(held)
 		return Result{Kind: ResultReleased}
 	case KindExpire:
 		if !ok || held.Token != c.Token {
 			return Result{Kind: ResultExpired, Existed: false}
 		}
-		m.del(c.Key)
+		m.end(held)
 		return Result{Kind: ResultExpired, Existed: true}
 	}
 	return Result{Kind: ResultNoop}
@@ -150,22 +174,33 @@ func (m *Machine) Locks() []Lock {
 	return out
 }
 
-// Snapshot encodes the whole state (lock table, counter, control state) in
-// the versioned snapshot format. Equal states give equal bytes.
+// Snapshot encodes the whole state (lock table, counter, request records,
+// control state) in the versioned snapshot format. Equal states give equal
+// bytes.
 func (m *Machine) Snapshot() []byte {
-	return EncodeSnapshotState(SnapshotState{LastToken: m.lastToken, Locks: m.Locks(), Control: m.ctl.state()})
+	return EncodeSnapshotState(m.SnapshotState())
+}
+
+// SnapshotState returns a copy of the whole state, as a snapshot carries
+// it.
+func (m *Machine) SnapshotState() SnapshotState {
+	return SnapshotState{LastToken: m.lastToken, Locks: m.Locks(), Control: m.ctl.state(), Requests: m.req.state()}
 }
 
 // Digest summarises the whole state: equal on two replicas exactly when
-// their tables, counters and control states are equal (up to SHA-256
-// collisions). It costs O(1): the lock table's part is kept up to date by
-// every change (digest.go), so status can report it on every call.
+// their tables, counters, request records and control states are equal
+// (up to SHA-256 collisions). It costs O(1): the lock table's and the
+// request records' parts are kept up to date by every change (digest.go),
+// so status can report it on every call.
 func (m *Machine) Digest() [32]byte {
 	ctl := m.ctlSum
 	if ctl == ([32]byte{}) {
 		// A zero Machine (not from NewMachine) that no control command,
 		// restore or load has touched yet.
 		ctl = controlSum(m.ctl.state())
+	}
+	if m.ctl.clusterVersion >= 3 {
+		return stateDigestV2(m.lastToken, len(m.locks), &m.lockSum, &ctl, &m.req)
 	}
 	return stateDigest(m.lastToken, len(m.locks), &m.lockSum, &ctl)
 }
@@ -189,35 +224,44 @@ func (m *Machine) RestoreState(s SnapshotState) {
 	m.Load(s.LastToken, s.Locks)
 	m.ctl = newControl(s.Control)
 	m.ctlSum = controlSum(m.ctl.state())
+	m.req.load(s.Requests)
 }
 
 // Load replaces the lock table and token counter with the given ones, as
 // read back from storage. The caller guarantees the locks are valid (they
-// came through a decoder). The control state, which storage keeps in its
-// own row, is left alone: LoadControl replaces it.
+// came through a decoder). The control state and the request records,
+// which storage keeps in rows of their own, are left alone: LoadControl
+// and LoadRequests replace them (in that order, after Load).
 func (m *Machine) Load(lastToken uint64, locks []Lock) {
 	m.lastToken = lastToken
 	m.locks = make(map[string]Lock, len(locks))
-	m.lockSum = lockSum{}
+	m.lockSum = sum256{}
+	m.req.held = nil
 	for _, l := range locks {
 		m.put(l)
 	}
 }
 
-// put sets the lock on l.Key, keeping lockSum in step.
+// put sets the lock on l.Key, keeping lockSum and the index of held
+// request ids in step.
 func (m *Machine) put(l Lock) {
-	if old, ok := m.locks[l.Key]; ok {
-		m.lockSum.sub(old)
+	old, ok := m.locks[l.Key]
+	if ok {
+		m.lockSum.sub(lockTerm(old))
 	}
 	m.locks[l.Key] = l
-	m.lockSum.add(l)
-}
-
-// del removes the lock on key, if any, keeping lockSum in step.
-func (m *Machine) del(key string) {
-	if old, ok := m.locks[key]; ok {
-		m.lockSum.sub(old)
-		delete(m.locks, key)
+	m.lockSum.add(lockTerm(l))
+	if ok && old.RequestID == l.RequestID && old.Identity == l.Identity {
+		return // a renewal: same request
+	}
+	if ok && old.RequestID != "" {
+		delete(m.req.held, RequestKey(old.Identity, old.RequestID))
+	}
+	if l.RequestID != "" {
+		if m.req.held == nil {
+			m.req.held = make(map[[32]byte]string)
+		}
+		m.req.held[RequestKey(l.Identity, l.RequestID)] = l.Key
 	}
 }
 

@@ -36,12 +36,54 @@ func propertySeed(t *testing.T) uint64 {
 }
 
 // model is an independent reference implementation of SPEC §2-§4, kept as
-// plain as possible: key -> token, and a counter.
+// plain as possible: key -> token, and a counter; and the request records
+// (core/requests.go) as a plain FIFO scanned from the end.
 type model struct {
 	held   map[string]uint64
 	leases map[string]uint64 // key -> lease_ms, which renewals only lengthen
 	last   uint64
 	ctl    *ctlModel // for the cluster version
+
+	rids  map[string]reqID // key -> request of the lock held on it, if any
+	byReq map[reqID]string // request -> key of the lock holding it
+	ended []endedModel     // oldest first
+	clock uint64
+	limit int // the request records' limit
+}
+
+type reqID struct{ identity, rid string }
+
+type endedModel struct {
+	req       reqID
+	key       string
+	token, at uint64
+}
+
+func (m *model) end(key string) {
+	if id, ok := m.rids[key]; ok {
+		m.ended = append(m.ended, endedModel{id, key, m.held[key], m.clock})
+		delete(m.rids, key)
+		delete(m.byReq, id)
+	}
+	delete(m.held, key)
+	delete(m.leases, key)
+}
+
+// lookup is the record of a request: held, or its newest ended one if
+// not older than the retention.
+func (m *model) lookup(id reqID) core.RequestRecord {
+	if key, ok := m.byReq[id]; ok {
+		return core.RequestRecord{Status: core.RequestHeld, Key: key, KeyHash: core.RequestKeyHash(key), Token: m.held[key]}
+	}
+	for i := len(m.ended) - 1; i >= 0; i-- {
+		if e := m.ended[i]; e.req == id {
+			if m.clock-e.at > core.RequestRetentionMS {
+				break
+			}
+			return core.RequestRecord{Status: core.RequestEnded, KeyHash: core.RequestKeyHash(e.key), Token: e.token}
+		}
+	}
+	return core.RequestRecord{}
 }
 
 func (m *model) apply(c core.Command, valid bool) core.Result {
@@ -51,22 +93,52 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 	if c.Kind == core.KindControl {
 		panic("model: control command")
 	}
-	// Version 2 commands change nothing before the cluster agreed on it.
-	if (c.Kind == core.KindRenew || c.Identity != "") && m.ctl.version < 2 {
+	// Version 2 and 3 commands change nothing before the cluster agreed
+	// on their version.
+	if (c.Kind == core.KindRenew || c.Identity != "") && m.ctl.version < 2 || c.RequestID != "" && m.ctl.version < 3 {
 		return noop
+	}
+	if m.ctl.version >= 3 {
+		if c.Kind == core.KindGrant {
+			m.clock = max(m.clock, c.GrantedAtMS)
+		}
+		for i := 0; i < core.RequestPruneBudget && len(m.ended) > 0 && m.clock-m.ended[0].at > core.RequestRetentionMS; i++ {
+			m.ended = m.ended[1:]
+		}
 	}
 	tok, ok := m.held[c.Key]
 	switch c.Kind {
 	case core.KindGrant:
+		id := reqID{c.Identity, c.RequestID}
+		if c.RequestID != "" {
+			switch rec := m.lookup(id); {
+			case rec.Status == core.RequestHeld && rec.Key == c.Key:
+				return core.Result{Kind: core.ResultGrantRepeated, Token: rec.Token}
+			case rec.Status == core.RequestEnded && rec.KeyHash == core.RequestKeyHash(c.Key):
+				return core.Result{Kind: core.ResultGrantEnded, Token: rec.Token}
+			case rec.Status != core.RequestUnknown:
+				return core.Result{Kind: core.ResultRequestMismatch, Token: rec.Token}
+			}
+		}
 		if ok {
 			return grantRejected(tok)
 		}
 		if m.last == math.MaxUint64 {
 			return noop
 		}
+		if c.RequestID != "" && len(m.byReq)+len(m.ended) >= m.limit {
+			if len(m.ended) == 0 || m.clock-m.ended[0].at < core.MinRequestRetentionMS {
+				return core.Result{Kind: core.ResultRequestsExhausted}
+			}
+			m.ended = m.ended[1:]
+		}
 		m.last++
 		m.held[c.Key] = m.last
 		m.leases[c.Key] = c.LeaseMS
+		if c.RequestID != "" {
+			m.rids[c.Key] = id
+			m.byReq[id] = c.Key
+		}
 		return granted(m.last)
 	case core.KindRenew:
 		if ok && tok == c.Token {
@@ -76,13 +148,13 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 		return notFound
 	case core.KindRelease:
 		if ok && tok == c.Token {
-			delete(m.held, c.Key)
+			m.end(c.Key)
 			return released
 		}
 		return notFound
 	case core.KindExpire:
 		if ok && tok == c.Token {
-			delete(m.held, c.Key)
+			m.end(c.Key)
 			return expiredTrue
 		}
 		return expiredFalse
@@ -102,6 +174,7 @@ type ctlModel struct {
 	creds        map[[32]byte]bool // minted hashes; true once consumed
 	pending      *core.Replacement
 	version      uint64 // 0 until SetClusterVersion
+	fence        []core.FenceSeed
 }
 
 func newCtlModel() *ctlModel {
@@ -163,6 +236,18 @@ func (m *ctlModel) apply(r core.ControlRequest) core.Result {
 			return m.reject(core.ReasonVersionNotNewer)
 		}
 		m.version = r.Version
+		return core.Result{Kind: core.ResultControlApplied}
+	case core.ControlSetFenceKey:
+		switch {
+		case m.version < 3:
+			return noop
+		case slices.Contains(m.fence, r.FenceSeed):
+			return m.reject(core.ReasonFenceKeyExists)
+		}
+		m.fence = append(m.fence, r.FenceSeed)
+		if len(m.fence) > core.MaxFenceKeys {
+			m.fence = m.fence[1:]
+		}
 		return core.Result{Kind: core.ResultControlApplied}
 	case core.ControlBootstrap:
 		if m.bootstrapped {
@@ -275,6 +360,9 @@ func (m *ctlModel) check(t *testing.T, mach *core.Machine) {
 	if cs.ClusterVersion != m.version || mach.ClusterVersion() != max(1, m.version) {
 		t.Fatalf("cluster version %d (effective %d), model %d", cs.ClusterVersion, mach.ClusterVersion(), m.version)
 	}
+	if !slices.Equal(cs.FenceKeys, m.fence) {
+		t.Fatalf("%d fence keys, model %d", len(cs.FenceKeys), len(m.fence))
+	}
 	if len(cs.Members) != len(m.members) || len(cs.Retired) != len(m.retired) || len(cs.JoinCredentials) != len(m.creds) {
 		t.Fatalf("control sizes: %d members, %d retired, %d credentials; model %d, %d, %d",
 			len(cs.Members), len(cs.Retired), len(cs.JoinCredentials), len(m.members), len(m.retired), len(m.creds))
@@ -313,6 +401,31 @@ type cmdGen struct {
 	issued []uint64            // every token issued so far
 	byKey  map[string][]uint64 // tokens issued per key, including stale ones
 	nodes  []uint64            // every NodeID issued so far, in order
+	now    uint64              // the leaders' wall clock, as Grants carry it
+}
+
+// Request ids and identities come from small pools, so that repeats,
+// mismatches and the same id under two identities happen.
+var (
+	propertyIdentities = []string{"", "account-0", "account-1", "account-2"}
+	propertyRequestIDs = []string{"req-0", "req-1", "req-2", "req-3"}
+)
+
+// grantTime is the time a Grant carries: mostly a little after the last,
+// sometimes a jump past the retention, sometimes an older leader's time,
+// rarely anything at all (which stops the clock for the rest).
+func (g *cmdGen) grantTime() uint64 {
+	switch p := g.r.IntN(100); {
+	case p < 70:
+		g.now += g.r.Uint64N(core.MinRequestRetentionMS)
+	case p < 85:
+		g.now += core.RequestRetentionMS/2 + g.r.Uint64N(2*core.RequestRetentionMS)
+	case p < 99:
+		return g.now - min(g.now, g.r.Uint64N(core.RequestRetentionMS))
+	default:
+		return g.r.Uint64()
+	}
+	return g.now
 }
 
 var propertyKeys = []string{"a", "b", "c", "lock/orders/1", "잠금", strings.Repeat("z", core.MaxKeyLen)}
@@ -382,15 +495,22 @@ func (g *cmdGen) control(ctl *ctlModel) (core.Command, bool) {
 			core.CompleteReplacement(2, 2, 2),
 			core.PrepareReplacement(1, strings.Repeat("h", core.MaxAddressLen)+":1"),
 			{Kind: core.KindControl, Key: "a", Control: core.MintJoin(h).Control},
-			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlOp(10 + r.IntN(246))}},
+			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlOp(11 + r.IntN(245))}},
 			core.SetClusterVersion(core.MaxClusterVersion + 1),
+			core.SetFenceKey(core.FenceSeed{}),
+			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlSetFenceKey, FenceSeed: seed(1), Version: 3}},
 			core.SetClusterVersion(1),
 			{Kind: core.KindControl, Control: core.ControlRequest{Op: core.ControlPromote, NodeID: 1, Incarnation: 1, Address: a}},
 		}
 		return invalid[r.IntN(len(invalid))], false
 	}
 	if r.IntN(12) == 0 {
-		return core.SetClusterVersion(2), true
+		return core.SetClusterVersion(uint64(2 + r.IntN(2))), true
+	}
+	// Rarer than the rest: every restore derives each kept key again, and
+	// Ed25519 under the race detector is slow.
+	if r.IntN(40) == 0 {
+		return core.SetFenceKey(seed(1 + r.IntN(6))), true
 	}
 	op := r.IntN(8)
 	if op == 0 && ctl.bootstrapped && r.IntN(3) > 0 {
@@ -459,9 +579,12 @@ func (g *cmdGen) command(mod *model, ctl *ctlModel) (core.Command, bool) {
 			owner = "owner-" + strconv.Itoa(r.IntN(5))
 		}
 		leaseMS := core.MinLeaseMS + r.Uint64N(core.MaxLeaseMS-core.MinLeaseMS+1)
-		c := core.Grant(g.key(), owner, leaseMS, r.Uint64())
+		c := core.Grant(g.key(), owner, leaseMS, g.grantTime())
 		if r.IntN(3) == 0 {
 			c.Identity = "account-" + strconv.Itoa(r.IntN(3))
+		}
+		if r.IntN(5) < 2 {
+			c = c.WithRequest(propertyIdentities[r.IntN(len(propertyIdentities))], propertyRequestIDs[r.IntN(len(propertyRequestIDs))])
 		}
 		return c, true
 	case p < 52:
@@ -497,6 +620,11 @@ func (g *cmdGen) command(mod *model, ctl *ctlModel) (core.Command, bool) {
 		{Kind: core.KindRenew, Key: g.key(), Token: 1, Owner: "o"},
 		{Kind: core.KindGrant, Key: g.key(), LeaseMS: lease, Identity: strings.Repeat("i", core.MaxIdentityLen+1)},
 		{Kind: core.KindRelease, Key: g.key(), Token: 1, Identity: "a"},
+		core.Grant(g.key(), "", lease, 0).WithRequest("a", strings.Repeat("r", core.MaxRequestIDLen+1)),
+		core.Grant(g.key(), "", lease, 0).WithRequest("a", "r\x00"),
+		core.Grant(g.key(), "", lease, 0).WithRequest("", "\xff"),
+		{Kind: core.KindRelease, Key: g.key(), Token: 1, RequestID: "r"},
+		{Kind: core.KindRenew, Key: g.key(), Token: 1, RequestID: "r"},
 	}
 	return invalid[r.IntN(len(invalid))], false
 }
@@ -526,6 +654,13 @@ type replicas struct {
 	viaLog  *core.Machine // (b) through EncodeEntry -> DecodeEntry
 	viaSnap *core.Machine // (c) replaced by Snapshot -> Restore at random points
 	viaRecs *core.Machine // (d) rebuilt from lock records + Load at random points
+}
+
+// setLimit gives every replica the request records' limit of the sequence.
+func (ms replicas) setLimit(n int) {
+	for _, m := range []*core.Machine{ms.direct, ms.viaLog, ms.viaSnap, ms.viaRecs} {
+		m.SetRequestLimitForTest(n)
+	}
 }
 
 func newReplicas(lastToken uint64) replicas {
@@ -558,7 +693,13 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 	r := rand.New(rand.NewPCG(seed, uint64(seq)))
 	g := &cmdGen{r: r, keys: propertyKeys[:1+r.IntN(len(propertyKeys))], byKey: map[string][]uint64{}}
 	ctl := newCtlModel()
-	mod := &model{held: map[string]uint64{}, leases: map[string]uint64{}, ctl: ctl}
+	mod := &model{held: map[string]uint64{}, leases: map[string]uint64{}, ctl: ctl,
+		rids: map[string]reqID{}, byReq: map[reqID]string{}, limit: core.MaxRequestRecords}
+	// Half the sequences fill a small request table (the same limit on
+	// every replica), so that exhaustion and early forgetting happen.
+	if r.IntN(2) == 0 {
+		mod.limit = 2 + r.IntN(5)
+	}
 	// Most sequences start from a fresh counter; some start from a restored
 	// high one, and a few right below the end of the token space.
 	switch p := r.IntN(100); {
@@ -568,6 +709,7 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 		mod.last = math.MaxUint64 - r.Uint64N(40)
 	}
 	ms := newReplicas(mod.last)
+	ms.setLimit(mod.limit)
 	var history []core.Command
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -580,9 +722,11 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 	for step := range n {
 		if r.IntN(16) == 0 {
 			ms.viaSnap = snapshotRestore(t, ms.viaSnap, step%2 == 0)
+			ms.setLimit(mod.limit)
 		}
 		if r.IntN(16) == 0 {
 			ms.viaRecs = rebuildFromRecords(t, r, ms.viaRecs)
+			ms.setLimit(mod.limit)
 		}
 		c, valid := g.command(mod, ctl)
 		history = append(history, c)
@@ -625,6 +769,17 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 		if ms.direct.Len() != len(mod.held) {
 			fail("Len() = %d, model holds %d", ms.direct.Len(), len(mod.held))
 			return
+		}
+		if n := len(mod.byReq) + len(mod.ended); ms.direct.RequestRecords() != n || ms.direct.DataClockMS() != mod.clock {
+			fail("%d request records, data clock %d; model %d, %d", ms.direct.RequestRecords(), ms.direct.DataClockMS(), n, mod.clock)
+			return
+		}
+	}
+	for _, id := range propertyIdentities {
+		for _, rid := range propertyRequestIDs {
+			if got, want := ms.direct.LookupRequest(id, rid), mod.lookup(reqID{id, rid}); got != want {
+				fail("LookupRequest(%q, %q) = %+v, model %+v", id, rid, got, want)
+			}
 		}
 	}
 
@@ -685,8 +840,9 @@ func snapshotRestore(t *testing.T, m *core.Machine, zeroValue bool) *core.Machin
 // rebuildFromRecords mimics a restart from storage rows: every lock is
 // written as a record, read back in storage order (any order), and loaded
 // with the persisted counter; the control state comes back from its own
-// record through LoadControl. A nil r keeps key order.
-func rebuildFromRecords(t *testing.T, r *rand.Rand, m *core.Machine) *core.Machine {
+// record through LoadControl, the request records from theirs through
+// LoadRequests. A nil r keeps key order.
+func rebuildFromRecords(t testing.TB, r *rand.Rand, m *core.Machine) *core.Machine {
 	t.Helper()
 	var locks []core.Lock
 	for _, l := range m.Locks() {
@@ -700,10 +856,22 @@ func rebuildFromRecords(t *testing.T, r *rand.Rand, m *core.Machine) *core.Machi
 		r.Shuffle(len(locks), func(i, j int) { locks[i], locks[j] = locks[j], locks[i] })
 	}
 	fresh := core.NewMachine()
+	fresh.Load(m.LastToken(), locks)
 	if err := fresh.LoadControl(m.ControlSnapshot()); err != nil {
 		t.Fatalf("LoadControl(own control record): %v", err)
 	}
-	fresh.Load(m.LastToken(), locks)
+	// The request records come back from their own rows, one per record.
+	rs := m.RequestState()
+	for i, e := range rs.Ended {
+		got, err := core.DecodeEndedRequest(core.EncodeEndedRequest(e))
+		if err != nil || got != e {
+			t.Fatalf("ended request record round trip of %+v: %+v, %v", e, got, err)
+		}
+		rs.Ended[i] = got
+	}
+	if err := fresh.LoadRequests(rs); err != nil {
+		t.Fatalf("LoadRequests(own request state): %v", err)
+	}
 	return fresh
 }
 
@@ -722,6 +890,9 @@ func checkTable(t *testing.T, m *core.Machine, mod *model) {
 		tokens[l.Token] = true
 		if mod.held[l.Key] != l.Token || mod.leases[l.Key] != l.LeaseMS {
 			t.Fatalf("lock %+v, model has token %d lease %dms", l, mod.held[l.Key], mod.leases[l.Key])
+		}
+		if id := mod.rids[l.Key]; l.RequestID != id.rid || l.RequestID != "" && l.Identity != id.identity {
+			t.Fatalf("lock %+v, model has request %+v", l, id)
 		}
 		if got, ok := m.Get(l.Key); !ok || got != l {
 			t.Fatalf("Get(%q) = %+v, %t; Locks has %+v", l.Key, got, ok, l)

@@ -21,7 +21,10 @@ type ReseedOptions struct {
 	BumpTokens uint64
 	// DropLocks empties the lock table. Otherwise every lock comes back
 	// with its token and owner, and the new leader times its full lease
-	// again: a lock its holder thinks lost may still block its key.
+	// again: a lock its holder thinks lost may still block its key. A
+	// dropped lock granted with a request id ends: its request record
+	// moves to the ended ones, so that a retry of that acquire learns the
+	// grant ended instead of being granted again.
 	DropLocks bool
 	// Static: the new cluster runs from a static member list without a
 	// control plane, so the control state keeps only the cluster version.
@@ -43,22 +46,34 @@ type ReseedOptions struct {
 // members it named; join credentials minted but never used are dropped
 // (they were handed out for the old cluster), consumed ones stay
 // consumed, and the consumed bootstrap credential stays consumed. The
-// cluster version is kept: the data is in its formats.
+// cluster version is kept: the data is in its formats. The fence keys are
+// kept too, in every case: fences the old cluster signed must keep
+// verifying against the restored one's keys. The request records are kept
+// (see DropLocks).
 //
 // A backup that was never bootstrapped keeps its (empty) control state;
-// Static keeps only the cluster version: a static cluster has no
-// control-plane members, and the old identities mean nothing in it.
+// Static keeps only the cluster version and the fence keys: a static
+// cluster has no control-plane members, and the old identities mean
+// nothing in it.
 func Reseed(s SnapshotState, o ReseedOptions) (SnapshotState, Identity, error) {
 	if o.BumpTokens > math.MaxUint64-s.LastToken {
 		return SnapshotState{}, Identity{}, invalidf("bumping last token %d by %d overflows", s.LastToken, o.BumpTokens)
 	}
-	out := SnapshotState{LastToken: s.LastToken + o.BumpTokens}
+	out := SnapshotState{LastToken: s.LastToken + o.BumpTokens, Requests: s.Requests}
+	out.Requests.Ended = slices.Clone(s.Requests.Ended)
 	if !o.DropLocks {
 		out.Locks = slices.Clone(s.Locks)
+	} else {
+		for _, l := range s.Locks { // in key order: deterministic
+			if l.RequestID != "" {
+				out.Requests.Ended = append(out.Requests.Ended, EndedRequest{Request: RequestKey(l.Identity, l.RequestID),
+					KeyHash: RequestKeyHash(l.Key), Token: l.Token, EndedAtMS: s.Requests.DataClockMS})
+			}
+		}
 	}
 	switch {
 	case o.Static:
-		out.Control = ControlState{ClusterVersion: s.Control.ClusterVersion}
+		out.Control = ControlState{ClusterVersion: s.Control.ClusterVersion, FenceKeys: slices.Clone(s.Control.FenceKeys)}
 		return out, Identity{}, nil
 	case !s.Control.Bootstrapped:
 		out.Control = s.Control
@@ -90,6 +105,7 @@ func reseedControl(old ControlState, addr string) (ControlState, Identity, error
 		Members:         []Member{{NodeID: id.NodeID, Incarnation: id.Incarnation, Address: addr, Role: RoleVoter}},
 		Issued:          append(slices.Clone(old.Issued), id), // id is above all: still sorted
 		ClusterVersion:  old.ClusterVersion,
+		FenceKeys:       slices.Clone(old.FenceKeys),
 	}
 	cs.Retired = slices.Clone(old.Retired)
 	for _, m := range old.Members {

@@ -16,7 +16,15 @@ func encodeVia(t testing.TB, locks []core.Lock, v3, records bool) ([]byte, error
 	if v3 {
 		ctl.ClusterVersion = 2
 	}
-	var last uint64
+	return encodeState(t, core.SnapshotState{Locks: locks, Control: ctl}, records)
+}
+
+// encodeState builds the snapshot of s through the encoder: its locks
+// with Add or AddRecord, then its request section.
+func encodeState(t testing.TB, s core.SnapshotState, records bool) ([]byte, error) {
+	t.Helper()
+	locks, ctl := s.Locks, s.Control
+	last := s.LastToken
 	for _, l := range locks {
 		last = max(last, l.Token)
 	}
@@ -32,7 +40,96 @@ func encodeVia(t testing.TB, locks []core.Lock, v3, records bool) ([]byte, error
 			return nil, err
 		}
 	}
+	rs := s.Requests
+	if len(rs.Ended) > 0 || rs.DataClockMS != 0 || rs.EndedHead != 0 || records {
+		// (Finish writes an empty section itself; records=true shows
+		// BeginRequests with an empty one gives the same bytes.)
+		if err := e.BeginRequests(rs.DataClockMS, rs.EndedHead, len(rs.Ended)); err != nil {
+			return nil, err
+		}
+	}
+	for _, x := range rs.Ended {
+		if err := e.AddEnded(x); err != nil {
+			return nil, err
+		}
+	}
 	return e.Finish()
+}
+
+// The encoder gives the bytes of EncodeSnapshotState for a cluster
+// version 3 state too (request ids, ended records, fence keys), fed
+// locks or their records.
+func TestSnapshotEncoderVersion4(t *testing.T) {
+	s := v3Full(t).SnapshotState()
+	want := core.EncodeSnapshotState(s)
+	for _, records := range []bool{false, true} {
+		got, err := encodeState(t, s, records)
+		if err != nil || !bytes.Equal(got, want) {
+			t.Fatalf("records=%v: err %v, bytes equal %v", records, err, bytes.Equal(got, want))
+		}
+	}
+	ended := core.EndedRequest{Token: 1, EndedAtMS: 5}
+	v4 := core.ControlState{ClusterVersion: 3}
+	for _, tc := range []struct {
+		name string
+		run  func(e *core.SnapshotEncoder) error
+	}{
+		{"request id before version 3", func(*core.SnapshotEncoder) error {
+			_, err := encodeVia(t, []core.Lock{{Key: "a", Token: 1, LeaseMS: lease, RequestID: "r"}}, true, true)
+			return err
+		}},
+		{"requests before version 3", func(*core.SnapshotEncoder) error {
+			return core.NewSnapshotEncoder(5, 0, core.ControlState{ClusterVersion: 2}, 0).BeginRequests(1, 0, 0)
+		}},
+		{"locks missing", func(e *core.SnapshotEncoder) error { return e.BeginRequests(5, 0, 1) }},
+		{"ended before begin", func(*core.SnapshotEncoder) error {
+			return core.NewSnapshotEncoder(5, 0, v4, 0).AddEnded(ended)
+		}},
+		{"begun twice", func(*core.SnapshotEncoder) error {
+			e := core.NewSnapshotEncoder(5, 0, v4, 0)
+			_ = e.BeginRequests(5, 0, 1)
+			return e.BeginRequests(5, 0, 1)
+		}},
+		{"lock after begin", func(*core.SnapshotEncoder) error {
+			e := core.NewSnapshotEncoder(5, 0, v4, 0)
+			_ = e.BeginRequests(5, 0, 0)
+			return e.AddRecord(core.EncodeLockRecord(core.Lock{Key: "a", Token: 1, LeaseMS: lease}))
+		}},
+		{"more ended than declared", func(*core.SnapshotEncoder) error {
+			e := core.NewSnapshotEncoder(5, 0, v4, 0)
+			_ = e.BeginRequests(5, 0, 0)
+			return e.AddEnded(ended)
+		}},
+		{"fewer ended than declared", func(*core.SnapshotEncoder) error {
+			e := core.NewSnapshotEncoder(5, 0, v4, 0)
+			_ = e.BeginRequests(5, 0, 1)
+			_, err := e.Finish()
+			return err
+		}},
+		{"ended token 0", func(*core.SnapshotEncoder) error {
+			e := core.NewSnapshotEncoder(5, 0, v4, 0)
+			_ = e.BeginRequests(5, 0, 1)
+			return e.AddEnded(core.EndedRequest{EndedAtMS: 1})
+		}},
+		{"ended after the clock", func(*core.SnapshotEncoder) error {
+			e := core.NewSnapshotEncoder(5, 0, v4, 0)
+			_ = e.BeginRequests(4, 0, 1)
+			return e.AddEnded(ended)
+		}},
+		{"ended out of order", func(*core.SnapshotEncoder) error {
+			e := core.NewSnapshotEncoder(5, 0, v4, 0)
+			_ = e.BeginRequests(9, 0, 2)
+			_ = e.AddEnded(ended)
+			return e.AddEnded(core.EndedRequest{Token: 2, EndedAtMS: 4})
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := core.NewSnapshotEncoder(5, 1, v4, 0)
+			if err := tc.run(e); err == nil {
+				t.Fatal("accepted")
+			}
+		})
+	}
 }
 
 // The encoder, fed locks or their stored records, gives exactly the bytes
@@ -126,28 +223,35 @@ func FuzzSnapshotEncoderAddRecord(f *testing.F) {
 		f.Add(core.EncodeLockRecord(l), true)
 		f.Add(core.EncodeLockRecord(l), false)
 	}
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 9, Identity: "id", RequestID: "r", LeaseMS: lease}), true)
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 9, RequestID: "r", LeaseMS: lease}), false)
+	// v3 false: snapshot version 2; true: versions 3 and 4 (cluster
+	// versions 2 and 3).
 	f.Fuzz(func(t *testing.T, rec []byte, v3 bool) {
-		ctl := core.ControlState{}
+		versions := []uint64{0}
 		if v3 {
-			ctl.ClusterVersion = 2
+			versions = []uint64{2, 3}
 		}
-		viaRecord := core.NewSnapshotEncoder(math.MaxUint64, 1, ctl, 0)
-		errRecord := viaRecord.AddRecord(rec)
-		viaLock := core.NewSnapshotEncoder(math.MaxUint64, 1, ctl, 0)
-		l, errLock := core.DecodeLockRecord(rec)
-		if errLock == nil {
-			errLock = viaLock.Add(l)
-		}
-		if (errRecord == nil) != (errLock == nil) {
-			t.Fatalf("AddRecord err %v, DecodeLockRecord+Add err %v", errRecord, errLock)
-		}
-		if errRecord != nil {
-			return
-		}
-		a, err1 := viaRecord.Finish()
-		b, err2 := viaLock.Finish()
-		if err1 != nil || err2 != nil || !bytes.Equal(a, b) {
-			t.Fatalf("different snapshots: %v %v", err1, err2)
+		for _, cv := range versions {
+			ctl := core.ControlState{ClusterVersion: cv}
+			viaRecord := core.NewSnapshotEncoder(math.MaxUint64, 1, ctl, 0)
+			errRecord := viaRecord.AddRecord(rec)
+			viaLock := core.NewSnapshotEncoder(math.MaxUint64, 1, ctl, 0)
+			l, errLock := core.DecodeLockRecord(rec)
+			if errLock == nil {
+				errLock = viaLock.Add(l)
+			}
+			if (errRecord == nil) != (errLock == nil) {
+				t.Fatalf("cluster version %d: AddRecord err %v, DecodeLockRecord+Add err %v", cv, errRecord, errLock)
+			}
+			if errRecord != nil {
+				continue
+			}
+			a, err1 := viaRecord.Finish()
+			b, err2 := viaLock.Finish()
+			if err1 != nil || err2 != nil || !bytes.Equal(a, b) {
+				t.Fatalf("cluster version %d: different snapshots: %v %v", cv, err1, err2)
+			}
 		}
 	})
 }

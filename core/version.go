@@ -17,31 +17,50 @@ package core
 //	                   (entry v2), identities in lock records (v2), snapshot
 //	                   v3 and control record v2 (which carry identities and
 //	                   the cluster version)
+//	cluster version 3: adds Grant.RequestID and SetFenceKey (entry v3),
+//	                   request ids in lock records (v3), the request
+//	                   records and the data clock (snapshot v4, which also
+//	                   carries lock request ids), fence signing keys
+//	                   (control record v3, in snapshot v4 too)
+//
+// A cluster at version 3 also keeps its request records (requests.go): the
+// data clock advances with every Grant and ended records are pruned, even
+// while no command carries a request id. That changes no result of a
+// command of an earlier version, so raising the version is harmless to
+// clients that never send one; it does change the snapshot, control record
+// and digest formats, which is why it waits for every member.
 
 // MaxClusterVersion is the newest cluster version this binary supports. It
 // reports it in its status; the leader proposes SetClusterVersion only up
 // to the lowest version any member reports.
-const MaxClusterVersion uint64 = 2
+const MaxClusterVersion uint64 = 3
 
 // MaxEntryVersion is the newest log entry format this binary decodes.
-const MaxEntryVersion = EntryVersion2
+const MaxEntryVersion = EntryVersion3
 
 // CommandVersion is the cluster version a command needs before it may be
-// proposed and applied: 2 for Renew and a Grant carrying an Identity, 1
-// for the rest. SetClusterVersion itself needs only version 1: what it
-// needs instead is every member's report that it reads the new version.
+// proposed and applied: 3 for a Grant carrying a RequestID and for
+// SetFenceKey, 2 for Renew and a Grant carrying an Identity, 1 for the
+// rest. SetClusterVersion itself needs only version 1: what it needs
+// instead is every member's report that it reads the new version.
 func CommandVersion(c Command) uint64 {
-	if c.Kind == KindRenew || c.Kind == KindGrant && c.Identity != "" {
+	switch {
+	case c.Kind == KindGrant && c.RequestID != "", c.Kind == KindControl && c.Control.Op == ControlSetFenceKey:
+		return 3
+	case c.Kind == KindRenew || c.Kind == KindGrant && c.Identity != "":
 		return 2
 	}
 	return 1
 }
 
 // entryVersion is the oldest entry format that can carry c; EncodeEntry
-// writes that one, so that commands of cluster version 1 stay readable by
-// binaries that know only entry version 1.
+// writes that one, so that commands of an earlier cluster version stay
+// readable by binaries that know only the entry versions of it.
 func entryVersion(c Command) byte {
-	if CommandVersion(c) >= 2 || c.Kind == KindControl && c.Control.Op == ControlSetClusterVersion {
+	switch v := CommandVersion(c); {
+	case v >= 3:
+		return EntryVersion3
+	case v == 2 || c.Kind == KindControl && c.Control.Op == ControlSetClusterVersion:
 		return EntryVersion2
 	}
 	return EntryVersion1

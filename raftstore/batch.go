@@ -19,9 +19,10 @@ type ReadyWrite struct {
 	// entry are ignored, as in MemoryStorage.Append.
 	Entries []raftpb.Entry
 	// Snapshot to install; raft.IsEmptySnap => none. Its Data is a core
-	// snapshot. Installing replaces all lock rows, the last token, the
-	// applied index (= Metadata.Index) and the conf state, and discards the
-	// whole log like MemoryStorage.ApplySnapshot (the dummy entry becomes
+	// snapshot. Installing replaces all lock rows, the control row, the
+	// request rows, the last token, the applied index (= Metadata.Index)
+	// and the conf state, and discards the whole log like
+	// MemoryStorage.ApplySnapshot (the dummy entry becomes
 	// (Metadata.Index, Metadata.Term)); Entries of the same ReadyWrite are
 	// then appended after it.
 	Snapshot raftpb.Snapshot
@@ -156,6 +157,9 @@ func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot, decode
 	}
 	lastToken, locks := ss.LastToken, ss.Locks
 	if err := b.Set(keyControl, core.EncodeControlState(ss.Control), nil); err != nil {
+		return err
+	}
+	if err := stageSnapshotRequests(b, st, &ss.Requests); err != nil {
 		return err
 	}
 	if lastToken < st.lastToken {

@@ -8,7 +8,9 @@
 //     and the applied index, written in the same synced batch. store.go
 //     opens and checks the database, raftlog.go is the raft.Storage side
 //     (log, HardState, snapshots, compaction), state.go the applied state
-//     (lock rows, control row, applied index, LoadMachine), batch.go builds
+//     (lock rows, control row, applied index, LoadMachine), requests.go
+//     the request rows (the data clock and the ended request records of
+//     core/requests.go, one row each by sequence number), batch.go builds
 //     and commits the one batch per Ready, keys.go holds the key layout and
 //     row codecs, snapfile.go the snapshot data files (format 2: outside
 //     Pebble, written and renamed like etcd's .snap files). seed.go creates
@@ -47,7 +49,7 @@
 //  1. trackSoftState: record leader, role and term.
 //  2. applyCommitted: restore a received snapshot and apply the committed
 //     entries to the in-memory core.Machine, collecting the net change of
-//     the state rows (StateChange).
+//     the state rows (StateChange: lock rows, control row, request rows).
 //  3. persist: write the new entries, the HardState, any received snapshot
 //     and the state change with its applied index in one Pebble batch,
 //     committed with Sync (without, when it carries only the state change
@@ -74,6 +76,13 @@
 // Proposals that arrive during a write pile up in the loop's queue and go
 // to raft as one MsgProp before the next Ready, so one fsync carries many
 // entries under load.
+//
+// # Secrets
+//
+// From cluster version 3 the replicated state holds the cluster's fence
+// signing keys (core/fence.go): the control row, the log entries that set
+// them and every snapshot file carry the seeds, so a store's directory is
+// as secret as the peer secret. Nothing here logs a command's fields.
 //
 // # What it does not own
 //

@@ -13,8 +13,8 @@ import (
 
 // Key layout of the Pebble database behind a Store. Every key starts with a
 // one-letter namespace and a slash, so the namespaces sort apart
-// ("k/" < "l/" < "m/" < "r/" < "s/") and each can be range-deleted or
-// scanned on its own.
+// ("k/" < "l/" < "m/" < "q/" < "r/" < "s/") and each can be range-deleted
+// or scanned on its own.
 //
 //	key                        value
 //	-------------------------  ---------------------------------------------------
@@ -28,14 +28,26 @@ import (
 //	                           format 2 on they live in snap/<term>-<index>.snap (snapfile.go)
 //	s/applied                  uint64 big endian: applied index
 //	s/lasttoken                uint64 big endian: core.Machine.LastToken() at the applied index
+//	s/control                  core.EncodeControlState of the control state (absent until
+//	                           the first control command)
+//	s/requests                 data clock, first and next ended request sequence numbers,
+//	                           3 × uint64 big endian (absent until cluster version 3: zero)
 //	l/<index:8 big endian>     raftpb.Entry (Marshal); byte order is index order.
 //	                           The lowest row is the dummy entry (Index and Term only)
 //	                           that MemoryStorage keeps in ents[0]: its index is
 //	                           FirstIndex()-1 and its term answers Term(FirstIndex()-1).
 //	k/<lock key bytes>         core.EncodeLockRecord of the lock held on that key
+//	q/<seq:8 big endian>       core.EncodeEndedRequest of the ended request record seq,
+//	                           for every seq from the first to before the next of s/requests
 //
-// Every row except r/snapdata and m/clusterid exists from the moment Open initialises an
-// empty directory; a missing one is reported as corruption.
+// Every row except r/snapdata, m/clusterid, s/control, s/requests and the q/
+// rows exists from the moment Open initialises an empty directory; a
+// missing one is reported as corruption.
+//
+// The request rows (cluster version 3) need no new store format: a cluster
+// at version 3 always has an s/control row in control record version 3,
+// which an older binary refuses to load, so it can never start on a store
+// whose request rows it would ignore.
 //
 // Format 2 moved the snapshot data out of Pebble into a file. A format 1
 // store is read as it is and becomes format 2 with its next snapshot,
@@ -57,13 +69,17 @@ var (
 	// keyControl holds core.EncodeControlState of the replicated control
 	// state (absent until the first control command applies).
 	keyControl = []byte("s/control")
+	// keyRequests holds the request rows' header (requests.go).
+	keyRequests = []byte("s/requests")
 
-	prefixLog  = []byte("l/")
-	prefixLock = []byte("k/")
+	prefixLog   = []byte("l/")
+	prefixLock  = []byte("k/")
+	prefixEnded = []byte("q/")
 
-	// Exclusive upper bounds of the two ranged namespaces ('/'+1 == '0').
-	endLog  = []byte("l0")
-	endLock = []byte("k0")
+	// Exclusive upper bounds of the ranged namespaces ('/'+1 == '0').
+	endLog   = []byte("l0")
+	endLock  = []byte("k0")
+	endEnded = []byte("q0")
 )
 
 // logKey is the key of the log row for index i.

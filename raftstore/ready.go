@@ -23,6 +23,7 @@ type readyApply struct {
 	requestIDs  []uint64 // requestIDs[i] is the proposal events[i] answers
 	leaderReady bool     // this leader's first entry of its term applied
 	touched     touchedRows
+	requests    requestMark  // the request state before the entries (after any snapshot)
 	state       *StateChange // what to persist; nil when nothing applied
 }
 
@@ -154,6 +155,7 @@ func (n *Node) applyCommitted(rd raft.Ready) (*readyApply, error) {
 		ra.confState = rd.Snapshot.Metadata.ConfState
 		ra.restored = true
 	}
+	ra.requests = markRequests(n.machine)
 	for _, e := range rd.CommittedEntries {
 		if e.Index <= ra.applied {
 			continue
@@ -194,7 +196,7 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 		res := n.machine.Apply(ent.Command)
 		ra.touched.add(ent.Command)
 		ev := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res}
-		if res.Kind == core.ResultGranted || res.Kind == core.ResultRenewed {
+		if res.Kind == core.ResultGranted || res.Kind == core.ResultRenewed || res.Kind == core.ResultGrantRepeated {
 			// Read now: observers run after the whole Ready, when a later
 			// entry of it may already have released the lock.
 			l, _ := n.machine.Get(ent.Command.Key)
@@ -216,8 +218,8 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 
 // stateChange is the net change of the state rows after applying: one row
 // per touched key (held now => Put, not held => Delete), the control
-// record when a control command applied, the conf state when membership
-// changed.
+// record when a control command applied, the request rows when the request
+// state changed, the conf state when membership changed.
 func (n *Node) stateChange(ra *readyApply) *StateChange {
 	sc := &StateChange{Index: ra.applied, LastToken: n.machine.LastToken()}
 	for _, key := range ra.touched.keys {
@@ -230,6 +232,7 @@ func (n *Node) stateChange(ra *readyApply) *StateChange {
 	if ra.touched.control {
 		sc.Control = n.machine.ControlSnapshot()
 	}
+	sc.Requests = requestChange(n.machine, ra.requests)
 	if len(ra.confChanges) > 0 {
 		cs := ra.confState
 		sc.ConfState = &cs

@@ -22,14 +22,16 @@ import (
 // takes a cheap consistent copy and hands it to one background goroutine:
 //
 //   - The copy is a Pebble snapshot of the store, O(1) to take. The lock
-//     rows, the token counter and the control row in Pebble are exactly
-//     the machine's state at the applied index: the loop writes them in
+//     rows, the token counter, the control row and the request rows in
+//     Pebble are exactly the machine's state at the applied index: the
+//     loop writes them in
 //     the same batch as the applied index (persist), it is the only writer
 //     of those rows, and it takes the copy after that batch committed and
 //     before it applies anything else. The conf state as of that index
 //     comes from the loop too.
 //   - The goroutine walks the lock rows in key order (byte order, which
-//     is the snapshot's order), encodes the snapshot with
+//     is the snapshot's order), then the ended request rows in sequence
+//     order (the FIFO's order), encodes the snapshot with
 //     core.SnapshotEncoder (the same bytes Machine.Snapshot gives), writes
 //     it to its own file and commits its metadata (Store.CreateSnapshot),
 //     then compacts the log behind it.
@@ -123,6 +125,28 @@ func encodeSnapshot(v *stateView, count, sizeHint int, stop <-chan struct{}) ([]
 	}
 	if err := errors.Join(it.Error(), it.Close()); err != nil {
 		return nil, fmt.Errorf("raftstore: scan locks: %w", err)
+	}
+	h, err := readRequestsHeader(v.snap)
+	if err == nil {
+		err = enc.BeginRequests(h.clockMS, h.head, int(h.next-h.head))
+	}
+	if err == nil {
+		err = forEachEnded(v.snap, h, func(e core.EndedRequest) error {
+			if rows++; rows%snapshotCheckStopEvery == 0 {
+				select {
+				case <-stop:
+					return errSnapshotStopped
+				default:
+				}
+			}
+			return enc.AddEnded(e)
+		})
+	}
+	if errors.Is(err, errSnapshotStopped) {
+		return nil, err
+	}
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: encode snapshot at %d: %w", v.applied, err)
 	}
 	data, err := enc.Finish()
 	if err != nil {

@@ -24,6 +24,9 @@ type StateChange struct {
 	// Control is core.Machine.ControlSnapshot() after applying, non-nil
 	// when a control command was applied.
 	Control []byte
+	// Requests is the change of the request rows (requests.go), non-nil
+	// when the request state changed.
+	Requests *RequestChange
 }
 
 // stageState adds a state change and its applied index to b. The caller
@@ -32,7 +35,7 @@ type StateChange struct {
 // relate sc to the persisted state (or its own lists to each other) are
 // checked.
 func stageState(b *pebble.Batch, st *storeState, sc *StateChange) error {
-	noop := len(sc.Put) == 0 && len(sc.Delete) == 0 && sc.ConfState == nil && sc.Control == nil && sc.LastToken == st.lastToken
+	noop := len(sc.Put) == 0 && len(sc.Delete) == 0 && sc.ConfState == nil && sc.Control == nil && sc.Requests == nil && sc.LastToken == st.lastToken
 	switch {
 	case sc.Index == st.applied && noop:
 		// Nothing new was applied, e.g. a snapshot installed by the same
@@ -53,6 +56,11 @@ func stageState(b *pebble.Batch, st *storeState, sc *StateChange) error {
 	}
 	if sc.Control != nil {
 		if err := b.Set(keyControl, sc.Control, nil); err != nil {
+			return err
+		}
+	}
+	if sc.Requests != nil {
+		if err := stageRequests(b, st, sc.Requests); err != nil {
 			return err
 		}
 	}
@@ -113,6 +121,12 @@ func checkLock(l core.Lock) error {
 	if err := core.ValidateOwner(l.Owner); err != nil {
 		return err
 	}
+	if err := core.ValidateIdentity(l.Identity); err != nil {
+		return err
+	}
+	if err := core.ValidateRequestID(l.RequestID); err != nil {
+		return err
+	}
 	if err := core.ValidateLeaseMS(l.LeaseMS); err != nil {
 		return err
 	}
@@ -130,8 +144,9 @@ func (s *Store) AppliedIndex() uint64 {
 }
 
 // LoadMachine reads back the applied state on restart: the applied index,
-// the lock table with its token counter, and the conf state as of that
-// index. Every lock row is validated.
+// the lock table with its token counter, the control state, the request
+// records, and the conf state as of that index. Every row is validated,
+// and the request records against the rest.
 func (s *Store) LoadMachine() (applied uint64, m *core.Machine, cs raftpb.ConfState, err error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -186,6 +201,9 @@ func (s *Store) LoadMachine() (applied uint64, m *core.Machine, cs raftpb.ConfSt
 		if lerr != nil {
 			return fail(fmt.Errorf("%w: control state: %w", ErrCorrupt, lerr))
 		}
+	}
+	if err := loadRequests(s.view, m); err != nil {
+		return fail(err)
 	}
 	return applied, m, cs, nil
 }

@@ -415,13 +415,19 @@ func TestStorageCompactSemantics(t *testing.T) {
 // the recommended way: net change of the touched keys.
 func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *StateChange {
 	var touched []string
+	mark := markRequests(m)
+	control := false
 	for _, c := range cmds {
 		m.Apply(c)
 		if c.Kind != core.KindControl && !slices.Contains(touched, c.Key) {
 			touched = append(touched, c.Key)
 		}
+		control = control || c.Kind == core.KindControl
 	}
-	as := &StateChange{Index: index, LastToken: m.LastToken()}
+	as := &StateChange{Index: index, LastToken: m.LastToken(), Requests: requestChange(m, mark)}
+	if control {
+		as.Control = m.ControlSnapshot()
+	}
 	for _, k := range touched {
 		if l, ok := m.Get(k); ok {
 			as.Put = append(as.Put, l)
@@ -749,7 +755,14 @@ func checkCorruptRow(t *testing.T, key, value []byte, read func(*Store) error) {
 	if err := s.Close(); err != nil {
 		t.Fatal(err)
 	}
+	corruptAndCheck(t, dir, key, value, read)
+}
 
+// corruptAndCheck overwrites the row key of the closed store in dir with
+// value (nil deletes it) behind the store's back, and checks that Open, or
+// read on the reopened store when read is set, reports ErrCorrupt.
+func corruptAndCheck(t *testing.T, dir string, key, value []byte, read func(*Store) error) {
+	t.Helper()
 	db, err := pebble.Open(dir, &pebble.Options{Logger: newPebbleLogger(testkit.QuietLogger(), nil)})
 	if err != nil {
 		t.Fatal(err)
@@ -978,7 +991,8 @@ func (n *testNode) handleReady(t *testing.T) []raftpb.Message {
 		n.applied, n.cs = rd.Snapshot.Metadata.Index, rd.Snapshot.Metadata.ConfState
 	}
 	var touched []string
-	confChanged, advanced := false, false
+	confChanged, advanced, control := false, false, false
+	mark := markRequests(n.m)
 	for _, e := range rd.CommittedEntries {
 		if e.Index <= n.applied {
 			continue
@@ -991,7 +1005,9 @@ func (n *testNode) handleReady(t *testing.T) []raftpb.Message {
 					t.Fatal(err)
 				}
 				n.m.Apply(ent.Command)
-				if !slices.Contains(touched, ent.Command.Key) {
+				if ent.Command.Kind == core.KindControl {
+					control = true
+				} else if !slices.Contains(touched, ent.Command.Key) {
 					touched = append(touched, ent.Command.Key)
 				}
 			}
@@ -1006,7 +1022,10 @@ func (n *testNode) handleReady(t *testing.T) []raftpb.Message {
 		n.applied, advanced = e.Index, true
 	}
 	if advanced {
-		as := &StateChange{Index: n.applied, LastToken: n.m.LastToken()}
+		as := &StateChange{Index: n.applied, LastToken: n.m.LastToken(), Requests: requestChange(n.m, mark)}
+		if control {
+			as.Control = n.m.ControlSnapshot()
+		}
 		for _, k := range touched {
 			if l, ok := n.m.Get(k); ok {
 				as.Put = append(as.Put, l)
@@ -1120,17 +1139,28 @@ func TestStorageRaftCluster(t *testing.T) {
 	}
 	c.propose(1, core.Grant("a", "o", 1000, 0), core.Grant("b", "o", 1000, 0))
 	c.checkSame("after first grants")
+	// From here on at cluster version 3, with request ids: the request
+	// rows (held ids in lock rows, ended records, the data clock, pruning
+	// as the clock passes the retention) travel the same paths.
+	c.propose(1, core.SetClusterVersion(3))
 
 	c.down[3] = true
 	for i := 0; i < 20; i++ {
 		key := fmt.Sprintf("k%02d", i)
-		c.propose(1, core.Grant(key, "o", 1000, 0))
+		at := uint64(i) * core.RequestRetentionMS / 4
+		c.propose(1, core.Grant(key, "o", 1000, at).WithRequest("acct", key))
 		if i%3 == 0 {
 			// Grant and release "hot" in one Ready: its net change is a
-			// delete, which the Ready loop must send as Delete only.
+			// delete, which the Ready loop must send as Delete only; its
+			// ended record is appended (and the oldest pruned) in the same
+			// run.
 			next := c.nodes[1].m.LastToken() + 1
-			c.propose(1, core.Grant("hot", "o", 1000, 0), core.Release("hot", next), core.Release(key, c.token(1, key)))
+			c.propose(1, core.Grant("hot", "o", 1000, at).WithRequest("", fmt.Sprintf("hot-%d", i)), core.Release("hot", next),
+				core.Release(key, c.token(1, key)))
 		}
+	}
+	if head, next := c.nodes[1].m.EndedSeqs(); head == 0 || next-head < 2 {
+		t.Fatalf("the workload should have pruned some ended records and kept some: %d..%d", head, next)
 	}
 	c.propose(1, core.Release("a", c.token(1, "a")))
 	for _, id := range []uint64{1, 2} {

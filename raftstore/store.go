@@ -90,15 +90,16 @@ type Store struct {
 
 // storeState is the in-memory cache of the persisted indexes.
 type storeState struct {
-	offset     uint64  // index of the dummy entry = FirstIndex()-1
-	offsetTerm uint64  // its term
-	last       uint64  // LastIndex()
-	commit     uint64  // persisted HardState.Commit
-	applied    uint64  // persisted applied index
-	lastToken  uint64  // persisted last token
-	snapIndex  uint64  // index of the latest snapshot (0 = none)
-	snapTerm   uint64  // its term
-	tail       logTail // the newest entries, in memory (tail.go)
+	offset     uint64      // index of the dummy entry = FirstIndex()-1
+	offsetTerm uint64      // its term
+	last       uint64      // LastIndex()
+	commit     uint64      // persisted HardState.Commit
+	applied    uint64      // persisted applied index
+	lastToken  uint64      // persisted last token
+	snapIndex  uint64      // index of the latest snapshot (0 = none)
+	snapTerm   uint64      // its term
+	tail       logTail     // the newest entries, in memory (tail.go)
+	requests   requestMark // persisted request rows' header (requests.go)
 }
 
 // Open opens (creating if needed) the store in dir. An empty store behaves
@@ -232,6 +233,9 @@ func loadState(r reader, snaps snapFiles) (storeState, error) {
 		return st, err
 	}
 	if st.lastToken, err = readUint64(r, keyLastToken, "last token"); err != nil {
+		return st, err
+	}
+	if st.requests, err = readRequestsHeader(r); err != nil {
 		return st, err
 	}
 	meta, err := readSnapMeta(r)

@@ -28,7 +28,7 @@ const (
 	ChunkSize = 1 << 20
 	// MaxSnapshotSize bounds one streamed message: its metadata plus its
 	// snapshot data. It is above the snapshot of the largest lock table a
-	// node can hold (core.MaxSnapshotSize, about 1.23 GB, asserted at
+	// node can hold (core.MaxSnapshotSize, about 1.49 GB, asserted at
 	// compile time by package daemon), so no table the cluster reaches can
 	// make a follower impossible to catch up. Only an authenticated peer
 	// can stream, and the receiver allocates as bytes arrive.
