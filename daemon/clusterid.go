@@ -1,6 +1,7 @@
 package daemon
 
 import (
+	"context"
 	"crypto/sha256"
 	"encoding/binary"
 	"errors"
@@ -8,8 +9,12 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"time"
+
+	"github.com/nats-io/nats.go"
 
 	"github.com/ticketd/ticketd/control"
+	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 // ErrWipedMember: a member of a multi-node static cluster found its data
@@ -18,11 +23,12 @@ var ErrWipedMember = errors.New("daemon: refusing to bootstrap a static member o
 
 // settleClusterID decides which cluster this node belongs to, refuses to
 // start a static member on an empty data directory unless the cluster is
-// new, and records the ID in the store. The ID comes from, in order: the
+// new (and, told it is new, when the running cluster shows it is not:
+// refuseExistingCluster), and records the ID in the store. The ID comes from, in order: the
 // store; the admission reply of a join; for a store about to bootstrap,
 // the member list and InitialClusterToken. A store that already holds raft
 // state but no ID was created before cluster IDs and stays at 0.
-func (d *Daemon) settleClusterID(m membership, join *control.Reply) (uint64, error) {
+func (d *Daemon) settleClusterID(ctx context.Context, m membership, join *control.Reply) (uint64, error) {
 	if id, ok, err := d.store.ClusterID(); err != nil || ok {
 		return id, err
 	}
@@ -41,6 +47,11 @@ func (d *Daemon) settleClusterID(m membership, join *control.Reply) (uint64, err
 			ErrWipedMember, d.cfg.Data, d.cfg.InitialClusterState)
 	default:
 		id = deriveClusterID(d.cfg.InitialClusterToken, m.peers)
+		if len(m.peers) > 1 {
+			if err := d.refuseExistingCluster(ctx, id); err != nil {
+				return 0, err
+			}
+		}
 	}
 	if id == 0 {
 		return 0, nil
@@ -63,4 +74,98 @@ func deriveClusterID(token string, members []Member) uint64 {
 	slices.Sort(ids)
 	sum := sha256.Sum256([]byte("ticketd cluster id\x00" + token + "\x00" + strings.Join(ids, ",")))
 	return max(1, binary.BigEndian.Uint64(sum[:8]))
+}
+
+// Asking a running cluster before bootstrapping a static member.
+const (
+	// existingRouteWait is how long a node told the cluster is new waits
+	// for its embedded NATS server to reach another member's: with the
+	// others running that takes milliseconds, with none running it never
+	// happens, and the first member of a new cluster waits this long.
+	existingRouteWait = 500 * time.Millisecond
+	// existingProbeTimeout bounds the whole question, answers included.
+	existingProbeTimeout = 2 * time.Second
+	// existingProbeRetry spaces status requests that met no responder,
+	// at most existingNoResponderTries more of them.
+	existingProbeRetry       = 50 * time.Millisecond
+	existingNoResponderTries = 6
+)
+
+// refuseExistingCluster is the last check before a member told
+// --initial-cluster-state new bootstraps an empty data directory: it asks,
+// over NATS, whether this cluster (cluster ID id) already runs with a
+// leader that knows this member as one that had data: the leader lists it
+// with a match index above zero (it acknowledged entries: its data was
+// lost), or no longer lists it (it was removed). Either way bootstrapping
+// again would let it vote twice in a term, and a leader that remembers
+// its old log would make raft panic ("tocommit is out of range"), so the
+// start is refused. No answer, no leader, or another cluster is no
+// evidence, and the start goes on: a leader elected after the member died
+// does not know it had data, so this catches most wiped members, not all.
+func (d *Daemon) refuseExistingCluster(ctx context.Context, id uint64) error {
+	if err := d.startNATS(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithTimeout(ctx, existingProbeTimeout)
+	defer cancel()
+	pause := func(dt time.Duration) bool {
+		select {
+		case <-ctx.Done():
+			return false
+		case <-time.After(dt):
+			return true
+		}
+	}
+	if d.ns != nil && d.cfg.NATSRoutes != "" {
+		routes := time.Now().Add(existingRouteWait)
+		for d.ns.NumRoutes() == 0 {
+			if time.Now().After(routes) || !pause(existingProbeRetry) {
+				return nil // nobody reachable: a new cluster
+			}
+		}
+	}
+	ask := func(subject string) (*protocol.StatusReply, error) {
+		msg, err := d.nc.RequestWithContext(ctx, subject, []byte("{}"))
+		if err != nil {
+			return nil, err
+		}
+		var st protocol.StatusReply
+		if err := protocol.ParseReply(msg.Data, &st); err != nil {
+			return nil, err
+		}
+		return &st, nil
+	}
+	// No responder at all once the routes are up: the others are starting
+	// too (nothing serves status before it has settled its own cluster
+	// ID), or none runs: a new cluster. Status subscriptions cross a new
+	// route a moment after it connects, hence a few tries.
+	first, err := ask(protocol.SubjectStatus)
+	for tries := existingNoResponderTries; errors.Is(err, nats.ErrNoResponders) && tries > 0 && pause(existingProbeRetry); tries-- {
+		first, err = ask(protocol.SubjectStatus)
+	}
+	if err != nil || first.Leader == 0 {
+		return nil
+	}
+	l := first
+	if first.ID != first.Leader {
+		if l, err = ask(protocol.NodeStatusSubject(first.Leader)); err != nil {
+			return nil
+		}
+	}
+	if l.ClusterID != fmt.Sprintf("%016x", id) || l.ID != first.Leader {
+		return nil // another cluster, or one from before cluster IDs
+	}
+	next := fmt.Sprintf("A member that lost its data must be replaced, not bootstrapped again: start a new node with --join CONTROL_URLS --replace %d (docs/operations.md, \"Replacing a failed node\")", d.cfg.ID)
+	for _, mb := range l.Members {
+		if mb.ID != d.cfg.ID {
+			continue
+		}
+		if mb.Match == 0 {
+			return nil // a member that has not run yet: the cluster is new
+		}
+		return fmt.Errorf("%w: %s holds no raft state, but the cluster runs and its leader, node %d, has node %d's log up to index %d: this member's data was lost. %s",
+			ErrWipedMember, d.cfg.Data, l.ID, d.cfg.ID, mb.Match, next)
+	}
+	return fmt.Errorf("%w: the cluster runs and its leader, node %d, does not list node %d among its members: it was removed or replaced. %s",
+		ErrWipedMember, l.ID, d.cfg.ID, next)
 }

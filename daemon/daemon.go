@@ -9,6 +9,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -281,8 +282,20 @@ func (d *Daemon) resolveMembership(ctx context.Context) (membership, error) {
 			m.voters = append(m.voters, mb.ID)
 			m.addrs[mb.ID] = mb.Addr
 		}
+		if ident.NodeID != 0 {
+			// An issued identity in a static cluster: this node replaced a
+			// static member, and took its peer address. That member is
+			// retired; dialing it would dial this node itself.
+			m.peers = slices.DeleteFunc(m.peers, func(mb Member) bool {
+				if mb.ID != d.cfg.ID && mb.Addr == d.cfg.PeerListen {
+					delete(m.addrs, mb.ID)
+					return true
+				}
+				return false
+			})
+		}
 	}
-	if d.clusterID, err = d.settleClusterID(m, ident.Join); err != nil {
+	if d.clusterID, err = d.settleClusterID(ctx, m, ident.Join); err != nil {
 		return membership{}, err
 	}
 	return m, nil
@@ -421,8 +434,10 @@ func (d *Daemon) controlConfig(addrs map[uint64]string) control.Config {
 // startClientService connects to NATS (starting the embedded server),
 // prepares the audit stream and publisher, and serves the client API.
 func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
-	if err := d.startNATS(); err != nil {
-		return err
+	if d.nc == nil { // started already to ask the cluster (clusterid.go)
+		if err := d.startNATS(); err != nil {
+			return err
+		}
 	}
 	trust, err := d.identityTrust()
 	if err != nil {

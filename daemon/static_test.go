@@ -62,6 +62,48 @@ func TestWipedStaticMember(t *testing.T) {
 	c.Leader(10 * time.Second) // the two members still form the cluster
 }
 
+// A wiped member started again with --initial-cluster-state new, as the
+// old Taskfile did, is refused: its leader remembers its log (raft would
+// later panic, "tocommit is out of range"), so the data was lost and the
+// member must be replaced. Once it is removed, the same start is refused
+// because the leader no longer lists it.
+func TestWipedMemberToldNewIsRefused(t *testing.T) {
+	c := staticControlCluster(t)
+	leader := c.Leader(10 * time.Second)
+	victim := c.Follower(leader)
+	c.Converged(10 * time.Second)
+	if err := c.Stop(victim); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.RemoveAll(c.Config(victim).Data); err != nil {
+		t.Fatal(err)
+	}
+	err := c.Start(victim) // its config says new, like every member's here
+	if !errors.Is(err, daemon.ErrWipedMember) || !strings.Contains(err.Error(), "--replace") {
+		t.Fatalf("wiped member started as new: %v, want ErrWipedMember naming --replace", err)
+	}
+	rep, err := adminCall(t, controlURLs(c), "/v1/members", control.Request{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, m := range rep.Members {
+		if m.NodeID == uint64(victim+1) {
+			if _, err := adminCall(t, controlURLs(c), "/v1/retire", control.Request{NodeID: m.NodeID, Incarnation: m.Incarnation}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	testkit.Eventually(t, 10*time.Second, "the leader drops the retired member", func() bool {
+		return len(c.Node(leader).Node().ConfState().Voters) == 2
+	})
+	if err := os.RemoveAll(c.Config(victim).Data); err != nil {
+		t.Fatal(err)
+	}
+	if err := c.Start(victim); !errors.Is(err, daemon.ErrWipedMember) || !strings.Contains(err.Error(), "does not list") {
+		t.Fatalf("removed member started as new: %v", err)
+	}
+}
+
 const staticAdmin = "static-admin-credential-0123"
 
 // staticControlCluster is a three-node static cluster whose nodes each
