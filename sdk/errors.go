@@ -48,6 +48,11 @@ var (
 	ErrTooLarge        = &Error{Code: protocol.CodeTooLarge}
 	ErrInternal        = &Error{Code: protocol.CodeInternal}
 	ErrControlRefused  = &Error{Code: protocol.CodeControlRefused}
+	// ErrWrongGroup: in a partitioned deployment (WithPartitioned) the
+	// group that received the request does not serve its key: the NATS
+	// mapping and the nodes' group count disagree, or the key is moving
+	// to a new group (docs/scaling.md). Nothing changed.
+	ErrWrongGroup = &Error{Code: protocol.CodeWrongGroup}
 	// ErrPermissionDenied: the server's access list does not let the
 	// identity NATS authenticated for this connection perform the operation
 	// on the key. Nothing changed; retrying does not help.

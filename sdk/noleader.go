@@ -62,7 +62,13 @@ func (c *Client) askLeader(ctx context.Context, r *request) string {
 	case err != nil:
 		return ""
 	}
-	if c.cfg.partitioned && st.Groups > 0 && st.Groups <= protocol.MaxGroups {
+	switch {
+	case c.cfg.partitioned && st.Groups == 0:
+		return fmt.Sprintf("no ticketd node answered (no responders) on the partitioned subjects: node %d is a single cluster, not a group of a partitioned deployment; connect without WithPartitioned (ticketd: without --partitioned)", st.ID)
+	case !c.cfg.partitioned && st.Groups > 0:
+		return fmt.Sprintf("no ticketd node answered (no responders) on the single-cluster subjects: node %d%s is one of %d groups of a partitioned deployment; connect WithPartitioned (ticketd: --partitioned)", st.ID, inGroup(st), st.Groups)
+	}
+	if c.cfg.partitioned && st.Groups <= protocol.MaxGroups {
 		g := protocol.GroupOf(r.key, st.Groups)
 		if r.group != nil {
 			g = *r.group

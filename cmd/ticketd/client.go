@@ -102,6 +102,9 @@ func fail(stderr io.Writer, err error) int {
 	if sdk.IsIndeterminate(err) {
 		return exitIndeterminate
 	}
+	if errors.Is(err, sdk.ErrWrongGroup) {
+		fmt.Fprintln(stderr, "hint: the group that answered does not serve this key: the NATS mapping's partition count must equal the nodes' --groups (docs/scaling.md); nothing changed")
+	}
 	if errors.Is(err, sdk.ErrResourceExhausted) {
 		fmt.Fprintln(stderr, "hint: a cluster limit was reached (locks, your quota, waiters, or the leader's disk); nothing changed; retry later")
 		return exitResourceExhausted

@@ -69,7 +69,7 @@ func TestLockCommandsAcrossGroups(t *testing.T) {
 	}
 
 	code, _, errOut = runInProcess("lock", "get", keys[0], "--timeout", "500ms", "--nats", url)
-	if code == 0 || !strings.Contains(errOut, "unavailable") {
+	if code == 0 || !strings.Contains(errOut, "unavailable") || !strings.Contains(errOut, "--partitioned") {
 		t.Fatalf("get without --partitioned: exit %d %s, want unavailable", code, errOut)
 	}
 }
