@@ -24,7 +24,9 @@
 // status 2. Each leaf binds its flags to an options struct beside its body
 // function, which cobra calls with the positional arguments.
 //
-// Client commands take --nats URL (default nats://127.0.0.1:4222), print
+// Client commands take --nats URL (default nats://127.0.0.1:4222) and
+// --partitioned for a deployment of many groups (docs/scaling.md: keyed
+// requests on the key's hashed subject, ls across every group), print
 // one JSON object on stdout (ls and watch: one per line; exec: only the
 // command's output, and it exits with the command's status, 128+N if
 // signal N ended it), and on failure print the stable error code and
