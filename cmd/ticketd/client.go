@@ -323,5 +323,7 @@ func memberAsker(cl *sdk.Client, st *sdk.Status) askMember {
 		return cl.NodeStatus
 	}
 	g := *st.Group
-	return func(ctx context.Context, id uint64) (*protocol.StatusReply, error) { return cl.GroupNodeStatus(ctx, g, id) }
+	return func(ctx context.Context, id uint64) (*protocol.StatusReply, error) {
+		return cl.GroupNodeStatus(ctx, g, id)
+	}
 }
