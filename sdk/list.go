@@ -114,10 +114,15 @@ func checkPage(lr *protocol.ListReply, prefix, after string, limit int) error {
 // Locks taken or released while it pages may or may not be seen; a lock
 // held throughout is seen exactly once.
 func (c *Client) ListAll(ctx context.Context, prefix string, pageSize int) iter.Seq2[Holder, error] {
+	return listAll(ctx, prefix, pageSize, c.List)
+}
+
+// listAll pages through list.
+func listAll(ctx context.Context, prefix string, pageSize int, list func(ctx context.Context, prefix, after string, limit int) (Page, error)) iter.Seq2[Holder, error] {
 	return func(yield func(Holder, error) bool) {
 		after := ""
 		for {
-			p, err := c.List(ctx, prefix, after, pageSize)
+			p, err := list(ctx, prefix, after, pageSize)
 			if err != nil {
 				yield(Holder{}, err)
 				return

@@ -4,6 +4,7 @@ import (
 	"cmp"
 	"context"
 	"fmt"
+	"iter"
 	"slices"
 	"sync"
 
@@ -43,6 +44,34 @@ func (c *Client) GroupStatus(ctx context.Context, g uint32) (*Status, error) {
 // groups).
 func (c *Client) GroupNodeStatus(ctx context.Context, g uint32, id uint64) (*Status, error) {
 	return c.status(ctx, &request{op: "status", subject: protocol.GroupNodeStatusSubject(g, id), group: &g, readOnly: true, once: true})
+}
+
+// ListGroup reads one page of the held locks of group g alone, like List
+// (each lock's Group is g). It serves an operator who moves keys to new
+// groups (docs/scaling.md, "Adding groups"): it needs no group count, so
+// it works while the nodes disagree on it.
+func (c *Client) ListGroup(ctx context.Context, g uint32, prefix, after string, limit int) (Page, error) {
+	req := protocol.ListRequest{Prefix: prefix, After: after, Limit: limit}
+	if _, err := req.Validate(); err != nil {
+		return Page{}, &Error{Code: protocol.CodeInvalidArgument, Message: err.(*protocol.Error).Message, Op: "list", Key: prefix}
+	}
+	lr, err := c.listOn(ctx, protocol.GroupSubject(g, "list"), &g, req)
+	if err != nil {
+		return Page{}, groupError(g, err)
+	}
+	p := Page{More: lr.More, Index: lr.Index, Locks: make([]Holder, 0, len(lr.Locks))}
+	for _, l := range lr.Locks {
+		p.Locks = append(p.Locks, listed(l, &g))
+	}
+	return p, nil
+}
+
+// ListGroupAll pages through group g's held locks under prefix, as
+// ListAll does across the deployment.
+func (c *Client) ListGroupAll(ctx context.Context, g uint32, prefix string, pageSize int) iter.Seq2[Holder, error] {
+	return listAll(ctx, prefix, pageSize, func(ctx context.Context, prefix, after string, limit int) (Page, error) {
+		return c.ListGroup(ctx, g, prefix, after, limit)
+	})
 }
 
 // keyedSubject is where op on key is sent.

@@ -14,7 +14,8 @@ import (
 // TestLockCommandsAcrossGroups: with --partitioned the lock commands
 // reach each key's group through the NATS mapping (the grant names it),
 // lock ls lists every group's locks in one key order with their groups,
-// and status --group shows the group asked for; without --partitioned a
+// lock ls --group lists one group's alone, and status --group shows the
+// group asked for; without --partitioned a
 // partitioned deployment does not answer at all. Two one-node groups: the
 // sdk's TestTwoGroupsBehindOneNATS runs three-node ones.
 func TestLockCommandsAcrossGroups(t *testing.T) {
@@ -60,6 +61,29 @@ func TestLockCommandsAcrossGroups(t *testing.T) {
 	}
 	if fmt.Sprint(listed) != fmt.Sprint(keys) {
 		t.Fatalf("ls across groups listed %v, want %v", listed, keys)
+	}
+
+	code, out, errOut = runInProcess("lock", "ls", "", "--group", "1", "--nats", url)
+	if code != 0 {
+		t.Fatalf("ls --group 1: exit %d %s", code, errOut)
+	}
+	for line := range strings.Lines(out) {
+		var v struct {
+			Key   string  `json:"key"`
+			Group *uint32 `json:"group"`
+		}
+		if err := json.Unmarshal([]byte(line), &v); err != nil || v.Group == nil || *v.Group != 1 || groupOf[v.Key] != 1 {
+			t.Fatalf("ls --group 1 line %s (%v)", line, err)
+		}
+	}
+	want := 0
+	for _, g := range groupOf {
+		if g == 1 {
+			want++
+		}
+	}
+	if strings.Count(out, "\n") != want {
+		t.Fatalf("ls --group 1 listed %d locks, want %d:\n%s", strings.Count(out, "\n"), want, out)
 	}
 
 	code, out, errOut = runInProcess("status", "--group", "1", "--partitioned", "--nats", url)

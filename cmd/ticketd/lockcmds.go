@@ -65,6 +65,7 @@ func lockRenew(ctx context.Context, o *renewOptions, pos []string, stdout, stder
 type lsOptions struct {
 	cf    *clientFlags
 	limit int
+	group uint32
 }
 
 func lockLsCmd() *cobra.Command {
@@ -79,6 +80,7 @@ reading every page (--limit locks a page). An empty PREFIX ("") lists all.`,
 	}
 	o := &lsOptions{cf: addClientFlags(cmd)}
 	cmd.Flags().IntVar(&o.limit, "limit", protocol.DefaultListLimit, fmt.Sprintf("locks per page (1..%d); ls reads every page", protocol.MaxListLimit))
+	cmd.Flags().Uint32Var(&o.group, "group", 0, "in a partitioned deployment, list this group's locks only (default with --partitioned: every group's)")
 	cmd.RunE = bind(o, lockLs)
 	return cmd
 }
@@ -94,7 +96,11 @@ func lockLs(ctx context.Context, o *lsOptions, pos []string, stdout, stderr io.W
 		return fail(stderr, err)
 	}
 	defer done()
-	for h, err := range cl.ListAll(ctx, pos[0], o.limit) {
+	all := cl.ListAll(ctx, pos[0], o.limit)
+	if o.cf.fs.Changed("group") {
+		all = cl.ListGroupAll(ctx, o.group, pos[0], o.limit)
+	}
+	for h, err := range all {
 		if err != nil {
 			return fail(stderr, err)
 		}

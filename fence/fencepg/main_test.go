@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/fence/fencepg"
-	"github.com/ticketd/ticketd/fence/internal/pgtest"
+	"github.com/ticketd/ticketd/internal/testkit/pgtest"
 )
 
 // server is the PostgreSQL server of this test binary (nil: none, and

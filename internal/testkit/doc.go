@@ -1,7 +1,8 @@
 // Package testkit is the one set of test helpers the ticketd tests share:
 // free loopback addresses, polling with a deadline, an embedded NATS
 // server and a quiet logger. Its subpackage testcluster builds in-process
-// clusters of daemon.Start nodes.
+// clusters of daemon.Start nodes; pgtest starts a throwaway PostgreSQL
+// server (fence/fencepg's tests, examples/fencing).
 //
 // # What it owns
 //

@@ -1,6 +1,6 @@
-// Package pgtest starts a throwaway PostgreSQL server for fence's tests:
-// initdb into a temporary directory, postgres on a free 127.0.0.1 port,
-// one fresh schema per test.
+// Package pgtest starts a throwaway PostgreSQL server for the tests of
+// fence/fencepg and examples/fencing: initdb into a temporary directory,
+// postgres on a free 127.0.0.1 port, one fresh schema per test.
 //
 // # What it owns
 //
@@ -8,7 +8,9 @@
 // running them as an unprivileged user when the tests run as root
 // (postgres refuses to run as root), waiting until the server answers,
 // and stopping it. A test binary starts one server in TestMain and calls
-// Skip in each test when there is none.
+// Skip in each test when there is none. NewDB hands a test a schema of
+// its own as a *sql.DB, NewSchema as a connection URL too, for a process
+// the test starts.
 //
 // # What it does not own
 //
@@ -234,6 +236,15 @@ func (s *Server) dsn(schema string) string {
 // milliseconds, a database a checkpoint.
 func (s *Server) NewDB(t testing.TB) *sql.DB {
 	t.Helper()
+	db, _ := s.NewSchema(t)
+	return db
+}
+
+// NewSchema is NewDB that also returns the handle's connection URL
+// (user postgres, no password: the server trusts every local connection),
+// for a process the test starts.
+func (s *Server) NewSchema(t testing.TB) (*sql.DB, string) {
+	t.Helper()
 	name := fmt.Sprintf("t%d", s.dbs.Add(1))
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -250,7 +261,7 @@ func (s *Server) NewDB(t testing.TB) *sql.DB {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { db.Close() })
-	return db
+	return db, s.dsn(name)
 }
 
 // Stop shuts the server down (fast shutdown, then a kill) and removes its
