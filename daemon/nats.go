@@ -51,7 +51,10 @@ func (d *Daemon) startNATS() error {
 		nats.ReconnectWait(100 * time.Millisecond),
 	}, auth...)
 	if d.ns != nil {
-		opts = append(opts, nats.InProcessServer(d.ns))
+		// Guarded: the node reads each header block's lines as the server
+		// wrote them, so a client cannot slip a Nats-Request-Info past
+		// the server's (natsapi headerguard.go).
+		opts = append(opts, nats.InProcessServer(natsapi.GuardedInProcess{Server: d.ns}))
 	}
 	nc, err := nats.Connect(url, opts...)
 	if err != nil {

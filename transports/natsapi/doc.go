@@ -83,7 +83,10 @@
 // says the deployment lets nobody else publish in ticketd's account (the
 // daemon decides that at start), and only on a request whose reply subject
 // shows it crossed an import; every other request is anonymous. The lock
-// service checks the identity against its access list.
+// service checks the identity against its access list. headerguard.go
+// makes the node's connection to its embedded server split header lines
+// as nats-server does (a bare LF is no line end), so a client cannot hide
+// a forged Nats-Request-Info from the server and show it to the node.
 //
 // # Partitions
 //

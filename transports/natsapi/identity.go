@@ -114,13 +114,17 @@ func crossedImport(reply string) bool {
 // identityOf reads the identity in a Nats-Request-Info header ("" when
 // there is none, or it does not parse: anonymous). It does not say whether
 // the header can be believed: clientIdentity does.
+//
+// More than one such header is anonymous: nats-server leaves exactly one,
+// its own, on a request that crossed an import; a second one is a
+// client's that got past it (headerguard.go).
 func identityOf(h nats.Header) string {
-	v := h.Get(HeaderRequestInfo)
-	if v == "" {
+	vs := h.Values(HeaderRequestInfo)
+	if len(vs) != 1 || vs[0] == "" {
 		return ""
 	}
 	var ri requestInfo
-	if err := json.Unmarshal([]byte(v), &ri); err != nil || ri.Account == "" {
+	if err := json.Unmarshal([]byte(vs[0]), &ri); err != nil || ri.Account == "" {
 		return ""
 	}
 	if ri.User != "" {

@@ -27,6 +27,12 @@ func TestIdentityOf(t *testing.T) {
 			t.Errorf("identityOf(%s) = %q, want %q", tc.header, got, tc.want)
 		}
 	}
+	// Two of them: a client's got past the server (headerguard.go), and
+	// which is whose cannot be told: anonymous.
+	two := nats.Header{HeaderRequestInfo: {`{"acc":"TENANT_A"}`, `{"acc":"TENANT_B"}`}}
+	if got := identityOf(two); got != "" {
+		t.Errorf("identityOf(two headers) = %q, want anonymous", got)
+	}
 }
 
 // TestIdentityTrust: a Nats-Request-Info header names the requester only
