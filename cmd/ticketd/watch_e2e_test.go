@@ -101,7 +101,11 @@ func TestStatusWatch(t *testing.T) {
 	}
 
 	// A member stops: its row says unreachable, and so does `status`.
-	stopped := c.Follower(c.Leader(10 * time.Second))
+	lead := c.Leader(10 * time.Second)
+	stopped := c.Follower(lead)
+	if stopped == 0 { // the watch asks node 1's server: stop another
+		stopped = 3 - lead
+	}
 	if err := c.Stop(stopped); err != nil {
 		t.Fatal(err)
 	}
@@ -116,9 +120,12 @@ func TestStatusWatch(t *testing.T) {
 	if code := cmd.ProcessState.ExitCode(); code != 0 {
 		t.Fatalf("status --watch exited %d after SIGINT (%v): %s", code, err, stderr.String())
 	}
-	js, err := exec.Command(bin, "status", "--nats", url).Output()
+	var serr strings.Builder
+	status := exec.Command(bin, "status", "--nats", url)
+	status.Stderr = &serr
+	js, err := status.Output()
 	if err != nil {
-		t.Fatalf("status: %v", err)
+		t.Fatalf("status: %v: %s", err, serr.String())
 	}
 	var st struct {
 		Unreachable  []uint64 `json:"unreachable"`
