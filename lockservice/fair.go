@@ -19,8 +19,11 @@ import (
 //     that starts waiting in a key's queue is parked: it leaves this count
 //     (AcquireParams.Parked), so waits, bounded by the waiter limits,
 //     never use up the budget that try requests, releases, renewals and
-//     reads need. Releases are not counted: a client over its share can
-//     still give back what it holds, and releases only free room;
+//     reads need. Releases are counted: each costs the leader a raft
+//     entry, even of a lock long gone, so uncounted releases let one
+//     identity fill the node's budget that others' renewals need (a
+//     client over its share gives back what it holds once its requests
+//     are answered, or its leases expire);
 //   - a share of a policy plugin's time: the plugin refuses a call of an
 //     identity that spent its share (plugins.ShareError), which checkPolicy
 //     reports as a *LimitError like every other limit.

@@ -118,7 +118,7 @@ func serveFlags() *pflag.FlagSet {
 	fs.Int("max-waiters", d.MaxWaiters, "most acquires waiting on this node")
 	fs.Int("max-waiters-per-identity", d.MaxWaitersPerIdentity, "most acquires of one identity waiting on this node (anonymous requests share one identity)")
 	fs.Int("max-inflight", d.MaxInflight, "most requests this node handles at once, acquires and the rest each (waiting acquires not counted); beyond: unavailable")
-	fs.Int("max-inflight-per-identity", d.MaxInflightPerIdentity, "most requests of one identity in progress on this node, releases and waiting acquires not counted")
+	fs.Int("max-inflight-per-identity", d.MaxInflightPerIdentity, "most requests of one identity in progress on this node, waiting acquires not counted")
 	fs.Int("plugin-calls-per-identity", 0, "most policy plugin calls of one identity running at once; 0: half the plugin's instances (at least 1)")
 	fs.Int("plugin-ms-per-identity", d.PluginTimePerIdentityMS, "policy plugin time one identity may use per second, in milliseconds; beyond: resource_exhausted")
 	fs.Int64("disk-alarm-bytes", d.DiskAlarmBytes, "below this much free space on the data disk, refuse grants (releases still work) and raise the nospace alarm; a node needs a quarter of it free to start")

@@ -35,7 +35,7 @@
 //
 // # Fair shares
 //
-// fair.go admits every request but a release against its identity's share
+// fair.go admits every request against its identity's share
 // of the requests in progress (lockservice.BeginRequest:
 // resource_exhausted) and against the node's budget (Config.MaxInflight,
 // acquires and the rest apart: unavailable, "node overloaded"). An acquire

@@ -10,9 +10,11 @@ import (
 
 // Fair shares at the edge (issue 21; lockservice fair.go has the rules).
 //
-// Every request but a release is admitted twice before it runs: against
-// its identity's share of the requests in progress (lockservice
-// BeginRequest: resource_exhausted beyond it), and against the node's
+// Every request is admitted twice before it runs: against its identity's
+// share of the requests in progress (lockservice BeginRequest:
+// resource_exhausted beyond it; a release too, as each costs the leader a
+// raft entry, but not a follower's release of a grant it could not
+// deliver, which is the cluster's own), and against the node's
 // budget (Config.MaxInflight, acquires and the rest apart: unavailable,
 // "node overloaded", beyond it). An acquire that starts waiting in its
 // key's queue is parked: it gives both back at once (lockservice's
@@ -131,7 +133,7 @@ func (s *Service) runParkSweep(interest ReplyInterest, every time.Duration) {
 // when it ends).
 func (s *Service) admit(req *request) (leave func(), ok bool) {
 	identityDone := func() {}
-	if req.op != "release" {
+	if !req.nodeAuthority {
 		done, err := s.cfg.Locks.BeginRequest(req.identity)
 		if err != nil {
 			_ = req.fail(toProtocolError(err))

@@ -39,8 +39,9 @@ func TestParkSweep(t *testing.T) {
 }
 
 // admit: an identity over its share of requests in progress is refused
-// with resource_exhausted, a release never; leave gives its places back,
-// once however often it is called.
+// with resource_exhausted, its releases too (each costs a raft entry);
+// a follower's release of a grant it could not deliver never; leave gives
+// its places back, once however often it is called.
 func TestAdmitShares(t *testing.T) {
 	srv := lockservice.New(lockservice.Config{Logger: testkit.QuietLogger(), Limits: lockservice.Limits{MaxInflightPerIdentity: 1}})
 	defer srv.Close()
@@ -56,9 +57,14 @@ func TestAdmitShares(t *testing.T) {
 	if _, ok := s.admit(req("get", "A")); ok || refused.Code != protocol.CodeResourceExhausted {
 		t.Fatalf("A's second request: admitted %v, %v; want resource_exhausted", ok, refused)
 	}
-	releaseLeave, ok := s.admit(req("release", "A"))
+	if _, ok := s.admit(req("release", "A")); ok || refused.Code != protocol.CodeResourceExhausted {
+		t.Fatalf("A's release over its share: admitted %v, %v; want resource_exhausted", ok, refused)
+	}
+	lost := req("release", "A")
+	lost.nodeAuthority = true
+	releaseLeave, ok := s.admit(lost)
 	if !ok {
-		t.Fatalf("A's release refused: %v", refused)
+		t.Fatalf("the cluster's own release for A refused: %v", refused)
 	}
 	bLeave, ok := s.admit(req("acquire", "B"))
 	if !ok {
