@@ -139,16 +139,16 @@ func (d *Daemon) refuseExistingCluster(ctx context.Context, id uint64) error {
 	// too (nothing serves status before it has settled its own cluster
 	// ID), or none runs: a new cluster. Status subscriptions cross a new
 	// route a moment after it connects, hence a few tries.
-	first, err := ask(protocol.SubjectStatus)
+	first, err := ask(d.statusSubject())
 	for tries := existingNoResponderTries; errors.Is(err, nats.ErrNoResponders) && tries > 0 && pause(existingProbeRetry); tries-- {
-		first, err = ask(protocol.SubjectStatus)
+		first, err = ask(d.statusSubject())
 	}
 	if err != nil || first.Leader == 0 {
 		return nil
 	}
 	l := first
 	if first.ID != first.Leader {
-		if l, err = ask(protocol.NodeStatusSubject(first.Leader)); err != nil {
+		if l, err = ask(d.cfg.Partition().NodeStatusSubject(first.Leader)); err != nil {
 			return nil
 		}
 	}

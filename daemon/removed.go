@@ -193,11 +193,11 @@ func (d *Daemon) removedByLeader() string {
 		}
 		return &st
 	}
-	first := ask(protocol.SubjectStatus)
+	first := ask(d.statusSubject())
 	if first == nil || first.Leader == 0 || first.Leader == d.cfg.ID {
 		return ""
 	}
-	l := ask(protocol.NodeStatusSubject(first.Leader))
+	l := ask(d.cfg.Partition().NodeStatusSubject(first.Leader))
 	switch {
 	case l == nil || l.ID != first.Leader || l.Leader != l.ID || l.State != "StateLeader":
 		return ""
@@ -212,4 +212,14 @@ func (d *Daemon) removedByLeader() string {
 		}
 	}
 	return fmt.Sprintf("the leader, node %d, no longer lists node %d among the members (term %d, applied index %d)", l.ID, d.cfg.ID, l.Term, l.AppliedIndex)
+}
+
+// statusSubject is where any node of this node's cluster answers status:
+// in a partitioned deployment, its group's (raft ids and member lists
+// repeat across groups).
+func (d *Daemon) statusSubject() string {
+	if p := d.cfg.Partition(); p.Partitioned() {
+		return protocol.GroupStatusSubject(p.Group)
+	}
+	return protocol.SubjectStatus
 }

@@ -55,7 +55,9 @@
 // # Status
 //
 // status.go assembles a node's status reply from the raft node, the peer
-// addresses and the loaded plugins.
+// addresses and the loaded plugins: its role (a learner named a learner,
+// though raft calls it a follower), its binary's release and revision, the
+// cluster ID, the newest cluster version it reads and its disk alarm.
 //
 // # Lost replies
 //
