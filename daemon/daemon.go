@@ -142,7 +142,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 	if err := d.startRaft(ctx, opts, m, raftMetrics); err != nil {
 		return nil, err
 	}
-	if err := d.checkNotRemoved(); err != nil {
+	if err := d.checkNotRemoved(ctx); err != nil {
 		return nil, err
 	}
 	d.ctl = control.New(d.controlConfig(m.addrs))

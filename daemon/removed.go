@@ -35,6 +35,9 @@ const (
 	removedProbeInterval  = 2 * time.Second
 	// removedProbeTimeout bounds one status request of the probe.
 	removedProbeTimeout = time.Second
+	// removedStartWait bounds Start's wait for the entries committed
+	// before the last stop to apply, so their removal is seen at once.
+	removedStartWait = 5 * time.Second
 )
 
 // removal is the daemon's record of its removal: set once, read by Err.
@@ -112,8 +115,25 @@ func inConf(cs raftpb.ConfState, id uint64) bool {
 }
 
 // checkNotRemoved refuses to start a node whose own applied state says it
-// was removed.
-func (d *Daemon) checkNotRemoved() error {
+// was removed. It first lets the node apply what its log had committed
+// before it stopped (for at most removedStartWait): the removal may be
+// among those entries. Past that, the watcher still finds it.
+func (d *Daemon) checkNotRemoved(ctx context.Context) error {
+	if hs, _, err := d.store.InitialState(); err == nil && hs.Commit > 0 {
+		ctx, cancel := context.WithTimeout(ctx, removedStartWait)
+		defer cancel()
+		t := time.NewTicker(10 * time.Millisecond)
+		defer t.Stop()
+		for d.node.AppliedIndex() < hs.Commit {
+			select {
+			case <-ctx.Done():
+			case <-d.node.Done():
+			case <-t.C:
+				continue
+			}
+			break
+		}
+	}
 	if why := d.retiredLocally(d.ownIncarnation()); why != "" {
 		return fmt.Errorf("%w: %s", ErrRemoved, why)
 	}
