@@ -29,8 +29,15 @@
 //     once a source has spent them, each of its requests waits
 //     FailureDelay (evictable) before its credential is checked, and
 //     failures beyond one per FailureRefill are answered
-//     too_many_attempts, but a correct credential is always accepted. The client refuses plain http off
-//     loopback (ErrInsecureURL): the credential would travel in clear.
+//     too_many_attempts, but a correct credential is always accepted. The
+//     wait is evictable so that more connections buy a guesser no more
+//     checks; the cost is that one who shares the admin's address and
+//     opens more than MaxConnsPerSource connections per FailureDelay
+//     evicts the admin's waiting request too (mutual TLS is the answer
+//     there: a guesser without a client certificate never gets a
+//     credential checked, so the address is never paced). The client
+//     refuses plain http off loopback (ErrInsecureURL): the credential
+//     would travel in clear.
 //
 //   - The wire format (client.go): Request, Reply, Member, and Error with
 //     its Code* values, each mapped to one HTTP status. Call finds the
