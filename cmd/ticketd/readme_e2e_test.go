@@ -485,8 +485,10 @@ func tail(s string) string {
 // writeTaskScripts writes, for each task of the Taskfile, a bash script
 // running what `task NAME -- ARGS` runs: its deps' scripts, its env and
 // its commands, with the templates evaluated as task would (variables from
-// the environment and the Taskfile's vars, CLI_ARGS the script's
-// arguments). A task this cannot map gets a script that says so.
+// the Taskfile's vars and this test's environment when the scripts are
+// written, not a page's exports; CLI_ARGS the script's arguments). A task
+// this cannot map (dir:, a command that is not a string, a template
+// function other than default) gets a script that says so and exits 2.
 func writeTaskScripts(t *testing.T, taskfile, dir string) {
 	t.Helper()
 	b, err := os.ReadFile(taskfile)
