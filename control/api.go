@@ -42,6 +42,7 @@ func (p *Plane) routes() *http.ServeMux {
 	mux.HandleFunc("POST /v1/replacements/abort", admin(p.abortReplacement))
 	mux.HandleFunc("POST /v1/retire", admin(p.adopting(p.retire)))
 	mux.HandleFunc("POST /v1/members", admin(p.adopting(p.members)))
+	mux.HandleFunc("POST /v1/fence/rotate", admin(p.rotateFenceKey))
 	// Answers only valid/invalid and checks no credential, so it is never
 	// paced: a starting node always learns at once whether it was retired.
 	mux.HandleFunc("POST /v1/identity", p.handler(false, false, p.identity))

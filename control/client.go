@@ -82,6 +82,11 @@ type Reply struct {
 	// a joining node records it and binds its peer handshakes to it. 0
 	// from a node of a cluster created before cluster IDs.
 	ClusterID uint64 `json:"cluster_id,omitempty"`
+	// FenceKey and FenceKeys (fence rotation): the current fence signing
+	// public key and all those kept, oldest first, in the text form
+	// fence.ParsePublicKey reads ("tfk1.…").
+	FenceKey  string   `json:"fence_key,omitempty"`
+	FenceKeys []string `json:"fence_keys,omitempty"`
 }
 
 // Request is the union of control request bodies; each endpoint reads the

@@ -8,7 +8,7 @@
 //
 //   - The control API (api.go): POST /v1/bootstrap, /v1/join-credentials,
 //     /v1/join, /v1/replacements[/complete|/abort], /v1/retire,
-//     /v1/members, /v1/identity and /v1/snapshot. Admin endpoints need the control
+//     /v1/members, /v1/identity, /v1/snapshot and /v1/fence/rotate. Admin endpoints need the control
 //     credential as a bearer token; /v1/join is authenticated by a
 //     one-time join credential and /v1/identity answers only valid or
 //     not. Only the ready leader answers; anything else gets not_leader
@@ -54,6 +54,12 @@
 //     members, so a retired id can no longer connect. Working from
 //     replicated state means a new leader finishes what a crashed one
 //     started.
+//
+//   - Fence signing keys (fence.go): the ready leader's reconcile loop
+//     proposes the cluster's first fence key (a seed from crypto/rand)
+//     once the cluster version is 3 and none exists; POST
+//     /v1/fence/rotate (admin) makes a new one current, the older ones
+//     kept by core (at most core.MaxFenceKeys).
 //
 //   - Static clusters (static.go): on a cluster formed from a static
 //     member list (--initial-cluster), the admin endpoints that work on

@@ -48,6 +48,7 @@ func (p *Plane) reconcileLoop() {
 			lastVersionCheck = time.Now()
 			p.maybeRaiseClusterVersion(bgCtx)
 		}
+		p.maybeSetFenceKey(bgCtx)
 		p.membership.Lock()
 		lastChange = p.reconcileMembers(bgCtx, lastChange, lastPromote)
 		p.membership.Unlock()

@@ -373,6 +373,7 @@ func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 		Policy:       opts.Policy,
 		Now:          opts.Now,
 		StorageAlarm: d.store.Disk().Err,
+		ClusterID:    d.clusterID,
 		Limits: lockservice.Limits{
 			MaxLocks:            d.cfg.MaxLocks,
 			MaxLocksPerIdentity: d.cfg.MaxLocksPerIdentity,

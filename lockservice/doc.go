@@ -56,6 +56,11 @@
 //     ErrPermissionDenied and nothing is proposed; a release of a token
 //     above the last one issued is ErrNotFound after a ReadIndex, without
 //     a proposal (it could only meet a Grant still in flight).
+//   - Fences and checks (fence.go): every grant carries a fence (key,
+//     token and cluster ID signed with the cluster's current fence key,
+//     package fence's format) once the cluster has one; FenceKeys serves
+//     the public keys and Check whether a token is its key's current one,
+//     both read after a ReadIndex on the ready leader.
 //   - Expiry (expiry.go): one loop and a fixed pool of workers propose
 //     the Expires of leases that ran out; no goroutine per lease.
 //

@@ -59,6 +59,9 @@ type Config struct {
 	// WallClockMS stamps Grant.GrantedAtMS (information only); nil means
 	// time.Now().UnixMilli.
 	WallClockMS func() uint64
+	// ClusterID is signed into every fence (fence.go; 0: a cluster
+	// created before cluster IDs).
+	ClusterID uint64
 	// Limits bounds the locks and waiters clients can make the leader
 	// hold (quota.go).
 	Limits Limits
@@ -105,6 +108,9 @@ type Grant struct {
 	// delivers such a grant in a way that tells it whether anyone
 	// listened (natsapi delivery.go).
 	Queued bool
+	// Fence is the grant's signed fence (fence.go); "" before the cluster
+	// has a fence key.
+	Fence string
 }
 
 // Holder is the current holder of a key.
@@ -395,7 +401,7 @@ func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, e
 			s.ReleaseUndelivered(p.Key, a.Result.Token)
 			return Grant{}, fmt.Errorf("%w: granted token %d after the requester's deadline; released", ErrTimeout, a.Result.Token)
 		}
-		return Grant{Key: p.Key, Token: a.Result.Token, Lease: p.Lease, Index: a.Index}, nil
+		return Grant{Key: p.Key, Token: a.Result.Token, Lease: p.Lease, Index: a.Index, Fence: s.fence(p.Key, a.Result.Token)}, nil
 	case core.ResultGrantRejected:
 		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
 	}

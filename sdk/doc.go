@@ -41,6 +41,16 @@
 // context's with no code: nothing is held, and the next waiter is not
 // kept waiting for a lease.
 //
+// # Fences and checks
+//
+// Lock.Fence is the grant's fence: its key, token and cluster ID signed
+// with the cluster's fence key (docs/fencing.md). Send it to the protected
+// resource instead of the bare token; the resource verifies it with the
+// keys FenceKeys returns (FenceKeys.Verifier; in a partitioned deployment
+// GroupFenceKeys, each group being a cluster of its own) and keeps the
+// highest token per key (package fence). Check asks the leader whether a
+// token is still its key's current one, linearizably.
+//
 // # Listing, watching, electing
 //
 // List and ListAll page through the held locks under a prefix. Watch

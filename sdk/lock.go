@@ -62,6 +62,12 @@ type Lock struct {
 	// lock (WithPartitioned, docs/scaling.md): Token is that group's
 	// token. nil when the cluster is not partitioned.
 	Group *uint32
+	// Fence is the grant's fence: its key, token and cluster ID signed
+	// with the cluster's fence key (docs/fencing.md). Send it to the
+	// protected resource instead of the bare token: one that verifies it
+	// (package fence) cannot be poisoned by an invented token. "" when
+	// the cluster has no fence key yet (cluster version below 3).
+	Fence string
 
 	client *Client
 
@@ -239,6 +245,7 @@ func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owne
 		Lease:     granted,
 		Index:     ar.Index,
 		Group:     ar.Group,
+		Fence:     ar.Fence,
 		client:    c,
 		deadline:  rep.sent.Add(granted),
 		renewedAt: rep.sent,

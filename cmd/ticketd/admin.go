@@ -43,7 +43,7 @@ type adminOptions struct {
 }
 
 func adminCmd() *cobra.Command {
-	g := group("admin", "Control plane: bootstrap, join credentials, members, replacement, retirement",
+	g := group("admin", "Control plane: bootstrap, join credentials, members, replacement, retirement, fence keys",
 		adminLeaf("bootstrap", "Consume the one-shot bootstrap credential of node 1",
 			`Consume the one-shot bootstrap credential that node 1 was started with
 (--bootstrap-credential-file, TICKETD_BOOTSTRAP_CREDENTIAL_FILE or
@@ -91,6 +91,15 @@ its identity is refused from then on.`,
 				fs.Uint64Var(&o.inc, "incarnation", 0, "incarnation of --node (required)")
 				requireFlags(fs, "node", "incarnation")
 			}),
+		group("fence", "Fence signing keys",
+			adminLeaf("rotate", "Make a new fence signing key current",
+				`Make a new fence signing key current: new grants' fences are signed with
+it. The older keys stay valid (the cluster keeps the last 4), so first add
+the new public key (in the reply, and in ticketd fence pubkey) to every
+resource's trusted keys, and remove an old one once no fence it signed is
+in use (docs/fencing.md, "Key rotation").`,
+				`  ticketd admin fence rotate --control http://127.0.0.1:7100 --control-credential-file control.cred`,
+				nil)),
 	)
 	g.Long = adminLong
 	return g
@@ -151,6 +160,8 @@ func admin(ctx context.Context, o *adminOptions, _ []string, stdout, stderr io.W
 		path, body = "/v1/replacements/abort", control.Request{OldNodeID: o.oldID, NodeID: o.newID, Incarnation: o.inc}
 	case "retire":
 		path, body = "/v1/retire", control.Request{NodeID: o.node, Incarnation: o.inc}
+	case "fence rotate":
+		path = "/v1/fence/rotate"
 	default:
 		return usagef(stderr, "unknown admin command %q", o.name)
 	}

@@ -173,6 +173,9 @@ func lockAcquire(ctx context.Context, o *acquireOptions, pos []string, stdout, s
 	if l.Group != nil {
 		out["group"] = *l.Group // the token is this group's
 	}
+	if l.Fence != "" {
+		out["fence"] = l.Fence
+	}
 	printJSON(stdout, out)
 	return 0
 }

@@ -173,8 +173,9 @@ TICKETD_* variable (see the README's secrets table).
 	root.AddCommand(
 		serveCmd(),
 		group("lock", "Take, give back and inspect locks",
-			lockAcquireCmd(), lockReleaseCmd(), lockGetCmd(), lockRenewCmd(), lockLsCmd(), lockWatchCmd(), lockExecCmd()),
+			lockAcquireCmd(), lockReleaseCmd(), lockGetCmd(), lockRenewCmd(), lockLsCmd(), lockWatchCmd(), lockExecCmd(), lockCheckCmd()),
 		statusCmd(),
+		group("fence", "What a protected resource verifies fences with", fencePubkeyCmd()),
 		group("snapshot", "Back up a cluster and restore it into a new one",
 			snapshotSaveCmd(), snapshotStatusCmd(), snapshotRestoreCmd()),
 		benchCmd(),

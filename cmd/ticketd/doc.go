@@ -8,6 +8,8 @@
 //	ticketd lock ls PREFIX [--limit 100]       every held lock under PREFIX, one JSON line each
 //	ticketd lock watch KEY                    one JSON line per event until interrupted
 //	ticketd lock exec KEY [--lease 10s] [--wait 30s] [--grace 5s] -- CMD ARGS...
+//	ticketd lock check KEY TOKEN              exit 0 when TOKEN is KEY's current token, 1 when not
+//	ticketd fence pubkey [--json]             the public keys that verify the cluster's fences
 //	ticketd status [--watch [--interval 1s]]   one view, or a live view of every member
 //	ticketd bench --clients 16 --keys 1000 --duration 10s [--json]
 //	ticketd version                                  release, revision, Go, cluster version
@@ -15,7 +17,7 @@
 //	ticketd snapshot status FILE                      verify a backup file
 //	ticketd snapshot restore FILE --data DIR [--peer-address A | --id N --initial-cluster ...]
 //	                         [--bump-tokens N] [--drop-locks]
-//	ticketd admin bootstrap|mint-join [--out FILE]|members|replace complete|replace abort|retire
+//	ticketd admin bootstrap|mint-join [--out FILE]|members|replace complete|replace abort|retire|fence rotate
 //
 // The command tree is built with cobra (commands.go): every command's
 // --help (and `ticketd help PATH`) shows a description, its Usage line with

@@ -68,8 +68,9 @@
 //
 // # Lifecycle endpoints and events
 //
-// lifecycle.go serves renew, list and withdraw (forwarded like release and
-// get). delivery.go publishes a grant to a requester that waited with a
+// lifecycle.go serves renew, list and withdraw, fence.go check and
+// fence_keys (issue 23), all forwarded like release and get; a grant's
+// reply carries the fence the lock service signed. delivery.go publishes a grant to a requester that waited with a
 // reply subject on one per-node inbox, so that NATS's "no responders"
 // answer tells the node for certain that the requester is gone; it then
 // releases that grant with its exact token (on a follower: asks the

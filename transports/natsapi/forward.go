@@ -71,7 +71,7 @@ func (s *Service) forwardTo(req *request, notFrom uint64) {
 		// Nobody received it: certainly no effect.
 		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leader %d is not reachable; retry", leader))
 		return
-	case err != nil && (req.op == "get" || req.op == "list"):
+	case err != nil && readOnlyOp(req.op):
 		s.replyErr(req, protocol.Errorf(protocol.CodeUnavailable, "leader %d did not answer: %v", leader, err))
 		return
 	case err != nil:
@@ -110,4 +110,14 @@ func (s *Service) releaseUndelivered(leader uint64, identity string, reply []byt
 	if _, err := s.cfg.Conn.RequestMsgWithContext(ctx, &nats.Msg{Subject: s.cfg.Partition.ForwardSubject(leader, "release"), Data: body, Header: h}); err != nil {
 		s.log.Warn("release of an undelivered grant failed; it will expire with its lease", "key", ar.Key, "token", ar.Token, "err", err)
 	}
+}
+
+// readOnlyOp reports whether op changes nothing, so a leader that did not
+// answer a forward of it leaves nothing indeterminate.
+func readOnlyOp(op string) bool {
+	switch op {
+	case "get", "list", "check", "fence_keys":
+		return true
+	}
+	return false
 }

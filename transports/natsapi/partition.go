@@ -11,8 +11,8 @@ import (
 // subject a request arrives on was computed by its sender: a request for
 // key K sent on another key's subject, or a mapping whose group count the
 // nodes do not share, would let two groups grant the same key, each with
-// tokens of its own. So the leader checks every acquire, renew and get
-// against the key itself and answers wrong_group, having done nothing.
+// tokens of its own. So the leader checks every acquire, renew, get and
+// check against the key itself and answers wrong_group, having done nothing.
 // Releases and withdrawals are not checked: they only end what this group
 // granted or queued (which passed the check when it did), and while a key
 // moves to a new group its holders must still be able to let it go here.

@@ -43,6 +43,8 @@ func TestGroupServesOnlyItsKeys(t *testing.T) {
 			s.renew(req)
 		case "get":
 			s.get(req)
+		case "check":
+			s.check(req)
 		case "release":
 			s.release(req)
 		}
@@ -58,7 +60,7 @@ func TestGroupServesOnlyItsKeys(t *testing.T) {
 	if err := json.Unmarshal(body, &ar); err != nil || ar.Group == nil || *ar.Group != 0 {
 		t.Fatalf("grant %s does not name group 0 (%v)", body, err)
 	}
-	for _, op := range []string{"acquire", "renew", "get"} {
+	for _, op := range []string{"acquire", "renew", "get", "check"} {
 		_, fail := call(op, requestFor(op, other))
 		if fail == nil || fail.Code != protocol.CodeWrongGroup {
 			t.Fatalf("%s of group 1's key on group 0: %v, want wrong_group", op, fail)
@@ -76,7 +78,7 @@ func requestFor(op, key string) string {
 	switch op {
 	case "acquire":
 		return fmt.Sprintf(`{"key":%q,"lease_ms":60000}`, key)
-	case "renew":
+	case "renew", "check":
 		return fmt.Sprintf(`{"key":%q,"token":1}`, key)
 	}
 	return fmt.Sprintf(`{"key":%q}`, key)

@@ -186,7 +186,7 @@ func Start(cfg Config) (*Service, error) {
 		cancel()
 		return nil, err
 	}
-	for _, op := range []string{"acquire", "release", "get", "renew", "list", "withdraw"} {
+	for _, op := range []string{"acquire", "release", "get", "renew", "list", "withdraw", "check", "fence_keys"} {
 		// Subscribed only while this node is the ready leader (leadersubs.go).
 		s.addLockEndpoint(op, cfg.Partition.LockSubject(op), protocol.QueueGroup, s.microHandler(op))
 	}
@@ -433,6 +433,10 @@ func (s *Service) handle(req *request, forwarded bool) {
 		s.list(req)
 	case "withdraw":
 		s.withdraw(req)
+	case "check":
+		s.check(req)
+	case "fence_keys":
+		s.fenceKeys(req)
 	default:
 		s.replyErr(req, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", req.op))
 	}
@@ -481,7 +485,7 @@ func (s *Service) acquire(req *request) {
 		s.replyLockErr(req, err)
 		return
 	}
-	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index, Group: s.group()})
+	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index, Group: s.group(), Fence: g.Fence})
 	if g.Queued {
 		// Its requester waited and may have left: learn it for certain
 		// and release at once (delivery.go). Immediate grants skip this.

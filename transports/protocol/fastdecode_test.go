@@ -40,6 +40,14 @@ func strictGet(data []byte) (GetRequest, error) {
 	return r, r.Validate()
 }
 
+func strictCheck(data []byte) (CheckRequest, error) {
+	var r CheckRequest
+	if err := Decode(data, &r); err != nil {
+		return CheckRequest{}, err
+	}
+	return r, r.Validate()
+}
+
 // sameOutcome fails t unless both decoders accepted with equal values or
 // both rejected with the same code and message.
 func sameOutcome(t *testing.T, what string, data []byte, got, want any, gerr, werr error) {
@@ -69,6 +77,9 @@ func checkFastMatchesStrict(t *testing.T, data []byte) {
 	g, gerr := DecodeGet(data)
 	sg, sgerr := strictGet(data)
 	sameOutcome(t, "get", data, g, sg, gerr, sgerr)
+	c, cerr := DecodeCheck(data)
+	sc, scerr := strictCheck(data)
+	sameOutcome(t, "check", data, c, sc, cerr, scerr)
 }
 
 // fastCases are inputs at the edges of the fast path's subset.
@@ -113,6 +124,7 @@ func TestFastDecodeIsUsed(t *testing.T) {
 			func(b []byte) bool { var r AcquireRequest; return decodeFlat(b, acquireFields(&r)) }},
 		{`{"key":"a","token":7}`, ReleaseRequest{Key: "a", Token: 7}, func(b []byte) bool { var r ReleaseRequest; return decodeFlat(b, releaseFields(&r)) }},
 		{`{"key":"a"}`, GetRequest{Key: "a"}, func(b []byte) bool { var r GetRequest; return decodeFlat(b, getFields(&r)) }},
+		{`{"key":"a","token":7}`, CheckRequest{Key: "a", Token: 7}, func(b []byte) bool { var r CheckRequest; return decodeFlat(b, checkFields(&r)) }},
 	} {
 		if !tc.dec([]byte(tc.body)) {
 			t.Errorf("%s: not on the fast path", tc.body)

@@ -33,9 +33,9 @@ const (
 const MaxGroups = 1024
 
 // KeyedOps are the operations that name one key, sent on KeyedSubject in a
-// partitioned deployment. List names no key: a client asks every group
+// partitioned deployment. List and fence_keys name no key: a client asks a group
 // (GroupSubject).
-var KeyedOps = []string{"acquire", "release", "get", "renew", "withdraw"}
+var KeyedOps = []string{"acquire", "release", "get", "renew", "withdraw", "check"}
 
 // KeyHash is the subject token that stands for key: the hex of the first
 // 16 bytes of SHA-256(key), the same as WatchSubject's hashed form. It is

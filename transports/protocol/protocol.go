@@ -157,6 +157,11 @@ type AcquireReply struct {
 	// deployment (docs/scaling.md): the token is that group's. Absent when
 	// the cluster is not partitioned.
 	Group *uint32 `json:"group,omitempty"`
+	// Fence is the grant's key, token and cluster ID signed with the
+	// cluster's fence key (docs/fencing.md), for a resource to verify
+	// offline; absent before the cluster has a fence key (cluster
+	// version below 3).
+	Fence string `json:"fence,omitempty"`
 }
 
 // ReleaseRequest gives a lock back.

@@ -301,10 +301,15 @@ func StateOf(d *daemon.Daemon) State {
 // Settled reports whether d is the ready leader, serves the lock
 // subjects (natsapi: only the leader subscribes to them) and has raised the
 // cluster version to the newest its binary reads, which a new leader does
-// by itself shortly after it is elected: tests that count applied indexes
-// wait for it so that entry does not land in their middle.
+// by itself shortly after it is elected, and from version 3 on holds a
+// fence signing key, which the leader makes right after: tests that count
+// applied indexes wait for it so that neither entry lands in their middle.
 func Settled(d *daemon.Daemon) bool {
 	var v uint64
-	d.Node().View(func(m *core.Machine) { v = m.ClusterVersion() })
-	return d.Locks().IsLeader() && d.API().Serving() && v == core.MaxClusterVersion
+	var fenced bool
+	d.Node().View(func(m *core.Machine) {
+		v = m.ClusterVersion()
+		_, fenced = m.CurrentFenceKey()
+	})
+	return d.Locks().IsLeader() && d.API().Serving() && v == core.MaxClusterVersion && (v < 3 || fenced)
 }

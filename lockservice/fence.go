@@ -1,0 +1,91 @@
+package lockservice
+
+import (
+	"context"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/fence"
+)
+
+// Fences and checks (issue 23): what lets the protected resource, not
+// only the holder, tell a current token from a superseded one.
+//
+//   - A grant carries a fence: its key, token and the cluster ID signed
+//     with the cluster's current fence key (core/fence.go; the format is
+//     package fence's, docs/fencing.md). The leader that answers signs it
+//     with the key its applied state holds; a resource verifies it with
+//     the public keys (FenceKeys) and cannot be poisoned by an invented
+//     token. Before the cluster has a key (cluster version below 3, or
+//     the first key not yet applied) grants carry no fence.
+//   - Check answers whether a token is the key's current one, read like
+//     Get: on the ready leader after a ReadIndex, so never from a deposed
+//     leader's table.
+
+// fence signs the fence of a grant of key with token, or returns "" when
+// the cluster has no fence key yet.
+func (s *Service) fence(key string, token uint64) string {
+	var k core.FenceKey
+	var ok bool
+	s.node.View(func(m *core.Machine) { k, ok = m.CurrentFenceKey() })
+	if !ok {
+		return ""
+	}
+	f, err := fence.Sign(k.Private, s.cfg.ClusterID, key, token)
+	if err != nil {
+		// Cannot happen: the key and token passed core's validation.
+		s.log.Error("fence not signed", "key", key, "token", token, "err", err)
+		return ""
+	}
+	return f
+}
+
+// FenceKeys are the cluster's fence verification keys.
+type FenceKeys struct {
+	ClusterID uint64
+	// Keys are every kept key, oldest first; the last signs new fences.
+	// Empty before the cluster has a key.
+	Keys []core.FencePublicKey
+}
+
+// FenceKeys returns the fence public keys, read linearizably (ReadIndex
+// on the leader): once a rotation was acknowledged, its key is in the
+// answer. The keys are public; no access list entry is needed.
+func (s *Service) FenceKeys(ctx context.Context) (FenceKeys, error) {
+	if !s.IsLeader() {
+		return FenceKeys{}, s.notLeader()
+	}
+	if err := s.node.ReadIndex(ctx); err != nil {
+		return FenceKeys{}, s.nodeErr(err)
+	}
+	out := FenceKeys{ClusterID: s.cfg.ClusterID}
+	s.node.View(func(m *core.Machine) { out.Keys = m.FencePublicKeys() })
+	return out, nil
+}
+
+// Check is what a check found: whether token is key's current token, and
+// the token key is held with now (0: free).
+type Check struct {
+	Current bool
+	Token   uint64
+}
+
+// Check tells whether key is held with token right now, read linearizably:
+// on the ready leader after a ReadIndex, so a token superseded by a grant
+// committed before the check began is never reported current. The access
+// list checks it as a get.
+func (s *Service) Check(ctx context.Context, key string, token uint64) (Check, error) {
+	if err := core.ValidateKey(key); err != nil {
+		return Check{}, err
+	}
+	if token == 0 {
+		return Check{}, &core.Error{Code: core.CodeInvalidArgument, Detail: "token must be positive"}
+	}
+	h, err := s.Get(ctx, key)
+	if err != nil {
+		return Check{}, err
+	}
+	if !h.Held {
+		return Check{}, nil
+	}
+	return Check{Current: h.Lock.Token == token, Token: h.Lock.Token}, nil
+}
