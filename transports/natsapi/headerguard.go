@@ -36,6 +36,10 @@ import (
 // lines, which the guard does not read whole, may be longer.
 const maxGuardLine = 64 << 10
 
+// maxGuardMsg bounds the message sizes the guard accepts: far above
+// nats-server's largest max_payload (1 GiB), far below an overflow.
+const maxGuardMsg = 1 << 32
+
 // ErrGuardProtocol: the server sent something the header guard could not
 // follow; the connection is closed (nats.go reconnects).
 var ErrGuardProtocol = errors.New("natsapi: header guard: unexpected NATS protocol line")
@@ -173,11 +177,15 @@ func isMsgLine(line []byte) bool {
 // startMsg reads the sizes of an MSG or HMSG line and sets up the states
 // that follow it.
 func (g *guardConn) startMsg(line []byte) error {
-	f := bytes.Fields(line)
+	var buf [6][]byte // HMSG subject sid reply hdr total
+	f, ok := fields(line, buf[:0])
 	bad := func() error { return fmt.Errorf("%w: %q", ErrGuardProtocol, bytes.TrimSpace(line)) }
+	if !ok {
+		return bad()
+	}
 	size := func(b []byte) (int, bool) {
 		n, err := strconv.Atoi(string(b))
-		return n, err == nil && n >= 0
+		return n, err == nil && n >= 0 && n <= maxGuardMsg
 	}
 	if len(f[0]) == len("MSG") { // MSG subject sid [reply] size
 		if len(f) < 4 || len(f) > 5 {
@@ -206,4 +214,25 @@ func (g *guardConn) startMsg(line []byte) error {
 		g.state = guardPayload
 	}
 	return nil
+}
+
+// fields splits line at spaces and tabs (a protocol line's separators)
+// into dst; false when it has more fields than cap(dst).
+func fields(line []byte, dst [][]byte) ([][]byte, bool) {
+	line = bytes.TrimRight(line, "\r\n")
+	for {
+		line = bytes.TrimLeft(line, " \t")
+		if len(line) == 0 {
+			return dst, true
+		}
+		if len(dst) == cap(dst) {
+			return dst, false
+		}
+		i := bytes.IndexAny(line, " \t")
+		if i < 0 {
+			i = len(line)
+		}
+		dst = append(dst, line[:i])
+		line = line[i:]
+	}
 }

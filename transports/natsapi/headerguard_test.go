@@ -94,6 +94,8 @@ func TestGuardConnRefusesWhatItCannotFollow(t *testing.T) {
 		"HMSG a 1 x\r\n",
 		"HMSG a 1 10 5\r\n",
 		"MSG a 1 -3\r\n",
+		"MSG a 1 9223372036854775807\r\n",
+		"HMSG a 1 reply 2 3 4\r\n",
 		"MSG a\r\n",
 		"HMSG " + strings.Repeat("a", maxGuardLine) + "\r\n",
 	} {
@@ -104,3 +106,19 @@ func TestGuardConnRefusesWhatItCannotFollow(t *testing.T) {
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// BenchmarkGuardConn: what the guard adds per request the node reads (an
+// imported acquire: its HMSG line, nats-server's Nats-Request-Info, a body).
+func BenchmarkGuardConn(b *testing.B) {
+	hdr := "NATS/1.0\r\nNats-Request-Info: {\"acc\":\"TENANT_A\",\"rtt\":1043812,\"host\":\"127.0.0.1\",\"id\":12,\"user\":\"alice\",\"name\":\"svc\",\"lang\":\"go\",\"ver\":\"1.56.0\"}\r\n\r\n"
+	body := `{"key":"a/orders/42","lease_ms":10000,"owner":"worker-1"}`
+	msg := []byte("HMSG ticketd.v1.lock.acquire 1 _R_.abc123.def456 " + strconv.Itoa(len(hdr)) + " " + strconv.Itoa(len(hdr)+len(body)) + "\r\n" + hdr + body + "\r\n")
+	g := &guardConn{}
+	b.SetBytes(int64(len(msg)))
+	b.ReportAllocs()
+	for b.Loop() {
+		if err := g.scan(msg); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
