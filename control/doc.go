@@ -25,7 +25,8 @@
 //     the oldest that serves no request (internal/connlimit), so idle
 //     connections, from one address or many, never keep the admin out;
 //     a short TLS handshake deadline and HTTP timeouts; and failed
-//     attempts limited per source address without locking anyone out:
+//     attempts limited per source address without locking anyone out (a
+//     source is an IPv4 address or an IPv6 /64, sourceKey):
 //     once a source has spent them, each of its requests waits
 //     FailureDelay (evictable) before its credential is checked, and
 //     failures beyond one per FailureRefill are answered

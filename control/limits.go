@@ -144,13 +144,33 @@ func (l *failureLimiter) makeRoom(now time.Time) {
 	}
 }
 
-// sourceOf is the address a request came from, without its port.
+// sourceOf is the source a request came from (sourceKey of its address).
 func sourceOf(r *http.Request) string {
 	host, _, err := net.SplitHostPort(r.RemoteAddr)
 	if err != nil {
-		return r.RemoteAddr
+		return sourceKey(r.RemoteAddr)
 	}
-	return host
+	return sourceKey(host)
+}
+
+// ipv6SourceBits is how much of an IPv6 address names one source.
+const ipv6SourceBits = 64
+
+// sourceKey is the source that failed attempts and connections are
+// counted against for the address host: an IPv4 address, or the /64 of
+// an IPv6 one. One IPv6 host is usually given a whole /64 and may pick
+// any address in it for each connection; counted per address, a guesser
+// would get a fresh budget for every attempt.
+func sourceKey(host string) string {
+	ip := net.ParseIP(host)
+	if ip == nil {
+		return host
+	}
+	if v4 := ip.To4(); v4 != nil {
+		return v4.String()
+	}
+	mask := net.CIDRMask(ipv6SourceBits, 8*net.IPv6len)
+	return (&net.IPNet{IP: ip.Mask(mask), Mask: mask}).String()
 }
 
 // limitListener admits each accepted connection to a connlimit.Table
@@ -254,16 +274,17 @@ func (p *Plane) pace(r *http.Request) bool {
 	}
 }
 
-// sourceOfAddr is the IP of a connection's remote address.
+// sourceOfAddr is the source of a connection (sourceKey of its remote
+// address).
 func sourceOfAddr(a net.Addr) string {
 	if tcp, ok := a.(*net.TCPAddr); ok {
-		return tcp.IP.String()
+		return sourceKey(tcp.IP.String())
 	}
 	host, _, err := net.SplitHostPort(a.String())
 	if err != nil {
-		return a.String()
+		return sourceKey(a.String())
 	}
-	return host
+	return sourceKey(host)
 }
 
 // orDefault is v, or def when v is not positive.
