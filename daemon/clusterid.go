@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"errors"
 	"fmt"
+	"net"
 	"slices"
 	"strconv"
 	"strings"
@@ -78,17 +79,16 @@ func deriveClusterID(token string, members []Member) uint64 {
 
 // Asking a running cluster before bootstrapping a static member.
 const (
-	// existingRouteWait is how long a node told the cluster is new waits
-	// for its embedded NATS server to reach another member's: with the
-	// others running that takes milliseconds, with none running it never
-	// happens, and the first member of a new cluster waits this long.
-	existingRouteWait = 500 * time.Millisecond
-	// existingProbeTimeout bounds the whole question, answers included.
-	existingProbeTimeout = 2 * time.Second
+	// existingProbeTimeout bounds the whole question: reaching the other
+	// members' NATS servers, their answers included.
+	existingProbeTimeout = 5 * time.Second
+	// existingDialTimeout bounds the check that another member's NATS
+	// route port listens at all (none listening: no member runs).
+	existingDialTimeout = 500 * time.Millisecond
 	// existingProbeRetry spaces status requests that met no responder,
 	// at most existingNoResponderTries more of them.
 	existingProbeRetry       = 50 * time.Millisecond
-	existingNoResponderTries = 6
+	existingNoResponderTries = 20
 )
 
 // refuseExistingCluster is the last check before a member told
@@ -99,10 +99,19 @@ const (
 // lost), or no longer lists it (it was removed). Either way bootstrapping
 // again would let it vote twice in a term, and a leader that remembers
 // its old log would make raft panic ("tocommit is out of range"), so the
-// start is refused. No answer, no leader, or another cluster is no
-// evidence, and the start goes on: a leader elected after the member died
-// does not know it had data, so this catches most wiped members, not all.
+// start is refused. No other member listening, no answer, no leader, or
+// another cluster is no evidence, and the start goes on: a leader elected
+// after the member died does not know it had data, so this catches most
+// wiped members, not all.
 func (d *Daemon) refuseExistingCluster(ctx context.Context, id uint64) error {
+	// none logs why the start goes on.
+	none := func(why string) error {
+		d.log.Info("no running member says this member had data; bootstrapping it", "checked", why)
+		return nil
+	}
+	if d.cfg.NATSURL == "" && d.cfg.NATSRoutes != "" && !d.otherRouteListens() {
+		return none("no other member's NATS route port listens")
+	}
 	if err := d.startNATS(); err != nil {
 		return err
 	}
@@ -117,10 +126,9 @@ func (d *Daemon) refuseExistingCluster(ctx context.Context, id uint64) error {
 		}
 	}
 	if d.ns != nil && d.cfg.NATSRoutes != "" {
-		routes := time.Now().Add(existingRouteWait)
 		for d.ns.NumRoutes() == 0 {
-			if time.Now().After(routes) || !pause(existingProbeRetry) {
-				return nil // nobody reachable: a new cluster
+			if !pause(existingProbeRetry) {
+				return none("no NATS route to another member connected")
 			}
 		}
 	}
@@ -143,17 +151,20 @@ func (d *Daemon) refuseExistingCluster(ctx context.Context, id uint64) error {
 	for tries := existingNoResponderTries; errors.Is(err, nats.ErrNoResponders) && tries > 0 && pause(existingProbeRetry); tries-- {
 		first, err = ask(d.statusSubject())
 	}
-	if err != nil || first.Leader == 0 {
-		return nil
+	switch {
+	case err != nil:
+		return none(fmt.Sprintf("status: %v", err))
+	case first.Leader == 0:
+		return none(fmt.Sprintf("node %d knows no leader", first.ID))
 	}
 	l := first
 	if first.ID != first.Leader {
 		if l, err = ask(d.cfg.Partition().NodeStatusSubject(first.Leader)); err != nil {
-			return nil
+			return none(fmt.Sprintf("status of leader %d: %v", first.Leader, err))
 		}
 	}
 	if l.ClusterID != fmt.Sprintf("%016x", id) || l.ID != first.Leader {
-		return nil // another cluster, or one from before cluster IDs
+		return none(fmt.Sprintf("node %d answered for another cluster (%q)", l.ID, l.ClusterID))
 	}
 	next := fmt.Sprintf("A member that lost its data must be replaced, not bootstrapped again: start a new node with --join CONTROL_URLS --replace %d (docs/operations.md, \"Replacing a failed node\")", d.cfg.ID)
 	for _, mb := range l.Members {
@@ -161,11 +172,27 @@ func (d *Daemon) refuseExistingCluster(ctx context.Context, id uint64) error {
 			continue
 		}
 		if mb.Match == 0 {
-			return nil // a member that has not run yet: the cluster is new
+			return none(fmt.Sprintf("leader %d has not heard from this member yet", l.ID))
 		}
 		return fmt.Errorf("%w: %s holds no raft state, but the cluster runs and its leader, node %d, has node %d's log up to index %d: this member's data was lost. %s",
 			ErrWipedMember, d.cfg.Data, l.ID, d.cfg.ID, mb.Match, next)
 	}
 	return fmt.Errorf("%w: the cluster runs and its leader, node %d, does not list node %d among its members: it was removed or replaced. %s",
 		ErrWipedMember, l.ID, d.cfg.ID, next)
+}
+
+// otherRouteListens reports whether another member's embedded NATS server
+// accepts connections on its route port: whether any other member runs.
+func (d *Daemon) otherRouteListens() bool {
+	for _, r := range strings.Split(d.cfg.NATSRoutes, ",") {
+		r = strings.TrimSpace(r)
+		if r == "" || r == d.cfg.NATSClusterListen {
+			continue
+		}
+		if c, err := net.DialTimeout("tcp", r, existingDialTimeout); err == nil {
+			_ = c.Close()
+			return true
+		}
+	}
+	return false
 }

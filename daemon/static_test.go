@@ -68,7 +68,13 @@ func TestWipedStaticMember(t *testing.T) {
 // member must be replaced. Once it is removed, the same start is refused
 // because the leader no longer lists it.
 func TestWipedMemberToldNewIsRefused(t *testing.T) {
-	c := staticControlCluster(t)
+	logs := make([]*testkit.LogBuffer, 3)
+	c := testcluster.New(t, 3, testcluster.WithConfig(func(_ int, cfg *daemon.Config) {
+		cfg.ControlListen = testkit.FreeAddr(t)
+		cfg.ControlCredential = staticAdmin
+	}), testcluster.WithOptions(func(i int, o *daemon.Options) {
+		o.Logger, logs[i] = testkit.CaptureLogger()
+	}))
 	leader := c.Leader(10 * time.Second)
 	victim := c.Follower(leader)
 	c.Converged(10 * time.Second)
@@ -80,7 +86,7 @@ func TestWipedMemberToldNewIsRefused(t *testing.T) {
 	}
 	err := c.Start(victim) // its config says new, like every member's here
 	if !errors.Is(err, daemon.ErrWipedMember) || !strings.Contains(err.Error(), "--replace") {
-		t.Fatalf("wiped member started as new: %v, want ErrWipedMember naming --replace", err)
+		t.Fatalf("wiped member started as new: %v, want ErrWipedMember naming --replace; its log:\n%s", err, logs[victim])
 	}
 	rep, err := adminCall(t, controlURLs(c), "/v1/members", control.Request{})
 	if err != nil {
