@@ -155,6 +155,9 @@ func TestMicroStatsCountWhatTheServiceDid(t *testing.T) {
 		if e == nil {
 			t.Fatalf("no endpoint %q in %v", name, got)
 		}
+		if name == "status" && e.NumRequests >= w[0] && e.NumErrors == w[1] {
+			continue // a follower that has not heard a leader lately asks status too (daemon's removal check)
+		}
 		if e.NumRequests != w[0] || e.NumErrors != w[1] {
 			t.Errorf("%s: %d requests, %d errors; want %d, %d", name, e.NumRequests, e.NumErrors, w[0], w[1])
 		}
