@@ -61,6 +61,14 @@
 //     package fence's format) once the cluster has one; FenceKeys serves
 //     the public keys and Check whether a token is its key's current one,
 //     both read after a ReadIndex on the ready leader.
+//   - Retry-safe acquires (requests.go): an acquire with a request id is
+//     first looked up in the replicated request records (core/requests.go)
+//     and, once a ReadIndex confirms the leadership, answered with the
+//     grant it produced (same token, lease not restarted), ErrGrantEnded,
+//     or invalid_argument for another key; an attempt in progress on this
+//     leader is taken over by its retry instead of waiting twice. Refused
+//     with ErrUnsupported below cluster version 3, and with
+//     resource_exhausted when the records are full.
 //   - Expiry (expiry.go): one loop and a fixed pool of workers propose
 //     the Expires of leases that ran out; no goroutine per lease.
 //

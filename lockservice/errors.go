@@ -37,7 +37,28 @@ var (
 	// ErrResourceExhausted: a limit refused the request (a *LimitError says
 	// which: quota.go). Nothing was proposed.
 	ErrResourceExhausted = errors.New("lockservice: resource exhausted")
+	// ErrGrantEnded: the acquire's request id names a grant of the key
+	// that has ended (a *GrantEndedError carries its token). Nothing was
+	// granted.
+	ErrGrantEnded = errors.New("lockservice: the request's grant has ended")
+	// ErrUnsupported: the request needs a cluster version the cluster has
+	// not reached (a request id: version 3). Nothing was proposed.
+	ErrUnsupported = errors.New("lockservice: not supported by the cluster version")
 )
+
+// GrantEndedError is an acquire whose request id names a grant of Key
+// with Token that has ended; it matches ErrGrantEnded.
+type GrantEndedError struct {
+	Key   string
+	Token uint64
+}
+
+func (e *GrantEndedError) Error() string {
+	return fmt.Sprintf("lockservice: the grant of %q with token %d to this request_id has ended (released or expired); it is not granted again", e.Key, e.Token)
+}
+
+// Is makes errors.Is(err, ErrGrantEnded) hold.
+func (e *GrantEndedError) Is(target error) bool { return target == ErrGrantEnded }
 
 // NotLeaderError: this node is not the ready leader, so it certainly did
 // not propose anything. Leader is the leader this node knows (0: none).

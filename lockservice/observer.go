@@ -27,6 +27,13 @@ func (s *Service) OnApplied(a raftstore.Applied) {
 		s.signalTimersChanged()
 	case core.ResultGrantRejected:
 		s.dropReservation(key)
+	case core.ResultGrantRepeated, core.ResultGrantEnded, core.ResultRequestMismatch, core.ResultRequestsExhausted:
+		// A Grant with a request id that found its request recorded, or
+		// no room: nothing changed, and the key may be free.
+		if a.Command.Kind == core.KindGrant {
+			s.dropReservation(key)
+			s.handOff(key)
+		}
 	case core.ResultRenewed:
 		s.applyRenewed(key, a.Command.Token, a.LeaseMS, a.Command.LeaseMS)
 	case core.ResultReleased:
@@ -83,6 +90,7 @@ func (s *Service) OnLeaderReady(term uint64) {
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
 	s.resetWaits()
+	s.lead.requests = make(map[[32]byte]*reqAttempt)
 	s.lead.epoch++
 	s.lead.ready = true
 	s.signalTimersChanged()
@@ -111,6 +119,7 @@ func (s *Service) OnLeadershipLost() {
 	s.lead.waitersBy = make(map[string]int)
 	s.cfg.Metrics.Waiters.Set(0)
 	s.resetWaits()
+	s.lead.requests = make(map[[32]byte]*reqAttempt)
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
 	s.lead.leases.reset()

@@ -95,6 +95,13 @@ type AcquireParams struct {
 	// where the waiter limits bound it: the transport stops counting it
 	// as a request in progress (BeginRequest, fair.go).
 	Parked func()
+	// RequestID, if set, makes the acquire retry-safe (requests.go): the
+	// client's id for it, scoped to the caller's identity (cluster
+	// version 3).
+	RequestID string
+
+	// attempt is the request's attempt in progress (requests.go).
+	attempt *reqAttempt
 }
 
 // Grant is an issued lock.
@@ -111,6 +118,12 @@ type Grant struct {
 	// Fence is the grant's signed fence (fence.go); "" before the cluster
 	// has a fence key.
 	Fence string
+	// Repeated: an earlier attempt with the same request id produced this
+	// grant (requests.go); Remaining is its lease left on this leader's
+	// timer. Such a grant is never released on a lost reply: the earlier
+	// attempt may have received it.
+	Repeated  bool
+	Remaining time.Duration
 }
 
 // Holder is the current holder of a key.
@@ -164,6 +177,9 @@ type leaderState struct {
 	// completed lately (withdraw.go).
 	waits  map[waitRef]*waiter
 	recent recentGrants
+	// requests are the acquires with a request id in progress, by
+	// core.RequestKey (requests.go).
+	requests map[[32]byte]*reqAttempt
 }
 
 var _ raftstore.Observer = (*Service)(nil)
@@ -214,6 +230,7 @@ func New(cfg Config) *Service {
 			queues:     make(map[string]*waitQueue),
 			waitersBy:  make(map[string]int),
 			waits:      make(map[waitRef]*waiter),
+			requests:   make(map[[32]byte]*reqAttempt),
 		},
 	}
 }
@@ -257,12 +274,14 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 	deadline := p.Received.Add(p.Timeout - s.cfg.ReplyMargin)
 	identity := IdentityFrom(ctx)
 	cmd := core.Grant(p.Key, p.Owner, uint64(p.Lease/time.Millisecond), 0)
-	if s.node.ClusterVersion() >= 2 {
+	version := s.node.ClusterVersion()
+	if version >= 2 {
 		// Recorded in the lock, so that any later leader counts it
 		// against the same identity. Before version 2 no replica could
 		// apply it (core.CommandVersion).
 		cmd.Identity = identity
 	}
+	cmd.RequestID = p.RequestID
 	if err := cmd.Validate(); err != nil {
 		return Grant{}, err
 	}
@@ -272,10 +291,21 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 	if !s.IsLeader() {
 		return Grant{}, s.notLeader()
 	}
+	if need := core.CommandVersion(cmd); version < need {
+		return Grant{}, fmt.Errorf("%w: request_id needs cluster version %d, the cluster runs version %d (a member runs an older binary, or the new leader has not raised it yet); send the acquire without request_id, or retry later",
+			ErrUnsupported, need, version)
+	}
+	if p.RequestID != "" {
+		return s.acquireRequest(ctx, p, cmd, deadline, identity)
+	}
 	if err := s.checkPolicy(ctx, p, cmd.LeaseMS); err != nil {
 		return Grant{}, err
 	}
+	return s.acquireLoop(ctx, p, cmd, deadline, identity)
+}
 
+// acquireLoop looks at the key until it is granted, queued or refused.
+func (s *Service) acquireLoop(ctx context.Context, p AcquireParams, cmd core.Command, deadline time.Time, identity string) (Grant, error) {
 	// confirmed: a ReadIndex since the key was last seen busy says this
 	// node is still the leader and its table is current.
 	for confirmed := false; ; confirmed = true {
@@ -397,7 +427,7 @@ func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, e
 	}
 	switch a.Result.Kind {
 	case core.ResultGranted:
-		if s.cfg.Now().After(deadline) {
+		if s.cfg.Now().After(deadline) && !s.heirWaiting(p.attempt) {
 			s.ReleaseUndelivered(p.Key, a.Result.Token)
 			return Grant{}, fmt.Errorf("%w: granted token %d after the requester's deadline; released", ErrTimeout, a.Result.Token)
 		}
@@ -405,7 +435,15 @@ func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, e
 	case core.ResultGrantRejected:
 		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
 	}
-	return Grant{}, fmt.Errorf("lockservice: grant applied as %v", a.Result)
+	return s.appliedRequest(p, a.Result)
+}
+
+// heirWaiting reports whether a later attempt of a's request waits for
+// its grant (requests.go).
+func (s *Service) heirWaiting(a *reqAttempt) bool {
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	return a.heirWaiting(s.cfg.Now())
 }
 
 // ReleaseUndelivered proposes Release with the exact token of a Grant whose

@@ -27,6 +27,7 @@ var codeOfError = []struct {
 	{lockservice.ErrIndeterminate, protocol.CodeIndeterminate},
 	{lockservice.ErrShuttingDown, protocol.CodeShuttingDown},
 	{lockservice.ErrUnavailable, protocol.CodeUnavailable},
+	{lockservice.ErrUnsupported, protocol.CodeUnsupported},
 	{lockservice.ErrTimeout, protocol.CodeTimeout},
 	{context.DeadlineExceeded, protocol.CodeTimeout},
 	{context.Canceled, protocol.CodeTimeout},
@@ -39,6 +40,7 @@ func toProtocolError(err error) *protocol.Error {
 		pe *protocol.Error
 		nl *lockservice.NotLeaderError
 		de *lockservice.DeniedError
+		ge *lockservice.GrantEndedError
 		ce *core.Error
 	)
 	switch {
@@ -50,6 +52,10 @@ func toProtocolError(err error) *protocol.Error {
 		return e
 	case errors.As(err, &de):
 		return protocol.Errorf(protocol.CodeDenied, "%s", de.Reason)
+	case errors.As(err, &ge):
+		e := protocol.Errorf(protocol.CodeGrantEnded, "%v", err)
+		e.Token = ge.Token
+		return e
 	}
 	for _, m := range codeOfError {
 		if errors.Is(err, m.err) {

@@ -35,6 +35,8 @@ func TestToProtocolError(t *testing.T) {
 		{"context deadline", fmt.Errorf("raftstore: read index: %w", context.DeadlineExceeded), protocol.CodeTimeout},
 		{"invalid", &core.Error{Code: core.CodeInvalidArgument, Detail: "lease_ms 5 below the minimum"}, protocol.CodeInvalidArgument},
 		{"protocol error passes through", protocol.Errorf(protocol.CodeTooLarge, "big"), protocol.CodeTooLarge},
+		{"grant ended", &lockservice.GrantEndedError{Key: "k", Token: 9}, protocol.CodeGrantEnded},
+		{"unsupported", fmt.Errorf("%w: request_id needs cluster version 3", lockservice.ErrUnsupported), protocol.CodeUnsupported},
 		{"anything else", errors.New("disk on fire"), protocol.CodeInternal},
 	}
 	for _, tc := range tests {
@@ -48,6 +50,9 @@ func TestToProtocolError(t *testing.T) {
 	nl := toProtocolError(&lockservice.NotLeaderError{Node: 2, Leader: 3})
 	if nl.Leader != 3 {
 		t.Fatalf("not_leader lost the leader hint: %+v", nl)
+	}
+	if ge := toProtocolError(fmt.Errorf("acquire: %w", &lockservice.GrantEndedError{Key: "k", Token: 9})); ge.Token != 9 {
+		t.Fatalf("grant_ended lost the token: %+v", ge)
 	}
 	if d := toProtocolError(&lockservice.DeniedError{Reason: "owner must start with svc-"}); d.Message != "owner must start with svc-" {
 		t.Fatalf("denied message %q, want the policy's reason", d.Message)

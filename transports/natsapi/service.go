@@ -472,7 +472,7 @@ func (s *Service) acquire(req *request) {
 	unpark := func() {}
 	defer func() { unpark() }()
 	g, err := s.cfg.Locks.Acquire(ctx, lockservice.AcquireParams{
-		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout, WaitID: ar.WaitID,
+		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout, WaitID: ar.WaitID, RequestID: ar.RequestID,
 		// Called on this goroutine, inside Acquire.
 		Parked: func() {
 			if req.leave != nil {
@@ -485,7 +485,11 @@ func (s *Service) acquire(req *request) {
 		s.replyLockErr(req, err)
 		return
 	}
-	body, _ := json.Marshal(protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index, Group: s.group(), Fence: g.Fence})
+	rep := protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index, Group: s.group(), Fence: g.Fence}
+	if g.Repeated {
+		rep.Repeated, rep.RemainingMS = true, max(1, g.Remaining.Milliseconds())
+	}
+	body, _ := json.Marshal(rep)
 	if g.Queued {
 		// Its requester waited and may have left: learn it for certain
 		// and release at once (delivery.go). Immediate grants skip this.
@@ -503,8 +507,9 @@ func (s *Service) acquire(req *request) {
 		}
 		return
 	}
-	if err := req.ok(body); err != nil {
-		// The reply never left this node: nobody can hold this token.
+	if err := req.ok(body); err != nil && !g.Repeated {
+		// The reply never left this node: nobody can hold this token (a
+		// repeated grant's earlier attempt may have received it).
 		s.log.Warn("acquire reply could not be written; releasing", "key", g.Key, "token", g.Token, "err", err)
 		s.cfg.Locks.ReleaseUndelivered(g.Key, g.Token)
 	}

@@ -101,6 +101,8 @@ var fastCases = []string{
 	"\v{\"key\":\"a\",\"lease_ms\":100}", "{\"key\":\"a\",\"lease_ms\":100}\u00a0", "\u00a0{\"key\":\"a\"}",
 	`{"key":"` + strings.Repeat("k", MaxRequestSize) + `"}`, `{"key":"` + strings.Repeat("k", 2000) + `","lease_ms":100}`,
 	`{"key":"a","wait_id":"x\ty"}`, `{"key":"a","lease_ms":100,"wait_ms":600000}`,
+	`{"key":"a","lease_ms":100,"request_id":"r-1"}`, `{"key":"a","lease_ms":100,"request_id":"r 1"}`,
+	`{"key":"a","lease_ms":100,"request_id":"` + strings.Repeat("r", MaxRequestIDLen+1) + `"}`, "{\"key\":\"a\",\"lease_ms\":100,\"request_id\":\"\xc3\xa9\"}",
 }
 
 func TestFastDecodeMatchesStrict(t *testing.T) {
@@ -120,7 +122,7 @@ func TestFastDecodeIsUsed(t *testing.T) {
 		v    any
 		dec  func([]byte) bool
 	}{
-		{`{"key":"a","owner":"o","lease_ms":100,"wait_ms":5,"timeout_ms":9,"wait_id":"w"}`, AcquireRequest{Key: "a", Owner: "o", LeaseMS: 100, WaitMS: 5, TimeoutMS: 9, WaitID: "w"},
+		{`{"key":"a","owner":"o","lease_ms":100,"wait_ms":5,"timeout_ms":9,"wait_id":"w","request_id":"r"}`, AcquireRequest{Key: "a", Owner: "o", LeaseMS: 100, WaitMS: 5, TimeoutMS: 9, WaitID: "w", RequestID: "r"},
 			func(b []byte) bool { var r AcquireRequest; return decodeFlat(b, acquireFields(&r)) }},
 		{`{"key":"a","token":7}`, ReleaseRequest{Key: "a", Token: 7}, func(b []byte) bool { var r ReleaseRequest; return decodeFlat(b, releaseFields(&r)) }},
 		{`{"key":"a"}`, GetRequest{Key: "a"}, func(b []byte) bool { var r GetRequest; return decodeFlat(b, getFields(&r)) }},

@@ -210,6 +210,21 @@ func ValidateWaitID(id string, required bool) error {
 	return nil
 }
 
+// ValidateRequestID checks an acquire's optional request_id: at most
+// MaxRequestIDLen printable ASCII bytes (core accepts any UTF-8 without
+// NUL; the wire keeps to what every client can print and log as is).
+func ValidateRequestID(id string) error {
+	if len(id) > MaxRequestIDLen {
+		return Errorf(CodeInvalidArgument, "request_id is %d bytes, the limit is %d", len(id), MaxRequestIDLen)
+	}
+	for i := 0; i < len(id); i++ {
+		if id[i] <= ' ' || id[i] >= 0x7f {
+			return Errorf(CodeInvalidArgument, "request_id must be printable ASCII")
+		}
+	}
+	return nil
+}
+
 // DecodeRenew decodes and validates a renew request.
 func DecodeRenew(data []byte) (RenewRequest, error) {
 	var r RenewRequest

@@ -87,6 +87,17 @@ const (
 	// subject mapping and the nodes' group count disagree, or the request
 	// was not sent on its key's subject. Nothing changed.
 	CodeWrongGroup Code = "wrong_group"
+	// CodeGrantEnded: an acquire's request_id names a grant of this key
+	// that has ended (released or expired); Error.Token is its token.
+	// Nothing changed: the request is not granted again. A client that
+	// never received that grant's reply knows it never used the token and
+	// may acquire anew with a new request_id.
+	CodeGrantEnded Code = "grant_ended"
+	// CodeUnsupported: the cluster cannot serve this request yet (a field
+	// such as request_id needs a cluster version the cluster has not
+	// reached: a member runs an older binary). Nothing changed. Send it
+	// without the field, or again once every member is upgraded.
+	CodeUnsupported Code = "unsupported"
 )
 
 // Retryable reports whether a request that failed with c certainly had no
@@ -105,6 +116,8 @@ type Error struct {
 	Message string `json:"message"`
 	// Leader is the raft id of the leader when known (not_leader).
 	Leader uint64 `json:"leader,omitempty"`
+	// Token is the token of the ended grant (grant_ended).
+	Token uint64 `json:"token,omitempty"`
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Code, e.Message) }
@@ -143,7 +156,18 @@ type AcquireRequest struct {
 	// bytes), names a waiting acquire so that a withdraw request can take
 	// it out of the queue. Unique per client and key while the wait lasts.
 	WaitID string `json:"wait_id,omitempty"`
+	// RequestID, chosen by the client (at most MaxRequestIDLen printable
+	// ASCII bytes; random, since anonymous clients share one scope),
+	// makes the acquire retry-safe: the same request_id from the same
+	// identity is answered with the grant it already produced (the same
+	// token, Repeated) while it is held, grant_ended (with its token) for
+	// a while after it ended, and never granted twice (docs/protocol.md
+	// §5). It needs cluster version 3 (unsupported before).
+	RequestID string `json:"request_id,omitempty"`
 }
+
+// MaxRequestIDLen bounds an acquire's request_id (core.MaxRequestIDLen).
+const MaxRequestIDLen = core.MaxRequestIDLen
 
 // AcquireReply is a granted lock.
 type AcquireReply struct {
@@ -162,6 +186,12 @@ type AcquireReply struct {
 	// offline; absent before the cluster has a fence key (cluster
 	// version below 3).
 	Fence string `json:"fence,omitempty"`
+	// Repeated: the reply repeats the grant an earlier attempt with the
+	// same request_id produced, the lock as it is now: Index is 0 and
+	// RemainingMS the lease left on the leader's clock (the lease is not
+	// started again).
+	Repeated    bool  `json:"repeated,omitempty"`
+	RemainingMS int64 `json:"remaining_ms,omitempty"`
 }
 
 // ReleaseRequest gives a lock back.
@@ -270,6 +300,9 @@ func (r *AcquireRequest) Validate() (lease, wait, timeout time.Duration, err err
 		return 0, 0, 0, Errorf(CodeInvalidArgument, "timeout_ms %d is shorter than wait_ms %d", r.TimeoutMS, r.WaitMS)
 	}
 	if err := ValidateWaitID(r.WaitID, false); err != nil {
+		return 0, 0, 0, err
+	}
+	if err := ValidateRequestID(r.RequestID); err != nil {
 		return 0, 0, 0, err
 	}
 	lease = time.Duration(r.LeaseMS) * time.Millisecond

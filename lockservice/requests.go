@@ -1,0 +1,273 @@
+package lockservice
+
+import (
+	"context"
+	"fmt"
+	"time"
+
+	"github.com/ticketd/ticketd/core"
+)
+
+// Retry-safe acquires (issue 23): an acquire may carry a request id,
+// chosen by its client and scoped to its identity. A retry of the same
+// request (its first reply was lost, it reached a new leader) learns the
+// first outcome instead of being granted a second time. The record of
+// what a request id produced is replicated state (core/requests.go); what
+// lives here is how the leader answers from it:
+//
+//   - Before the held/queue logic, the request id is looked up in the
+//     applied state. Found, the leader confirms with a ReadIndex that it
+//     still leads and that its state holds every earlier commit, and
+//     looks again: a held grant of the same key is answered with that
+//     grant (same token; the lock as it is, its lease not started again);
+//     an ended one with ErrGrantEnded and its token; one of another key is
+//     invalid_argument. Not found, the acquire goes on and its Grant
+//     carries the request id, so Apply itself refuses to grant it twice
+//     should a record turn up meanwhile. (A ReadIndex on every lookup
+//     would confirm an absence that the proposal confirms anyway.)
+//   - A request in progress on this leader (queued, or its Grant in
+//     flight) is not started twice: a later attempt with the same request
+//     id attaches to it and becomes its heir. If the first attempt is
+//     granted, the grant goes to the heir (the first attempt's requester,
+//     whose reply was what got lost, is answered indeterminate), and the
+//     lost-reply rule (SPEC §4.4) applies to the heir's deadline, not the
+//     first attempt's. If it ends without a grant, the heir starts afresh
+//     with its own wait. A heir that gives up before the first attempt
+//     ends gets indeterminate (retry with the same request id).
+//   - A repeated grant was made for an earlier attempt that may have
+//     received it: it is never released on a lost reply.
+//   - The request records are bounded (core.MaxRequestRecords): the
+//     leader refuses, before proposing, a new request id that would not
+//     fit (ResourceRequestRecords).
+//   - A request id needs cluster version 3; below it the acquire is
+//     refused with ErrUnsupported rather than served without the id: a
+//     client that sends one relies on retrying it safely, and a retry of a
+//     grant recorded without its id would queue behind its own lock.
+
+// ResourceRequestRecords: the replicated request records are at
+// core.MaxRequestRecords and none may be forgotten yet.
+const ResourceRequestRecords = "request_records"
+
+// reqAttempt is an acquire with a request id in progress on this leader.
+// Its fields are guarded by lead.mu until done is closed, then read-only.
+type reqAttempt struct {
+	done chan struct{}
+	// heir is the number of the attempt that attached last (0: none),
+	// heirDeadline its reply deadline; heirs counts the attachments.
+	heir         uint64
+	heirs        uint64
+	heirDeadline time.Time
+	// The outcome, set when done is closed.
+	grant Grant
+	err   error
+}
+
+// heirWaiting reports whether a later attempt that can still be answered
+// waits for a's grant. s.lead.mu held.
+func (a *reqAttempt) heirWaiting(now time.Time) bool {
+	return a != nil && a.heir != 0 && now.Before(a.heirDeadline)
+}
+
+// acquireRequest is Acquire for a request with a request id (cmd carries
+// it): the lookup, the attachment to an attempt in progress, or a first
+// attempt of its own.
+func (s *Service) acquireRequest(ctx context.Context, p AcquireParams, cmd core.Command, deadline time.Time, identity string) (Grant, error) {
+	h := core.RequestKey(identity, p.RequestID)
+	for {
+		a, heir, err := s.beginAttempt(h, deadline)
+		if err != nil {
+			return Grant{}, err
+		}
+		if heir != 0 {
+			g, err, again := s.awaitAttempt(ctx, p, a, heir, deadline)
+			if again {
+				continue
+			}
+			return g, err
+		}
+		p.attempt = a
+		g, err := s.firstAttempt(ctx, p, cmd, deadline, identity)
+		return s.finishAttempt(h, a, p, deadline, g, err)
+	}
+}
+
+// beginAttempt registers an attempt of request h, or attaches to the one
+// in progress (heir: its number as heir).
+func (s *Service) beginAttempt(h [32]byte, deadline time.Time) (a *reqAttempt, heir uint64, err error) {
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	if !s.lead.ready {
+		return nil, 0, s.notLeader()
+	}
+	if a := s.lead.requests[h]; a != nil {
+		a.heirs++
+		a.heir = a.heirs
+		if deadline.After(a.heirDeadline) {
+			a.heirDeadline = deadline
+		}
+		return a, a.heir, nil
+	}
+	a = &reqAttempt{done: make(chan struct{})}
+	s.lead.requests[h] = a
+	return a, 0, nil
+}
+
+// awaitAttempt waits, as heir number heir, for attempt a. again: a ended
+// without a grant, so the caller starts afresh.
+func (s *Service) awaitAttempt(ctx context.Context, p AcquireParams, a *reqAttempt, heir uint64, deadline time.Time) (_ Grant, _ error, again bool) {
+	select {
+	case <-a.done:
+	case <-ctx.Done():
+		s.lead.mu.Lock()
+		select {
+		case <-a.done: // it ended meanwhile: take the outcome below
+		default:
+			if a.heir == heir {
+				a.heir = 0 // nobody waits for its grant any more
+			}
+			s.lead.mu.Unlock()
+			return Grant{}, fmt.Errorf("%w: an earlier attempt of request_id %q is still in progress on the leader; retry with the same request_id: %w", ErrIndeterminate, p.RequestID, ctx.Err()), false
+		}
+		s.lead.mu.Unlock()
+	}
+	switch {
+	case a.err != nil:
+		return Grant{}, nil, true
+	case a.heir != heir:
+		return Grant{}, fmt.Errorf("%w: a later attempt of request_id %q took over; retry with it", ErrIndeterminate, p.RequestID), false
+	case !a.grant.Repeated && s.cfg.Now().After(deadline):
+		// Granted after this heir's deadline too: nobody can hold it.
+		s.ReleaseUndelivered(a.grant.Key, a.grant.Token)
+		return Grant{}, fmt.Errorf("%w: granted token %d after the requester's deadline; released", ErrTimeout, a.grant.Token), false
+	}
+	g := a.grant
+	// Its requester may have left too: deliver it watching (natsapi).
+	g.Queued = g.Queued || !g.Repeated
+	return g, nil, false
+}
+
+// finishAttempt ends attempt a with its outcome: a grant goes to its heir
+// if one waits (the attempt itself then answers indeterminate), and a
+// fresh grant nobody can receive any more (both deadlines passed) is
+// released.
+func (s *Service) finishAttempt(h [32]byte, a *reqAttempt, p AcquireParams, deadline time.Time, g Grant, err error) (Grant, error) {
+	now := s.cfg.Now()
+	s.lead.mu.Lock()
+	if s.lead.requests[h] == a {
+		delete(s.lead.requests, h)
+	}
+	heir := err == nil && a.heirWaiting(now)
+	if err == nil && !heir {
+		a.heir = 0
+	}
+	a.grant, a.err = g, err
+	close(a.done)
+	s.lead.mu.Unlock()
+	switch {
+	case heir:
+		return Grant{}, fmt.Errorf("%w: a later attempt of request_id %q took over and is answered with the grant", ErrIndeterminate, p.RequestID)
+	case err == nil && !g.Repeated && now.After(deadline):
+		s.ReleaseUndelivered(g.Key, g.Token)
+		return Grant{}, fmt.Errorf("%w: granted token %d after the requester's deadline; released", ErrTimeout, g.Token)
+	}
+	return g, err
+}
+
+// firstAttempt is an attempt of its own: the lookup, then the usual
+// acquire with the request id in its Grant.
+func (s *Service) firstAttempt(ctx context.Context, p AcquireParams, cmd core.Command, deadline time.Time, identity string) (Grant, error) {
+	if g, found, err := s.lookupRequest(ctx, p, identity); found || err != nil {
+		return g, err
+	}
+	if err := s.checkPolicy(ctx, p, cmd.LeaseMS); err != nil {
+		return Grant{}, err
+	}
+	// A pre-check: Apply enforces the bound (ResultRequestsExhausted).
+	if err := s.admitRequest(s.cfg.WallClockMS()); err != nil {
+		return Grant{}, err
+	}
+	return s.acquireLoop(ctx, p, cmd, deadline, identity)
+}
+
+// lookupRequest answers a request whose id the applied state knows, after
+// a ReadIndex (found); found is false when it knows none.
+func (s *Service) lookupRequest(ctx context.Context, p AcquireParams, identity string) (_ Grant, found bool, _ error) {
+	var rec core.RequestRecord
+	s.node.View(func(m *core.Machine) { rec = m.LookupRequest(identity, p.RequestID) })
+	if rec.Status == core.RequestUnknown {
+		return Grant{}, false, nil
+	}
+	// The table may be a deposed leader's: confirm before answering.
+	if err := s.node.ReadIndex(ctx); err != nil {
+		return Grant{}, true, s.nodeErr(err)
+	}
+	var held core.Lock
+	s.node.View(func(m *core.Machine) {
+		rec = m.LookupRequest(identity, p.RequestID)
+		if rec.Status == core.RequestHeld {
+			held, _ = m.Get(rec.Key)
+		}
+	})
+	switch {
+	case rec.Status == core.RequestUnknown:
+		return Grant{}, false, nil // forgotten meanwhile
+	case rec.KeyHash != core.RequestKeyHash(p.Key):
+		return Grant{}, true, s.mismatch(p, rec)
+	case rec.Status == core.RequestEnded:
+		return Grant{}, true, &GrantEndedError{Key: p.Key, Token: rec.Token}
+	}
+	return s.repeatedGrant(held), true, nil
+}
+
+// repeatedGrant answers a request with the grant it holds, l: its lease
+// as it stands on this leader's timer.
+func (s *Service) repeatedGrant(l core.Lock) Grant {
+	g := Grant{Key: l.Key, Token: l.Token, Lease: time.Duration(l.LeaseMS) * time.Millisecond, Repeated: true}
+	g.Remaining = g.Lease
+	s.lead.mu.Lock()
+	if it, ok := s.lead.leases.get(l.Key); ok && it.token == l.Token {
+		g.Remaining = max(0, it.deadline.Sub(s.cfg.Now()))
+	}
+	s.lead.mu.Unlock()
+	g.Fence = s.fence(l.Key, l.Token)
+	return g
+}
+
+// mismatch is the error of a request id used before for another key.
+func (s *Service) mismatch(p AcquireParams, rec core.RequestRecord) error {
+	other := "another key"
+	if rec.Key != "" {
+		other = fmt.Sprintf("%q", rec.Key)
+	}
+	return &core.Error{Code: core.CodeInvalidArgument, Detail: fmt.Sprintf("request_id %q was used for %s (token %d), not %q: use a new request_id for each acquire", p.RequestID, other, rec.Token, p.Key)}
+}
+
+// admitRequest refuses a new request id the request records have no room
+// for (core.Machine.RequestRoom), before anything is proposed.
+func (s *Service) admitRequest(grantedAtMS uint64) error {
+	var room bool
+	s.node.View(func(m *core.Machine) { room = m.RequestRoom(grantedAtMS) })
+	if room {
+		return nil
+	}
+	return s.refuse(&LimitError{Resource: ResourceRequestRecords, Limit: core.MaxRequestRecords})
+}
+
+// appliedRequest turns the apply result of a Grant with a request id that
+// found its request already recorded (a race the lookup could not see)
+// into the answer the lookup would have given.
+func (s *Service) appliedRequest(p AcquireParams, r core.Result) (Grant, error) {
+	switch r.Kind {
+	case core.ResultGrantRepeated:
+		var held core.Lock
+		s.node.View(func(m *core.Machine) { held, _ = m.Get(p.Key) })
+		return s.repeatedGrant(held), nil
+	case core.ResultGrantEnded:
+		return Grant{}, &GrantEndedError{Key: p.Key, Token: r.Token}
+	case core.ResultRequestMismatch:
+		return Grant{}, s.mismatch(p, core.RequestRecord{Token: r.Token})
+	case core.ResultRequestsExhausted:
+		return Grant{}, s.refuse(&LimitError{Resource: ResourceRequestRecords, Limit: core.MaxRequestRecords})
+	}
+	return Grant{}, fmt.Errorf("lockservice: grant applied as %v", r)
+}
