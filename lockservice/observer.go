@@ -91,6 +91,7 @@ func (s *Service) OnLeaderReady(term uint64) {
 	s.lead.reservedBy = make(map[string]int)
 	s.resetWaits()
 	s.lead.requests = make(map[[32]byte]*reqAttempt)
+	s.resetSettling()
 	s.lead.epoch++
 	s.lead.ready = true
 	s.signalTimersChanged()
@@ -120,6 +121,7 @@ func (s *Service) OnLeadershipLost() {
 	s.cfg.Metrics.Waiters.Set(0)
 	s.resetWaits()
 	s.lead.requests = make(map[[32]byte]*reqAttempt)
+	s.resetSettling()
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
 	s.lead.leases.reset()

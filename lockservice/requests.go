@@ -36,6 +36,12 @@ import (
 //     ends gets indeterminate (retry with the same request id).
 //   - A repeated grant was made for an earlier attempt that may have
 //     received it: it is never released on a lost reply.
+//   - A held grant whose delivery to a requester that waited is watched,
+//     or whose lost-reply release is in flight, is not repeated until that
+//     settles (settle.go): a retry never gets a grant being taken away.
+//     (A follower relaying a grant releases a lost one through the leader
+//     with a plain release; that path is not covered: such grants are
+//     relayed only while the client's subscription moves to a new leader.)
 //   - The request records are bounded (core.MaxRequestRecords): the
 //     leader refuses, before proposing, a new request id that would not
 //     fit (ResourceRequestRecords).
@@ -83,12 +89,21 @@ func (s *Service) acquireRequest(ctx context.Context, p AcquireParams, cmd core.
 			if again {
 				continue
 			}
-			return g, err
+			return s.settling(g, err)
 		}
 		p.attempt = a
 		g, err := s.firstAttempt(ctx, p, cmd, deadline, identity)
-		return s.finishAttempt(h, a, p, deadline, g, err)
+		return s.settling(s.finishAttempt(h, a, p, deadline, g, err))
 	}
+}
+
+// settling marks a grant the transport delivers watching (Queued) as
+// settling for the delivery window (settle.go).
+func (s *Service) settling(g Grant, err error) (Grant, error) {
+	if err == nil && g.Queued && !g.Repeated {
+		s.markSettling(g.Key, g.Token, s.cfg.SettleWindow)
+	}
+	return g, err
 }
 
 // beginAttempt registers an attempt of request h, or attaches to the one
@@ -197,17 +212,31 @@ func (s *Service) lookupRequest(ctx context.Context, p AcquireParams, identity s
 	if rec.Status == core.RequestUnknown {
 		return Grant{}, false, nil
 	}
-	// The table may be a deposed leader's: confirm before answering.
-	if err := s.node.ReadIndex(ctx); err != nil {
-		return Grant{}, true, s.nodeErr(err)
-	}
 	var held core.Lock
-	s.node.View(func(m *core.Machine) {
-		rec = m.LookupRequest(identity, p.RequestID)
-		if rec.Status == core.RequestHeld {
-			held, _ = m.Get(rec.Key)
+	for {
+		// The table may be a deposed leader's: confirm before answering.
+		if err := s.node.ReadIndex(ctx); err != nil {
+			return Grant{}, true, s.nodeErr(err)
 		}
-	})
+		s.node.View(func(m *core.Machine) {
+			rec = m.LookupRequest(identity, p.RequestID)
+			if rec.Status == core.RequestHeld {
+				held, _ = m.Get(rec.Key)
+			}
+		})
+		if rec.Status != core.RequestHeld {
+			break
+		}
+		// A grant whose delivery or lost-reply release is under way is
+		// answered once that settles (settle.go).
+		waited, err := s.awaitSettled(ctx, held.Key, held.Token)
+		if err != nil {
+			return Grant{}, true, fmt.Errorf("%w: the grant of request_id %q is being delivered or released; retry with the same request_id: %w", ErrIndeterminate, p.RequestID, err)
+		}
+		if !waited {
+			break
+		}
+	}
 	switch {
 	case rec.Status == core.RequestUnknown:
 		return Grant{}, false, nil // forgotten meanwhile

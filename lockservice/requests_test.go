@@ -261,3 +261,62 @@ func TestRequestIDHeirGivesUp(t *testing.T) {
 		t.Fatalf("first attempt: %+v %v", fr.g, fr.err)
 	}
 }
+
+// queuedGrantWithID grants "k" to identity A's request "r1" through the
+// queue (so the transport would deliver it watching), and returns it.
+func queuedGrantWithID(t *testing.T, s *Service) Grant {
+	t.Helper()
+	held, err := acquire(s, "H", "k", 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	first := goAcquireReq(context.Background(), s, "A", "k", "r1", 10*time.Second)
+	testkit.Eventually(t, 5*time.Second, "first queued", func() bool {
+		s.lead.mu.Lock()
+		defer s.lead.mu.Unlock()
+		return s.lead.waiters == 1
+	})
+	if err := s.Release(WithIdentity(context.Background(), "H"), "k", held.Token); err != nil {
+		t.Fatal(err)
+	}
+	r := <-first
+	if r.err != nil || !r.g.Queued {
+		t.Fatalf("queued grant: %+v %v", r.g, r.err)
+	}
+	return r.g
+}
+
+// A retry that arrives while its queued grant's delivery is watched is
+// not answered with the grant until the delivery settles: when the
+// delivery turns out lost (the transport releases it), the retry learns
+// grant_ended, never a grant that is being taken away.
+func TestRequestIDRetryWaitsForDelivery(t *testing.T) {
+	s, f := newLeaderV3(t, Config{SettleWindow: time.Minute})
+	g := queuedGrantWithID(t, s)
+	reads := make(chan struct{}, 8)
+	f.readIndex = func() error { reads <- struct{}{}; return nil }
+	retry := goAcquireReq(context.Background(), s, "A", "k", "r1", 0)
+	<-reads // the retry found the record and confirms the leadership
+	s.ReleaseUndelivered("k", g.Token) // NATS said nobody received it
+	r := <-retry
+	var ge *GrantEndedError
+	if !errors.As(r.err, &ge) || ge.Token != g.Token {
+		t.Fatalf("retry during a lost delivery: %+v %v, want grant_ended with token %d", r.g, r.err, g.Token)
+	}
+}
+
+// Once the delivery window has passed, the retry gets the grant.
+func TestRequestIDRetryAfterDeliveryWindow(t *testing.T) {
+	s, _ := newLeaderV3(t, Config{SettleWindow: 50 * time.Millisecond})
+	g := queuedGrantWithID(t, s)
+	r, err := acquireReq(context.Background(), s, "A", "k", "r1", 0)
+	if err != nil || !r.Repeated || r.Token != g.Token {
+		t.Fatalf("retry: %+v %v, want token %d repeated", r, err, g.Token)
+	}
+	s.lead.mu.Lock()
+	n := len(s.lead.settling)
+	s.lead.mu.Unlock()
+	if n != 0 {
+		t.Fatalf("%d settling marks left", n)
+	}
+}

@@ -75,6 +75,9 @@ type Config struct {
 	ExpireRetry              time.Duration
 	ReplyMargin              time.Duration
 	BackgroundProposeTimeout time.Duration
+	// SettleWindow is how long a grant handed out to a requester that
+	// waited counts as settling (settle.go; default SettleWindowDefault).
+	SettleWindow time.Duration
 }
 
 // AcquireParams is one acquire request.
@@ -180,6 +183,9 @@ type leaderState struct {
 	// requests are the acquires with a request id in progress, by
 	// core.RequestKey (requests.go).
 	requests map[[32]byte]*reqAttempt
+	// settling are grants whose delivery or lost-reply release is under
+	// way (settle.go).
+	settling map[settleRef]*settleMark
 }
 
 var _ raftstore.Observer = (*Service)(nil)
@@ -203,6 +209,9 @@ func New(cfg Config) *Service {
 	}
 	if cfg.ReplyMargin <= 0 {
 		cfg.ReplyMargin = ReplyMarginDefault
+	}
+	if cfg.SettleWindow <= 0 {
+		cfg.SettleWindow = SettleWindowDefault
 	}
 	if cfg.BackgroundProposeTimeout <= 0 {
 		cfg.BackgroundProposeTimeout = BackgroundProposeTimeoutDefault
@@ -231,6 +240,7 @@ func New(cfg Config) *Service {
 			waitersBy:  make(map[string]int),
 			waits:      make(map[waitRef]*waiter),
 			requests:   make(map[[32]byte]*reqAttempt),
+			settling:   make(map[settleRef]*settleMark),
 		},
 	}
 }
@@ -451,9 +461,11 @@ func (s *Service) heirWaiting(a *reqAttempt) bool {
 // token. It does not wait.
 func (s *Service) ReleaseUndelivered(key string, token uint64) {
 	s.cfg.Metrics.Abandoned.Inc()
+	s.markSettling(key, token, 0)
 	s.wg.Add(1)
 	go func() {
 		defer s.wg.Done()
+		defer s.endSettling(key, token)
 		ctx, cancel := context.WithTimeout(s.ctx, s.cfg.BackgroundProposeTimeout)
 		defer cancel()
 		a, err := s.propose(ctx, core.Release(key, token))
