@@ -3,7 +3,9 @@
 // # What it owns
 //
 // The replicated commands of SPEC §2 (Grant, Renew, Release, Expire,
-// Control), their results (SPEC §3), the lock table, the fencing-token
+// Control), their results (SPEC §3), the lock table (table.go: fixed
+// records, a string arena and an index, nothing for the collector to scan;
+// load.go: its bulk load from stored records), the fencing-token
 // counter, the request records that make an acquire retry-safe
 // (requests.go), the fence signing keys (fence.go), the replicated control
 // state (control.go: requests; control_apply.go: their application;

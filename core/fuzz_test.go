@@ -8,6 +8,7 @@ package core_test
 
 import (
 	"bytes"
+	"encoding/binary"
 	"errors"
 	"math"
 	"reflect"
@@ -142,6 +143,13 @@ func checkSnapshot(t *testing.T, b []byte) {
 		if !reflect.DeepEqual(st, core.SnapshotState{}) || last != 0 || locks != nil {
 			t.Fatalf("failed decode returned %+v", st)
 		}
+		// Restore refuses it too and leaves the machine as it was.
+		m := core.NewMachine()
+		m.Apply(core.Grant("held", "o", lease, 1))
+		before := m.Digest()
+		if m.Restore(b) == nil || m.Digest() != before {
+			t.Fatal("Restore accepted a snapshot the decoder refuses, or changed the machine")
+		}
 		return
 	}
 	// Canonical: version 1 re-encodes as version 1, version 2 as itself.
@@ -176,6 +184,9 @@ func checkSnapshot(t *testing.T, b []byte) {
 	}
 	if !bytes.Equal(m.Snapshot(), v2) || m.LastToken() != last || !slices.Equal(m.Locks(), locks) || !reflect.DeepEqual(m.ControlState(), st.Control) {
 		t.Fatal("restored machine does not reproduce the snapshot")
+	}
+	if viaState := new(core.Machine); func() bool { viaState.RestoreState(st); return viaState.Digest() != m.Digest() }() {
+		t.Fatal("Restore and RestoreState of the decoded state disagree")
 	}
 	checkControlInvariants(t, m)
 	// The storage path (lock, control and request records) accepts what
@@ -307,10 +318,33 @@ func FuzzDecodeLockRecord(f *testing.F) {
 			if l != (core.Lock{}) {
 				t.Fatalf("failed decode returned %+v", l)
 			}
+			// The Loader refuses it under any key.
+			ld := core.NewLoader(math.MaxUint64, 1)
+			if ld.AddRecord(recordKey(b), b) == nil {
+				t.Fatalf("Loader took %x, which DecodeLockRecord refuses: %v", b, err)
+			}
+			if _, lerr := ld.Machine(); lerr == nil {
+				t.Fatal("Loader gave a machine after refusing a record")
+			}
 			return
 		}
 		if re := core.EncodeLockRecord(l); !bytes.Equal(re, b) {
 			t.Fatalf("not canonical: %x re-encodes to %x", b, re)
+		}
+		// The Loader takes it under its own key, and only there, into
+		// the machine Load builds.
+		ld := core.NewLoader(math.MaxUint64, 1)
+		if err := ld.AddRecord([]byte(l.Key), b); err != nil {
+			t.Fatalf("Loader refused %+v: %v", l, err)
+		}
+		loaded, err := ld.Machine()
+		want := core.NewMachine()
+		want.Load(math.MaxUint64, []core.Lock{l})
+		if err != nil || loaded.Digest() != want.Digest() || loaded.Locks()[0] != l {
+			t.Fatalf("Loader machine for %+v: %v", l, err)
+		}
+		if core.NewLoader(math.MaxUint64, 1).AddRecord([]byte(l.Key+"x"), b) == nil {
+			t.Fatal("Loader took a record under another key")
 		}
 		// A valid record is a valid one-lock snapshot, and a valid grant.
 		if _, _, err := core.DecodeSnapshot(core.EncodeSnapshot(l.Token, []core.Lock{l})); err != nil {
@@ -324,6 +358,19 @@ func FuzzDecodeLockRecord(f *testing.F) {
 			t.Fatalf("lock %+v could not have been granted: %v", l, err)
 		}
 	})
+}
+
+// recordKey is the key a lock record's key field holds, if it is
+// readable, for feeding the Loader the key it expects.
+func recordKey(b []byte) []byte {
+	if len(b) < 2 {
+		return []byte("k")
+	}
+	n, w := binary.Uvarint(b[1:])
+	if w <= 0 || n > uint64(len(b)-1-w) {
+		return []byte("k")
+	}
+	return b[1+w : 1+w+int(n)]
 }
 
 // FuzzApplySequence reads the input as a command sequence, two bytes per

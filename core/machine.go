@@ -26,7 +26,7 @@ type Lock struct {
 // empty table whose first token will be 1, not yet bootstrapped. Machine
 // is not safe for concurrent use; its owner (raftstore) serialises access.
 type Machine struct {
-	locks     map[string]Lock
+	locks     *lockTable // table.go; nil until the first lock
 	lastToken uint64
 	ctl       control
 	req       requests
@@ -42,7 +42,7 @@ type Machine struct {
 
 // NewMachine returns an empty machine.
 func NewMachine() *Machine {
-	m := &Machine{locks: make(map[string]Lock)}
+	m := &Machine{locks: newLockTable(0)}
 	m.ctlSum = controlSum(m.ctl.state())
 	return m
 }
@@ -68,7 +68,7 @@ func (m *Machine) Apply(c Command) Result {
 		return r
 	}
 	if m.locks == nil {
-		m.locks = make(map[string]Lock)
+		m.locks = newLockTable(0)
 	}
 	if m.ctl.clusterVersion >= 3 {
 		if c.Kind == KindGrant {
@@ -76,7 +76,7 @@ func (m *Machine) Apply(c Command) Result {
 		}
 		m.req.prune(RequestPruneBudget)
 	}
-	held, ok := m.locks[c.Key]
+	held, ok := m.locks.get(c.Key)
 	switch c.Kind {
 	case KindGrant:
 		var h [32]byte
@@ -144,12 +144,19 @@ func (m *Machine) ClusterVersion() uint64 { return max(1, m.ctl.clusterVersion) 
 
 // Get returns the lock held on key, if any.
 func (m *Machine) Get(key string) (Lock, bool) {
-	l, ok := m.locks[key]
-	return l, ok
+	if m.locks == nil {
+		return Lock{}, false
+	}
+	return m.locks.get(key)
 }
 
 // Len is the number of held locks.
-func (m *Machine) Len() int { return len(m.locks) }
+func (m *Machine) Len() int {
+	if m.locks == nil {
+		return 0
+	}
+	return m.locks.len()
+}
 
 // LastToken is the highest token ever issued (0 if none). The next Grant
 // receives LastToken()+1.
@@ -157,19 +164,34 @@ func (m *Machine) LastToken() uint64 { return m.lastToken }
 
 // ForEachLock calls f for every held lock in no particular order, without
 // copying or sorting the table. Callers must not let the order reach
-// anything replicated or compared (results, snapshots, digests).
+// anything replicated or compared (results, snapshots, digests). The
+// strings of l share the table's memory (table.go): copy one that is kept
+// for long.
 func (m *Machine) ForEachLock(f func(l Lock)) {
-	for _, l := range m.locks {
-		f(l)
+	if m.locks != nil {
+		m.locks.forEach(f)
 	}
+}
+
+// ForEachLockFrom calls f for the held locks at table positions [from,
+// from+n) and returns the position to continue from; done reports that
+// none are left. Positions are where locks sit in the table (table.go),
+// which never moves a lock, so a walk in steps may let the machine change
+// between them: a lock held throughout is visited exactly once, one added
+// or removed meanwhile at most once. Restore and Load start a new table
+// (and make a walk begun before them meaningless). As with ForEachLock,
+// no order may reach anything replicated.
+func (m *Machine) ForEachLockFrom(from, n int, f func(l Lock)) (next int, done bool) {
+	if m.locks == nil {
+		return from, true
+	}
+	return m.locks.forEachFrom(from, n, f)
 }
 
 // Locks returns every held lock sorted by key.
 func (m *Machine) Locks() []Lock {
-	out := make([]Lock, 0, len(m.locks))
-	for _, l := range m.locks {
-		out = append(out, l)
-	}
+	out := make([]Lock, 0, m.Len())
+	m.ForEachLock(func(l Lock) { out = append(out, l) })
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
 }
@@ -200,9 +222,9 @@ func (m *Machine) Digest() [32]byte {
 		ctl = controlSum(m.ctl.state())
 	}
 	if m.ctl.clusterVersion >= 3 {
-		return stateDigestV2(m.lastToken, len(m.locks), &m.lockSum, &ctl, &m.req)
+		return stateDigestV2(m.lastToken, m.Len(), &m.lockSum, &ctl, &m.req)
 	}
-	return stateDigest(m.lastToken, len(m.locks), &m.lockSum, &ctl)
+	return stateDigest(m.lastToken, m.Len(), &m.lockSum, &ctl)
 }
 
 // Restore replaces the whole state with a decoded snapshot. A version 1
@@ -234,7 +256,7 @@ func (m *Machine) RestoreState(s SnapshotState) {
 // and LoadRequests replace them (in that order, after Load).
 func (m *Machine) Load(lastToken uint64, locks []Lock) {
 	m.lastToken = lastToken
-	m.locks = make(map[string]Lock, len(locks))
+	m.locks = newLockTable(len(locks))
 	m.lockSum = sum256{}
 	m.req.held = nil
 	for _, l := range locks {
@@ -245,11 +267,10 @@ func (m *Machine) Load(lastToken uint64, locks []Lock) {
 // put sets the lock on l.Key, keeping lockSum and the index of held
 // request ids in step.
 func (m *Machine) put(l Lock) {
-	old, ok := m.locks[l.Key]
+	old, ok := m.locks.put(l)
 	if ok {
 		m.lockSum.sub(lockTerm(old))
 	}
-	m.locks[l.Key] = l
 	m.lockSum.add(lockTerm(l))
 	if ok && old.RequestID == l.RequestID && old.Identity == l.Identity {
 		return // a renewal: same request

@@ -240,7 +240,7 @@ func (r *requests) load(rs RequestState) {
 // otherwise.
 func (m *Machine) grantRequest(c *Command, h [32]byte) (res Result, ok bool) {
 	if key, held := m.req.held[h]; held {
-		l := m.locks[key]
+		l, _ := m.locks.get(key)
 		if key == c.Key {
 			return Result{Kind: ResultGrantRepeated, Token: l.Token}, true
 		}
@@ -259,7 +259,7 @@ func (m *Machine) grantRequest(c *Command, h [32]byte) (res Result, ok bool) {
 // granted with a request id, records its end.
 func (m *Machine) end(l Lock) {
 	m.lockSum.sub(lockTerm(l))
-	delete(m.locks, l.Key)
+	m.locks.del(l.Key)
 	if l.RequestID != "" {
 		h := RequestKey(l.Identity, l.RequestID)
 		delete(m.req.held, h)
@@ -270,7 +270,7 @@ func (m *Machine) end(l Lock) {
 // grant adds a new lock (its key is free) made by the request h (zero:
 // none), keeping lockSum and the index of held requests in step.
 func (m *Machine) grant(l Lock, h *[32]byte) {
-	m.locks[l.Key] = l
+	m.locks.put(l)
 	m.lockSum.add(lockTerm(l))
 	if l.RequestID != "" {
 		if m.req.held == nil {
@@ -288,12 +288,18 @@ func (m *Machine) grant(l Lock, h *[32]byte) {
 func (m *Machine) LookupRequest(identity, requestID string) RequestRecord {
 	h := RequestKey(identity, requestID)
 	if key, ok := m.req.held[h]; ok {
-		return RequestRecord{Status: RequestHeld, Key: key, KeyHash: RequestKeyHash(key), Token: m.locks[key].Token}
+		return RequestRecord{Status: RequestHeld, Key: key, KeyHash: RequestKeyHash(key), Token: m.lockToken(key)}
 	}
 	if e, ok := m.req.ended(h); ok {
 		return RequestRecord{Status: RequestEnded, KeyHash: e.KeyHash, Token: e.Token}
 	}
 	return RequestRecord{}
+}
+
+// lockToken is the token of the lock held on key (0: none).
+func (m *Machine) lockToken(key string) uint64 {
+	l, _ := m.Get(key)
+	return l.Token
 }
 
 // RequestRecords is the number of request records: held locks with a
@@ -340,14 +346,23 @@ func (m *Machine) EndedRequestAt(seq uint64) (EndedRequest, bool) {
 // the token counter and the cluster version already loaded. On error the
 // machine is unchanged.
 func (m *Machine) LoadRequests(rs RequestState) error {
-	heldTokens := make(map[uint64]struct{}, len(m.locks))
+	// validateRequests looks up only the tokens of ended records among
+	// the held ones, so the set holds just those: not a map entry per held
+	// lock (a million at the largest table).
+	ended := make(map[uint64]struct{}, len(rs.Ended))
+	for _, e := range rs.Ended {
+		ended[e.Token] = struct{}{}
+	}
+	heldTokens := make(map[uint64]struct{})
 	withID := 0
-	for _, l := range m.locks {
-		heldTokens[l.Token] = struct{}{}
+	m.ForEachLock(func(l Lock) {
+		if _, ok := ended[l.Token]; ok {
+			heldTokens[l.Token] = struct{}{}
+		}
 		if l.RequestID != "" {
 			withID++
 		}
-	}
+	})
 	if withID != len(m.req.held) {
 		return malformedf("two held locks carry the same request")
 	}
