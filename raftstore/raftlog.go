@@ -186,6 +186,14 @@ func (s *Store) Snapshot() (raftpb.Snapshot, error) {
 	return raftpb.Snapshot{Data: data, Metadata: meta}, nil
 }
 
+// SnapshotIndex is the index of the latest snapshot (0: none), without
+// reading its data.
+func (s *Store) SnapshotIndex() uint64 {
+	s.mu.RLock()
+	defer s.mu.RUnlock()
+	return s.st.snapIndex
+}
+
 // CreateSnapshot durably records a raft snapshot at index with the given
 // conf state and data: core snapshot bytes of the applied state at exactly
 // that index. index must be <= AppliedIndex(); an index at or below the

@@ -87,3 +87,23 @@ func prefixEnd(prefix string) (string, bool) {
 func (n *Node) ScanLocks(prefix, after string, limit int) (LockPage, error) {
 	return n.cfg.Store.ScanLocks(prefix, after, limit)
 }
+
+// iterLock decodes and validates the lock row under it.
+func iterLock(it *pebble.Iterator, lastToken uint64) (core.Lock, error) {
+	key := string(it.Key()[len(prefixLock):])
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return core.Lock{}, fmt.Errorf("read lock row %q: %w", key, err)
+	}
+	l, err := core.DecodeLockRecord(v)
+	if err != nil {
+		return core.Lock{}, fmt.Errorf("%w: lock row %q: %w", ErrCorrupt, key, err)
+	}
+	if l.Key != key {
+		return core.Lock{}, fmt.Errorf("%w: lock row %q holds key %q", ErrCorrupt, key, l.Key)
+	}
+	if l.Token > lastToken {
+		return core.Lock{}, fmt.Errorf("%w: lock row %q token %d above last token %d", ErrCorrupt, key, l.Token, lastToken)
+	}
+	return l, nil
+}
