@@ -406,6 +406,13 @@ func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 			return fmt.Errorf("daemon: %w", err)
 		}
 	}
+	// The lock subjects are served once the timers are re-armed, which
+	// for a large table ends after the raft loop's leader-ready event.
+	lcfg.OnReady = func() {
+		if api := d.apiKick.Load(); api != nil {
+			api.LeadershipChanged()
+		}
+	}
 	d.locks = lockservice.New(lcfg)
 	return nil
 }

@@ -6,12 +6,15 @@
 //
 //   - Lease timers (leases.go, expiry.go): one min-heap on the leader's
 //     monotonic clock, in a pointer-free table (about 70 bytes a timer, a
-//     million of them re-armed in one pass without an allocation each).
+//     timer armed without an allocation once the table has room).
 //     When a lease runs out the leader proposes Expire{key, token}; the
 //     lock disappears only when that Expire commits and applies, and only
 //     if the token still matches (SPEC §4.1–4.2). When a node becomes
 //     leader it re-arms every held lock with its full lease, so no lease
-//     is ever shortened by a leader change or a restart.
+//     is ever shortened by a leader change or a restart; a table larger
+//     than RearmChunk is re-armed off the raft loop in steps while the
+//     loop goes on applying, and the service serves once it is done
+//     (observer.go says why the timers then match the held locks).
 //   - Waiter queues (waiters.go): a FIFO per key for acquires that wait.
 //     The leader proposes a Grant only for a key it believes free and not
 //     already reserved for a Grant in flight, handing the key to the head

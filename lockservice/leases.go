@@ -16,8 +16,9 @@ import (
 // bytes in one arena, an open-addressing index of record numbers and a
 // binary min-heap of record numbers. None of it holds a pointer, so a GC
 // cycle never scans it. A record is 40 bytes; with the key's bytes, the
-// index and the heap a timer costs about 65 bytes (148 in the earlier
-// layout of one heap-allocated item per lock, a map and a pointer heap).
+// index and the heap a timer costs about 70 bytes (148 in the earlier
+// layout of one heap-allocated item per lock, a map and a pointer heap),
+// and arming one allocates nothing once the table has room.
 //
 // Deadlines are nanoseconds after the table's base, a reading of the
 // leader's monotonic clock taken when the table starts; they are never
@@ -87,9 +88,12 @@ type leaseTable struct {
 	identFree []uint32
 }
 
-func newLeaseTable() *leaseTable {
+func newLeaseTable() *leaseTable { return newLeaseTableFor(0) }
+
+// newLeaseTableFor makes a table with room for n timers.
+func newLeaseTableFor(n int) *leaseTable {
 	h := &leaseTable{seed: maphash.MakeSeed()}
-	h.reset()
+	h.resetFor(n)
 	return h
 }
 
@@ -452,38 +456,4 @@ func (h *leaseTable) heapRemove(i int) {
 	if i != last {
 		h.fix(i)
 	}
-}
-
-// heapify orders the whole heap at once: O(n), for a bulk load.
-func (h *leaseTable) heapify() {
-	for i := len(h.heap)/2 - 1; i >= 0; i-- {
-		h.down(i)
-	}
-}
-
-// load replaces every timer with one per lock at now + its lease: a new
-// leader's re-arm (observer.go). It costs no allocation per lock.
-func (h *leaseTable) load(now time.Time, n int, each func(add func(key string, token uint64, identity string, leaseMS uint64))) {
-	h.resetFor(n)
-	t := h.at(now)
-	mask := len(h.index) - 1
-	each(func(key string, token uint64, identity string, leaseMS uint64) {
-		if len(h.heap) == len(h.index)/2 {
-			// More locks than announced: grow as arm would.
-			h.grow()
-			mask = len(h.index) - 1
-		}
-		lease := time.Duration(leaseMS) * time.Millisecond
-		rec := h.newRec(key, identity)
-		r := &h.recs[rec]
-		r.token, r.leaseMS, r.deadline = token, leaseMillis(lease), t+int64(lease)
-		slot := int(maphash.String(h.seed, key)) & mask
-		for h.index[slot] != 0 {
-			slot = (slot + 1) & mask
-		}
-		h.index[slot] = rec + 1
-		r.heapAt = int32(len(h.heap))
-		h.heap = append(h.heap, rec)
-	})
-	h.heapify()
 }

@@ -16,7 +16,7 @@ func (s *Service) OnApplied(a raftstore.Applied) {
 	s.countApplied(a.Result)
 	s.lead.mu.Lock()
 	defer s.lead.mu.Unlock()
-	if !s.lead.ready {
+	if !s.lead.ready && !s.lead.rearming {
 		return
 	}
 	key := a.Command.Key
@@ -69,30 +69,94 @@ func (s *Service) countApplied(r core.Result) {
 // OnLeaderReady implements raftstore.Observer: re-arm every held lock with
 // its full lease (never shorter than what its holder may assume) and start
 // serving.
+//
+// It runs on the raft loop, which must keep ticking: a loop that stalls
+// for an election timeout loses the leadership it just won (run C of
+// docs/benchmarks.md: 1.3 s re-arming a million locks on a busy machine,
+// and the followers elected another leader). So a table of up to
+// RearmChunk locks is re-armed here, at once; a larger one by rearm, off
+// the loop, RearmChunk table positions at a time under the machine's read
+// lock, while the loop goes on applying. Until it is done the service is
+// not ready (requests are refused as not leader, clients retry) but
+// OnApplied already keeps the timers it built in step with every applied
+// change; see rearm for why the two together end with exactly one timer
+// per held lock.
 func (s *Service) OnLeaderReady(term uint64) {
-	// The timers are rebuilt in a table of their own, without lead.mu (the
-	// service is not ready yet, so nothing else reads them), and swapped
-	// in: one pass over the machine, no allocation per lock, the heap
-	// ordered once at the end (leases.go). Unsorted: the order of arming
-	// does not matter, and sorting a large table here would hold up the
-	// raft loop that calls us.
 	start, now := time.Now(), s.cfg.Now()
-	leases := newLeaseTable()
 	held := 0
-	s.node.View(func(m *core.Machine) {
-		held = m.Len()
-		leases.load(now, held, func(add func(key string, token uint64, identity string, leaseMS uint64)) {
-			m.ForEachLock(func(l core.Lock) { add(l.Key, l.Token, l.Identity, l.LeaseMS) })
-		})
-	})
+	s.node.View(func(m *core.Machine) { held = m.Len() })
 	s.lead.mu.Lock()
-	s.lead.leases = leases
+	s.lead.leases = newLeaseTableFor(held)
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
 	s.resetWaits()
 	s.lead.requests = make(map[[32]byte]*reqAttempt)
 	s.resetSettling()
 	s.lead.epoch++
+	epoch := s.lead.epoch
+	s.lead.rearming = true
+	s.lead.mu.Unlock()
+	if held <= s.cfg.RearmChunk {
+		s.rearm(term, epoch, start, now)
+		return
+	}
+	s.wg.Add(1)
+	go func() {
+		defer s.wg.Done()
+		s.rearm(term, epoch, start, now)
+	}()
+}
+
+// rearm arms a timer for every lock in the machine at now + its lease, in
+// steps of RearmChunk table positions, then makes the service ready. It
+// gives up when the leadership it started for (epoch) ends or the service
+// closes.
+//
+// Why the timers end up exactly those of the held locks, although the
+// loop applies commands between the steps: a step arms what the machine
+// holds at that moment, under the machine's read lock and lead.mu; the
+// loop changes the machine under its write lock and tells OnApplied
+// afterwards, which (while rearming) arms, removes and extends as it does
+// for a ready leader. A lock held throughout is visited once
+// (Machine.ForEachLockFrom) and armed; one granted meanwhile is armed by
+// OnApplied, whether or not a step also saw it (arm with the same token
+// only keeps the later deadline); one released meanwhile is removed by
+// OnApplied after any step that saw it, since the notice follows the
+// change; a step that sees a key held with a newer token replaces the
+// older timer, whose own release notice then finds nothing to remove. A
+// deadline of now (this leader's start) + the lease is never shorter than
+// what a holder may assume: it was told its lease before this leader's
+// term began.
+func (s *Service) rearm(term, epoch uint64, start, now time.Time) {
+	armed, next, done := 0, 0, false
+	for !done {
+		if s.ctx.Err() != nil {
+			return
+		}
+		stale := false
+		s.node.View(func(m *core.Machine) {
+			s.lead.mu.Lock()
+			defer s.lead.mu.Unlock()
+			if s.lead.epoch != epoch {
+				stale = true
+				return
+			}
+			next, done = m.ForEachLockFrom(next, s.cfg.RearmChunk, func(l core.Lock) {
+				s.lead.leases.arm(l.Key, l.Token, l.Identity, time.Duration(l.LeaseMS)*time.Millisecond, now)
+				armed++
+			})
+		})
+		if stale {
+			return
+		}
+	}
+	s.lead.mu.Lock()
+	if s.lead.epoch != epoch {
+		s.lead.mu.Unlock()
+		return
+	}
+	held := s.lead.leases.Len()
+	s.lead.rearming = false
 	s.lead.ready = true
 	s.signalTimersChanged()
 	s.lead.mu.Unlock()
@@ -100,6 +164,9 @@ func (s *Service) OnLeaderReady(term uint64) {
 	s.cfg.Metrics.LeaderChanges.Inc()
 	s.cfg.Metrics.IsLeader.Set(1)
 	s.log.Info("leader ready; lease timers re-armed", "term", term, "locks", held, "took", time.Since(start))
+	if s.cfg.OnReady != nil {
+		s.cfg.OnReady()
+	}
 }
 
 // OnLeadershipLost implements raftstore.Observer: every queued waiter gets
@@ -109,6 +176,7 @@ func (s *Service) OnLeadershipLost() {
 	defer s.lead.mu.Unlock()
 	was := s.lead.ready
 	s.lead.ready = false
+	s.lead.rearming = false
 	s.lead.epoch++
 	for key, q := range s.lead.queues {
 		for w := q.pop(); w != nil; w = q.pop() {

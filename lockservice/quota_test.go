@@ -26,6 +26,9 @@ type fakeNode struct {
 	// readIndex, if set, is what ReadIndex does (nil: succeed).
 	readIndex   func() error
 	readIndexes atomic.Int64
+	// beforeView, if set, runs at the start of every View, outside mu:
+	// tests interleave applied commands with a reader's steps there.
+	beforeView func()
 }
 
 func (f *fakeNode) ID() uint64     { return 1 }
@@ -54,6 +57,9 @@ func (f *fakeNode) ReadIndex(ctx context.Context) error {
 	return nil
 }
 func (f *fakeNode) View(fn func(m *core.Machine)) {
+	if f.beforeView != nil {
+		f.beforeView()
+	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	fn(f.m)

@@ -15,6 +15,10 @@ import (
 
 // Defaults of Config; tests shorten them.
 const (
+	// RearmChunkDefault is how many of the table's positions a new leader
+	// re-arms per step, holding the machine's read lock (and so holding
+	// up the raft loop's next apply) for about 10 ms on a loaded machine.
+	RearmChunkDefault = 1 << 15
 	// ExpireRetryDefault is how long the leader waits for a proposed Expire
 	// to apply before proposing it again.
 	ExpireRetryDefault = time.Second
@@ -71,7 +75,15 @@ type Config struct {
 	StorageAlarm func() error
 	// ExpireWorkers bounds the Expire proposals in flight
 	// (ExpireWorkersDefault).
-	ExpireWorkers            int
+	ExpireWorkers int
+	// RearmChunk is how many table positions a new leader re-arms at a
+	// time off the raft loop (RearmChunkDefault; tests shorten it): a
+	// table of at most that many locks is re-armed at once
+	// (OnLeaderReady).
+	RearmChunk int
+	// OnReady, if set, is called when the service becomes ready to serve
+	// as leader (its timers re-armed).
+	OnReady                  func()
 	ExpireRetry              time.Duration
 	ReplyMargin              time.Duration
 	BackgroundProposeTimeout time.Duration
@@ -161,9 +173,13 @@ type Service struct {
 // leaderState is valid only while this node is the ready leader; it is
 // rebuilt from the applied lock table each time the node becomes one.
 type leaderState struct {
-	mu     sync.Mutex // guards every field below
-	ready  bool
-	leases *leaseTable
+	mu    sync.Mutex // guards every field below
+	ready bool
+	// rearming is set from OnLeaderReady until rearm has armed every
+	// held lock (observer.go); OnApplied keeps the timers in step
+	// meanwhile.
+	rearming bool
+	leases   *leaseTable
 	// epoch counts leadership changes; reserved maps a key with a Grant in
 	// flight to the epoch that proposed it (and the identity it counts
 	// against), so work left over from an earlier leadership never clears
@@ -203,6 +219,9 @@ func New(cfg Config) *Service {
 	}
 	if cfg.WallClockMS == nil {
 		cfg.WallClockMS = func() uint64 { return uint64(time.Now().UnixMilli()) }
+	}
+	if cfg.RearmChunk <= 0 {
+		cfg.RearmChunk = RearmChunkDefault
 	}
 	if cfg.ExpireRetry <= 0 {
 		cfg.ExpireRetry = ExpireRetryDefault
