@@ -59,6 +59,9 @@ type Options struct {
 	// that left (natsapi fair.go): tests of what happens to such a wait
 	// when its turn comes use it.
 	KeepLeftWaits bool
+	// TuneGC bounds the garbage collector's headroom (gc.go) while the
+	// node runs; only a process that is the node's own sets it.
+	TuneGC bool
 }
 
 // Daemon is one running node.
@@ -104,6 +107,8 @@ type Daemon struct {
 	// waits for it, once (later calls return at once); nil when it does
 	// not run.
 	placementStop func()
+	// gcStop ends tuneGC (gc.go), when Options.TuneGC started it.
+	gcStop func()
 
 	closeOnce sync.Once
 }
@@ -169,6 +174,12 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 		case <-d.removal.stop:
 		}
 	}()
+	if opts.TuneGC {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() { defer close(done); tuneGC(ctx, gcTuneInterval, GCHeadroom) }()
+		d.gcStop = func() { cancel(); <-done }
+	}
 	d.log.Info("node started", "data", d.cfg.Data, "nats", natsclient.Redact(d.ClientURL()), "members", len(m.peers), "acl", d.cfg.ACL != "", "partition", d.cfg.Partition().String())
 	return d, nil
 }
@@ -619,6 +630,9 @@ func (d *Daemon) Close() {
 		close(d.removal.stop)
 		if d.watching {
 			<-d.removal.exited
+		}
+		if d.gcStop != nil {
+			d.gcStop()
 		}
 		if d.placementStop != nil {
 			d.placementStop()

@@ -214,7 +214,7 @@ func serve(ctx context.Context, fs *pflag.FlagSet, _ []string, stdout, stderr io
 		return usagef(stderr, "%v", err)
 	}
 	log := newLogger(cfg, stderr)
-	d, err := daemon.Start(ctx, cfg, daemon.Options{Logger: log,
+	d, err := daemon.Start(ctx, cfg, daemon.Options{Logger: log, TuneGC: true,
 		// A storage failure was logged in one line by the store: exit now,
 		// before anything else runs on a store that cannot go on.
 		OnStorageFailure: func(error) { os.Exit(exitFailure) },
