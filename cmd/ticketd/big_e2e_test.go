@@ -45,7 +45,8 @@ import (
 //     is granted.
 //
 // TICKETD_BIG_PROFILES=DIR also saves Go profiles there: the leader's heap
-// after the load (heap.pb.gz), the new node's CPU during its catch-up
+// after the load (heap.pb.gz), the new follower's after its catch-up
+// (follower-heap.pb.gz), the new node's CPU during its catch-up
 // (catchup-cpu.pb.gz, its first 3 s), and every process's log.
 func TestMillionLocks(t *testing.T) {
 	if os.Getenv("TICKETD_BIG") == "" {
@@ -161,10 +162,15 @@ func TestMillionLocks(t *testing.T) {
 	after := scrape(t, metrics[lead])
 	heapFull := liveHeap(t, metrics[lead], filepath.Join(profiles, "heap.pb.gz"))
 	rssFull := rss(t, procs[lead].cmd.Process.Pid)
+	ms := scrape(t, metrics[lead])
 	snapLine, _ := lastLog(t, procs[lead], "snapshot taken", "locks", st.Locks)
 	t.Logf("FIGURE memory: leader RSS %d MiB empty, %d MiB with %d locks: %.0f B per held lock; live Go heap %d MiB -> %d MiB: %.0f B per held lock",
 		rssEmpty>>20, rssFull>>20, st.Locks, float64(rssFull-rssEmpty)/float64(st.Locks),
 		heapEmpty>>20, heapFull>>20, float64(heapFull-heapEmpty)/float64(st.Locks))
+	t.Logf("  the leader's Go memory (MiB): heap in use %.0f, idle not yet returned to the OS %.0f, next GC at %.0f, stacks %.0f, other runtime %.0f",
+		ms["go_memstats_heap_inuse_bytes"]/(1<<20), (ms["go_memstats_heap_idle_bytes"]-ms["go_memstats_heap_released_bytes"])/(1<<20),
+		ms["go_memstats_next_gc_bytes"]/(1<<20), ms["go_memstats_stack_sys_bytes"]/(1<<20),
+		(ms["go_memstats_sys_bytes"]-ms["go_memstats_heap_sys_bytes"]-ms["go_memstats_stack_sys_bytes"])/(1<<20))
 	t.Logf("FIGURE snapshot (background, on the leader): %s; while the cycles ran: longest tick gap <= %v, %v leader changes",
 		snapLine, tickGapBound(before, after), after["ticketd_raft_leader_changes_total"]-before["ticketd_raft_leader_changes_total"])
 
@@ -183,7 +189,7 @@ func TestMillionLocks(t *testing.T) {
 	t.Logf("FIGURE catch-up: new follower caught up from a snapshot of %d locks in %v (process start included); restore: %s",
 		st.Locks, catchUp.Round(time.Millisecond), restored)
 	t.Logf("FIGURE memory of a follower (no lease timers): RSS %d MiB, live Go heap %d MiB with %d locks",
-		rss(t, procs[2].cmd.Process.Pid)>>20, liveHeap(t, metrics[2], "")>>20, st.Locks)
+		rss(t, procs[2].cmd.Process.Pid)>>20, liveHeap(t, metrics[2], filepath.Join(profiles, "follower-heap.pb.gz"))>>20, st.Locks)
 
 	// Restart of the leader: the table loads from its store; the other
 	// two elect a leader and serve meanwhile.
