@@ -45,6 +45,20 @@ import (
 // Locks sorts, the digest is a sum), and no decision depends on where a
 // key landed.
 
+// lockFields stops compiling when Lock gains, loses or reorders a field:
+// the table keeps every field of a lock (lockRec, lock, put, putRaw, and
+// Loader.AddRecord for the stored record), so a new one must be added
+// there too, or it would be silently dropped.
+var _ = Lock(struct {
+	Key         string
+	Token       uint64
+	Owner       string
+	Identity    string
+	RequestID   string
+	LeaseMS     uint64
+	GrantedAtMS uint64
+}{})
+
 // lockRec is one lock. A free record has keyLen 0 (no key is empty).
 type lockRec struct {
 	token       uint64
