@@ -194,6 +194,7 @@ func (p *Plane) handler(needAdmin, paced bool, h handlerFunc) http.HandlerFunc {
 			writeError(w, e)
 			return
 		}
+		serving(r)
 		if !p.cfg.Leadership.IsLeader() {
 			writeError(w, &Error{Code: CodeNotLeader, Message: "ask the leader", Leader: p.cfg.Node.Leader()})
 			return

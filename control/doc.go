@@ -23,7 +23,10 @@
 //     mutual TLS with a client CA); connections bounded per source
 //     address and in all from accept on, before TLS, a new one evicting
 //     the oldest that serves no request (internal/connlimit), so idle
-//     connections, from one address or many, never keep the admin out;
+//     connections, from one address or many, never keep the admin out; a
+//     request is served (serving) only once its body is read and, on an
+//     admin path, its credential accepted, so bodies that trickle in
+//     cannot make connections unevictable either;
 //     a short TLS handshake deadline and HTTP timeouts; and failed
 //     attempts limited per source address without locking anyone out (a
 //     source is an IPv4 address or an IPv6 /64, sourceKey):

@@ -37,9 +37,12 @@ const (
 	// MaxConnsPerSourceDefault those from one source address, counted
 	// from accept, before TLS. A new connection beyond either evicts the
 	// oldest one that is not serving a request (in its TLS handshake,
-	// idle between requests, or waiting out FailureDelay), of its source
-	// or of all, so idle connections, from one address or many, never
-	// keep the admin out.
+	// sending its request, idle between requests, or waiting out
+	// FailureDelay), of its source or of all, so idle connections, from
+	// one address or many, never keep the admin out. A request is served
+	// only once its body is in and, on an admin path, its credential
+	// accepted (serving): a body that trickles in, or a wrong credential,
+	// never makes a connection unevictable.
 	MaxConnsDefault          = 64
 	MaxConnsPerSourceDefault = 8
 	// HandshakeTimeoutDefault bounds a new connection's TLS handshake,
@@ -176,9 +179,9 @@ func sourceKey(host string) string {
 // limitListener admits each accepted connection to a connlimit.Table
 // before anything is read from it (before TLS): at most
 // MaxConnsPerSource from one address and MaxConns in all, a new one
-// evicting the oldest that is not serving a request. The HTTP server
-// tells it, through trackState, when a connection serves a request (not
-// evictable) and when it is idle again.
+// evicting the oldest that is not serving a request. The handlers tell
+// it when a connection serves a request (serving: not evictable), the
+// HTTP server, through trackState, when it is idle again.
 type limitListener struct {
 	net.Listener
 	conns *connlimit.Table
@@ -221,16 +224,17 @@ func limitConnOf(c net.Conn) *limitConn {
 	return lc
 }
 
-// trackState is the HTTP server's ConnState hook: a connection serving a
-// request is held, an idle one evictable again.
+// trackState is the HTTP server's ConnState hook: an idle connection is
+// evictable again. A connection whose request has begun is not held here
+// (serving holds it): its client decides how long the request's headers
+// and body take, and a request that trickles in would otherwise keep its
+// connection unevictable for the whole ReadTimeout.
 func trackState(c net.Conn, st http.ConnState) {
 	lc := limitConnOf(c)
 	if lc == nil {
 		return
 	}
 	switch st {
-	case http.StateActive:
-		lc.conns.Hold(lc.entry)
 	case http.StateIdle:
 		lc.conns.Release(lc.entry)
 	case http.StateClosed, http.StateHijacked:
@@ -238,10 +242,20 @@ func trackState(c net.Conn, st http.ConnState) {
 	}
 }
 
+// serving marks r's connection as serving a request, so no new connection
+// evicts it: called once r's body has been read and, on an admin path,
+// its credential accepted, so what follows takes the node's time, not
+// the client's.
+func serving(r *http.Request) {
+	if lc, _ := r.Context().Value(connCtxKey{}).(*limitConn); lc != nil {
+		lc.conns.Hold(lc.entry)
+	}
+}
+
 type connCtxKey struct{}
 
 // withConn is the HTTP server's ConnContext hook: a request's context
-// carries its connection, for pace.
+// carries its connection, for pace and serving.
 func withConn(ctx context.Context, c net.Conn) context.Context {
 	if lc := limitConnOf(c); lc != nil {
 		return context.WithValue(ctx, connCtxKey{}, lc)
@@ -258,10 +272,6 @@ func (p *Plane) pace(r *http.Request) bool {
 		return true
 	}
 	lc, _ := r.Context().Value(connCtxKey{}).(*limitConn)
-	if lc != nil {
-		lc.conns.Release(lc.entry)
-		defer lc.conns.Hold(lc.entry)
-	}
 	wait := time.NewTimer(p.failureDelay)
 	defer wait.Stop()
 	select {

@@ -28,6 +28,7 @@ func (p *Plane) snapshot(w http.ResponseWriter, r *http.Request) {
 		writeError(w, e)
 		return
 	}
+	serving(r)
 	if !p.cfg.Leadership.IsLeader() {
 		writeError(w, &Error{Code: CodeNotLeader, Message: "ask the leader", Leader: p.cfg.Node.Leader()})
 		return
