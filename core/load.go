@@ -9,8 +9,9 @@ import (
 	"unicode/utf8"
 )
 
-// Loading a whole table from stored lock records (Loader, raftstore's
-// restart).
+// Loading a whole table: from stored lock records (Loader, raftstore's
+// restart) and from a snapshot (Machine.Restore, SnapshotRecords: a
+// follower's catch-up).
 //
 // At a million locks the old path (decode every record into a Lock with
 // fresh strings, append it to a slice, check token uniqueness in a
@@ -19,9 +20,10 @@ import (
 // straight into the table (table.go): its fields are checked in place,
 // its strings copied once into the arena, its digest term hashed from the
 // bytes it already is, and token uniqueness checked by sorting one
-// []uint64 at the end. The checks are exactly DecodeLockRecord's; on a
-// rejection the slow path builds the Lock so that the error is
-// validateLock's word for word.
+// []uint64 at the end. The checks are exactly DecodeLockRecord's and
+// DecodeSnapshotState's (fuzz_test.go holds them to it); on a rejection
+// the slow path builds the Lock so that the error is validateLock's word
+// for word.
 
 // rawLock is one encoded lock, checked, its byte slices aliasing the input.
 type rawLock struct {
@@ -63,13 +65,41 @@ func (d *decoder) rawFields(r *rawLock) []byte {
 	return start[:len(start)-len(d.b)]
 }
 
+// tableBuilder fills a new lock table, keeping its digest sum and the
+// index of held requests (request -> key, as Machine.put keeps it).
+type tableBuilder struct {
+	t    *lockTable
+	sum  sum256
+	held map[[32]byte]string
+}
+
+func newTableBuilder(n int) tableBuilder {
+	return tableBuilder{t: newLockTable(min(max(0, n), MaxSnapshotLocks))}
+}
+
+// add inserts r (checked); it reports false if its key is already held.
+// fresh vouches that it is not (putRaw).
+func (b *tableBuilder) add(r *rawLock, fresh bool) bool {
+	if !b.t.putRaw(r, fresh) {
+		return false
+	}
+	b.sum.add(termOf(sha256.Sum256(r.term)))
+	if len(r.requestID) > 0 {
+		if b.held == nil {
+			b.held = make(map[[32]byte]string)
+		}
+		// A copy, not the arena's bytes: the index outlives compactions
+		// of the arena (table.go).
+		b.held[RequestKey(string(r.identity), string(r.requestID))] = strings.Clone(string(r.key))
+	}
+	return true
+}
+
 // Loader builds a machine from stored lock records (EncodeLockRecord
 // bytes, as raftstore keeps them, one row per lock), one at a time.
 type Loader struct {
-	t         *lockTable
-	sum       sum256
+	b         tableBuilder
 	tokens    []uint64
-	held      map[[32]byte]string // request -> key, as Machine.put keeps it
 	lastToken uint64
 	err       error
 	scratch   []byte
@@ -84,7 +114,7 @@ type Loader struct {
 // for about sizeHint locks (it grows past them).
 func NewLoader(lastToken uint64, sizeHint int) *Loader {
 	n := min(max(0, sizeHint), MaxSnapshotLocks)
-	return &Loader{t: newLockTable(n), tokens: make([]uint64, 0, n), lastToken: lastToken, sorted: true}
+	return &Loader{b: newTableBuilder(n), tokens: make([]uint64, 0, n), lastToken: lastToken, sorted: true}
 }
 
 // AddRecord adds the lock stored under key. It checks what DecodeLockRecord
@@ -135,19 +165,10 @@ func (ld *Loader) AddRecord(key, record []byte) error {
 		ld.err = malformedf("lock record under %q holds key %q", key, r.key)
 	case r.token > ld.lastToken:
 		ld.err = malformedf("lock %q has token %d above last token %d", r.key, r.token, ld.lastToken)
-	case !ld.t.putRaw(&r, ld.ascending(r.key)):
+	case !ld.b.add(&r, ld.ascending(r.key)):
 		ld.err = malformedf("key %q stored twice", r.key)
 	default:
-		ld.sum.add(termOf(sha256.Sum256(r.term)))
 		ld.tokens = append(ld.tokens, r.token)
-		if len(r.requestID) > 0 {
-			if ld.held == nil {
-				ld.held = make(map[[32]byte]string)
-			}
-			// A copy, not the arena's bytes: the index outlives
-			// compactions of the arena (table.go).
-			ld.held[RequestKey(string(r.identity), string(r.requestID))] = strings.Clone(string(r.key))
-		}
 	}
 	return ld.err
 }
@@ -172,17 +193,24 @@ func (ld *Loader) Machine() (*Machine, error) {
 	if ld.err != nil {
 		return nil, ld.err
 	}
-	ld.t.flushPending()
-	slices.Sort(ld.tokens)
-	for i := 1; i < len(ld.tokens); i++ {
-		if ld.tokens[i] == ld.tokens[i-1] {
-			return nil, malformedf("token %d held twice", ld.tokens[i])
-		}
+	ld.b.t.flushPending()
+	if tok, dup := duplicateToken(ld.tokens); dup {
+		return nil, malformedf("token %d held twice", tok)
 	}
 	m := NewMachine()
-	m.lastToken, m.locks, m.lockSum = ld.lastToken, ld.t, ld.sum
-	m.req.held = ld.held
+	m.lastToken, m.locks, m.lockSum, m.req.held = ld.lastToken, ld.b.t, ld.b.sum, ld.b.held
 	return m, nil
+}
+
+// duplicateToken sorts tokens and returns one that appears twice, if any.
+func duplicateToken(tokens []uint64) (uint64, bool) {
+	slices.Sort(tokens)
+	for i := 1; i < len(tokens); i++ {
+		if tokens[i] == tokens[i-1] {
+			return tokens[i], true
+		}
+	}
+	return 0, false
 }
 
 // SnapshotLockCount reads the number of locks a snapshot declares from its

@@ -231,12 +231,7 @@ func (m *Machine) Digest() [32]byte {
 // snapshot restores an empty control state. On error the machine is
 // unchanged.
 func (m *Machine) Restore(snapshot []byte) error {
-	s, err := DecodeSnapshotState(snapshot)
-	if err != nil {
-		return err
-	}
-	m.RestoreState(s)
-	return nil
+	return m.restoreSnapshot(snapshot) // load_snapshot.go
 }
 
 // RestoreState replaces the whole state with a snapshot already decoded

@@ -16,8 +16,7 @@ import (
 type readyApply struct {
 	applied     uint64 // applied index after this Ready
 	confState   raftpb.ConfState
-	restored    bool                // a received snapshot replaced the state
-	snapshot    *core.SnapshotState // its decoded content
+	restored    bool // a received snapshot replaced the state
 	confChanges []appliedConfChange
 	events      []Applied
 	requestIDs  []uint64 // requestIDs[i] is the proposal events[i] answers
@@ -139,18 +138,16 @@ func (n *Node) trackSoftState(rd raft.Ready) (lostLeadership bool) {
 func (n *Node) applyCommitted(rd raft.Ready) (*readyApply, error) {
 	ra := &readyApply{applied: n.applied.Load(), confState: n.ConfState()}
 	if !raft.IsEmptySnap(rd.Snapshot) {
-		// Decoded once, for the machine and for the store's lock rows. A
-		// snapshot of any table the cluster can hold passes the decoder's
-		// limits (core/limits.go).
+		// Decoded straight into the machine's table (core/load_snapshot.go);
+		// the store writes the lock rows from the same bytes
+		// (stageSnapshot). A snapshot of any table the cluster can hold
+		// passes the decoder's limits (core/limits.go).
 		start := time.Now()
-		ss, err := core.DecodeSnapshotState(rd.Snapshot.Data)
-		if err != nil {
+		if err := n.machine.Restore(rd.Snapshot.Data); err != nil {
 			return nil, fmt.Errorf("restore snapshot at %d: %w", rd.Snapshot.Metadata.Index, err)
 		}
-		n.machine.RestoreState(ss)
-		n.log.Info("snapshot restored", "index", rd.Snapshot.Metadata.Index, "locks", len(ss.Locks),
+		n.log.Info("snapshot restored", "index", rd.Snapshot.Metadata.Index, "locks", n.machine.Len(),
 			"bytes", len(rd.Snapshot.Data), "took", time.Since(start))
-		ra.snapshot = &ss
 		ra.applied = rd.Snapshot.Metadata.Index
 		ra.confState = rd.Snapshot.Metadata.ConfState
 		ra.restored = true
@@ -248,7 +245,7 @@ func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
 	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
 	// be on disk before messages go out; the state change of entries
 	// already durable in the log may ride without its own fsync.
-	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot, SnapshotState: ra.snapshot,
+	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot,
 		State: ra.state, MaySkipSync: !rd.MustSync}
 	if err := n.cfg.Store.Write(w); err != nil {
 		return fmt.Errorf("persist ready: %w", err)
