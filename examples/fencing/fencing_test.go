@@ -102,6 +102,14 @@ func TestKleppmann(t *testing.T) {
 		out, err := exec.Command(ticketd, "status", "--nats", nats, "--timeout", "1s").Output()
 		return err == nil && bytes.Contains(out, []byte(`"StateLeader"`))
 	})
+	// The resource's trust, as an operator configures it: the cluster ID
+	// and public keys `ticketd fence pubkey --json` prints. The leader
+	// makes the cluster's first key shortly after it leads.
+	trusted := filepath.Join(t.TempDir(), "trusted-keys.json")
+	testkit.Eventually(t, stepDeadline, "the cluster's first fence key", func() bool {
+		out, err := exec.Command(ticketd, "fence", "pubkey", "--json", "--nats", nats, "--timeout", "1s").Output()
+		return err == nil && os.WriteFile(trusted, out, 0o600) == nil
+	})
 
 	for _, fenced := range []bool{true, false} {
 		t.Run(fmt.Sprintf("fence=%v", fenced), func(t *testing.T) {
@@ -114,7 +122,9 @@ func TestKleppmann(t *testing.T) {
 				t.Fatalf("setup: %v\n%s", err, out)
 			}
 
-			a := start(t, "A", worker, run("work", "--id", "A", "--pause-before-write")...)
+			// A's resource trusts the keys from the file, B's asks the
+			// cluster (the SDK's FenceKeys): both ways a resource learns them.
+			a := start(t, "A", worker, run("work", "--id", "A", "--pause-before-write", "--trusted-keys", trusted)...)
 			a.waitFor(t, `A paused \(SIGSTOP\)`)
 			paused := time.Now()
 			tokA := a.token(t, `A acquired \S+ token=(\d+)`)

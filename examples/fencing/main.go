@@ -3,8 +3,10 @@
 // its line and writes the note back. With --pause-before-write it stops
 // itself (SIGSTOP) between its last look at the lock and its write, as a
 // long GC pause would; another worker takes the lock meanwhile. With the
-// fence (the default) the late write is refused in the database; with
-// --fence=false it overwrites the other worker's line. See README.md.
+// fence (the default) the writer verifies the grant's signed fence with
+// the cluster's public keys and the late write is refused in the
+// database; with --fence=false it overwrites the other worker's line. See
+// README.md.
 //
 //	fencing setup --pg URL [--key K]      create the tables, empty the note
 //	fencing work  --pg URL --id A [...]   one worker
@@ -37,7 +39,7 @@ const (
 	exitOK      = 0
 	exitFailed  = 1
 	exitUsage   = 2
-	exitRefused = 3 // the resource refused the write: a newer holder wrote
+	exitRefused = 3 // the resource refused the write: a newer holder wrote, or the fence is not authentic
 )
 
 // requestTimeout bounds each database statement and lock request apart
@@ -119,19 +121,25 @@ func (p *pgFlags) open() (*sql.DB, error) {
 
 // resolveSecret reads the password from file, else from the file
 // TICKETD_PG_PASSWORD_FILE names, else from TICKETD_PG_PASSWORD; "" when
-// none is set.
+// none is set. A file and TICKETD_PG_PASSWORD that differ are refused, as
+// ticketd refuses its own.
 func resolveSecret(file string) (string, error) {
 	if file == "" {
 		file = os.Getenv(pgPasswordFileEnv)
 	}
+	value := os.Getenv(pgPasswordEnv)
 	if file == "" {
-		return os.Getenv(pgPasswordEnv), nil
+		return value, nil
 	}
 	b, err := os.ReadFile(file)
 	if err != nil {
 		return "", fmt.Errorf("pg-password-file: %w", err)
 	}
-	return strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r"), nil
+	pw := strings.TrimSuffix(strings.TrimSuffix(string(b), "\n"), "\r")
+	if value != "" && value != pw {
+		return "", fmt.Errorf("the PostgreSQL password file and %s differ: set one", pgPasswordEnv)
+	}
+	return pw, nil
 }
 
 func runNoteCommand(ctx context.Context, cmd string, args []string) int {
@@ -165,6 +173,7 @@ func runNoteCommand(ctx context.Context, cmd string, args []string) int {
 // workConfig is one worker's settings.
 type workConfig struct {
 	id, nats            string
+	trustedKeys         string // file of `ticketd fence pubkey --json`; "": ask the cluster
 	lease, wait, work   time.Duration
 	fenced, pauseBefore bool
 }
@@ -178,7 +187,8 @@ func runWork(ctx context.Context, args []string) int {
 	fs.DurationVar(&c.lease, "lease", time.Second, "the lock's lease; the worker keeps it alive while it runs")
 	fs.DurationVar(&c.wait, "wait", 30*time.Second, "how long to wait in the key's queue")
 	fs.DurationVar(&c.work, "work", 100*time.Millisecond, "how long the work between the read and the write takes")
-	fs.BoolVar(&c.fenced, "fence", true, "write through the fence (false: trust the lock alone)")
+	fs.BoolVar(&c.fenced, "fence", true, "write through the fence: the grant's signed fence, verified, its token recorded with the write (false: trust the lock alone)")
+	fs.StringVar(&c.trustedKeys, "trusted-keys", "", "the resource's trusted cluster ID and fence keys: a file `ticketd fence pubkey --json` wrote (default: ask the cluster for its keys)")
 	fs.BoolVar(&c.pauseBefore, "pause-before-write", false, "stop this process (SIGSTOP) just before the write; kill -CONT resumes it")
 	_ = fs.Parse(args)
 	if c.id == "" {
@@ -205,6 +215,22 @@ func work(ctx context.Context, c workConfig, key string, notes *Notes) int {
 		return fail(exitFailed, err)
 	}
 	defer cl.Close()
+	if c.fenced {
+		// The resource's trust: the cluster and keys whose fences it
+		// accepts. Configured before any lock is taken, as a resource's
+		// configuration is.
+		from := c.trustedKeys
+		if from != "" {
+			notes.verifier, err = loadVerifier(from)
+		} else {
+			from = "the cluster"
+			notes.verifier, err = clusterVerifier(ctx, cl)
+		}
+		if err != nil {
+			return fail(exitFailed, err)
+		}
+		say("%s's resource trusts the fences of cluster %s (keys from %s)", c.id, fence.FormatClusterID(notes.verifier.ClusterID()), from)
+	}
 	actx, cancel := context.WithTimeout(ctx, c.wait+requestTimeout)
 	lock, err := cl.Acquire(actx, key, sdk.WithLease(c.lease), sdk.WithWait(c.wait), sdk.WithOwner(c.id), sdk.WithAutoRenew())
 	cancel()
@@ -212,6 +238,9 @@ func work(ctx context.Context, c workConfig, key string, notes *Notes) int {
 		return fail(exitFailed, err)
 	}
 	say("%s acquired %s token=%d", c.id, key, lock.Token)
+	if c.fenced && lock.Fence == "" {
+		return fail(exitFailed, errors.New("the grant carries no fence: the cluster has no fence key yet (`ticketd fence pubkey` prints it once made)"))
+	}
 	defer func() {
 		rctx, cancel := context.WithTimeout(context.Background(), requestTimeout)
 		defer cancel()
@@ -252,13 +281,14 @@ func work(ctx context.Context, c workConfig, key string, notes *Notes) int {
 	wctx, cancel := context.WithTimeout(ctx, requestTimeout)
 	defer cancel()
 	if c.fenced {
-		err = notes.WriteFenced(wctx, key, lock.Token, body, c.id)
+		// The writer gets the fence, not a number: the resource takes the
+		// token from the fence once its signature verifies.
+		_, err = notes.WriteFenced(wctx, key, lock.Fence, body, c.id)
 	} else {
 		err = notes.WriteUnfenced(wctx, key, lock.Token, body, c.id)
 	}
-	var fe *fence.Error
 	switch {
-	case errors.As(err, &fe) && fe.Code == fence.CodeStale:
+	case fence.CodeOf(err) != "":
 		say("%s write refused: %v", c.id, err)
 		return exitRefused
 	case err != nil:

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 
+	"github.com/ticketd/ticketd/fence"
 	"github.com/ticketd/ticketd/fence/fencepg"
 )
 
@@ -29,10 +30,13 @@ type Note struct {
 	Fence uint64 `json:"fence"`
 }
 
-// Notes is the resource's side: the writes it accepts and the rule it
+// Notes is the resource's side: the writes it accepts and the rules it
 // applies to them.
 type Notes struct {
 	db *sql.DB
+	// verifier decides which fences are authentic (the cluster's public
+	// keys and ID); nil refuses every fenced write.
+	verifier *fence.Verifier
 }
 
 // Setup creates the tables if needed and empties key's note. The fence's
@@ -69,26 +73,43 @@ func (n *Notes) Read(ctx context.Context, key string) (Note, error) {
 	return nt, nil
 }
 
-// WriteFenced replaces key's body if token is not lower than the highest
-// token written for key: fencepg.Advance and the write commit in one
-// transaction, or neither does. A lower token is refused with
-// fence.ErrStale, naming the token that was accepted.
-func (n *Notes) WriteFenced(ctx context.Context, key string, token uint64, body, writer string) error {
+// WriteFenced replaces key's body for the holder of fence fc, if fc is an
+// authentic fence of the trusted cluster for key and its token is not
+// lower than the highest token accepted for key: fencepg.Advance and the
+// write commit in one transaction, or neither does. It returns the token
+// written. A forged, foreign or other key's fence is refused with its
+// fence code (fence_forged, fence_unknown_key, fence_wrong_cluster,
+// fence_wrong_key, fence_malformed) before the database is touched; a
+// lower token with fence.ErrStale, naming the token that was accepted.
+func (n *Notes) WriteFenced(ctx context.Context, key, fc, body, writer string) (uint64, error) {
+	if fc == "" {
+		return 0, &fence.Error{Code: fence.CodeMissing, Msg: "a fenced write needs the lock holder's fence"}
+	}
+	if n.verifier == nil {
+		return 0, errors.New("no trusted fence keys configured")
+	}
+	f, err := n.verifier.Verify(fc)
+	if err != nil {
+		return 0, err
+	}
+	if f.Key != key {
+		return 0, &fence.Error{Code: fence.CodeWrongKey, Msg: fmt.Sprintf("the fence is for key %q, the note is %q", f.Key, key)}
+	}
 	tx, err := n.db.BeginTx(ctx, nil) // READ COMMITTED: enough for Advance
 	if err != nil {
-		return fmt.Errorf("begin: %w", err)
+		return 0, fmt.Errorf("begin: %w", err)
 	}
 	defer tx.Rollback() // a no-op once committed
-	if err := fencepg.Advance(ctx, tx, key, token); err != nil {
-		return err
+	if err := fencepg.Advance(ctx, tx, f.Key, f.Token); err != nil {
+		return 0, err
 	}
-	if err := update(ctx, tx, key, token, body, writer); err != nil {
-		return err
+	if err := update(ctx, tx, key, f.Token, body, writer); err != nil {
+		return 0, err
 	}
 	if err := tx.Commit(); err != nil {
-		return fmt.Errorf("commit: %w", err)
+		return 0, fmt.Errorf("commit: %w", err)
 	}
-	return nil
+	return f.Token, nil
 }
 
 // WriteUnfenced replaces key's body whatever the token: what a resource
