@@ -74,8 +74,9 @@ type leaseTable struct {
 	recs  []leaseRec
 	free  []int32 // free record numbers
 	// index is open addressing with linear probing, a power of two long;
-	// an entry is a record number + 1 (0: empty). Removal shifts the
-	// entries after it back, so there are no tombstones.
+	// an entry is a record number + 1 with 6 bits of the key's hash above
+	// it (indexEntry; 0: empty). Removal shifts the entries after it back,
+	// so there are no tombstones.
 	index []int32
 	seed  maphash.Seed
 	heap  []int32 // record numbers; recs[heap[0]] has the earliest deadline
@@ -146,18 +147,48 @@ func (h *leaseTable) timeOf(ns int64) time.Time { return h.base.Add(time.Duratio
 
 func (h *leaseTable) key(r *leaseRec) []byte { return h.keys[r.keyOff : r.keyOff+uint32(r.keyLen)] }
 
+// An index entry carries 6 bits of its key's hash above the record
+// number: a probe reads a record (a cache miss away in a large table) only
+// when they match, 1 in 64 of the other keys. Record numbers stay below
+// 2^25: there are never more records than timers were held at once, one
+// per held lock, and no table of locks is larger than a snapshot may
+// declare (core.MaxSnapshotLocks, 2^24).
+const (
+	entryRecBits = 25
+	entryRecMask = 1<<entryRecBits - 1
+)
+
+// entryTag is the hash bits an entry for a key of hash hv carries.
+func entryTag(hv uint64) int32 { return int32(hv>>58) << entryRecBits }
+
+// indexEntry is the entry for record n of a key of hash hv.
+func indexEntry(n int32, hv uint64) int32 { return (n + 1) | entryTag(hv) }
+
+// entryRec is the record number entry e names.
+func entryRec(e int32) int32 { return e&entryRecMask - 1 }
+
+const _ = uint(entryRecMask - 1 - core.MaxSnapshotLocks)
+
 // find returns the record number of key's timer and the index slot that
 // names it, or -1 and the empty slot where it would go.
 func (h *leaseTable) find(key string) (rec int32, slot int) {
+	return h.findHashed(key, maphash.String(h.seed, key))
+}
+
+// findHashed is find for a key whose hash hv is known.
+func (h *leaseTable) findHashed(key string, hv uint64) (rec int32, slot int) {
 	mask := len(h.index) - 1
-	slot = int(maphash.String(h.seed, key)) & mask
+	slot = int(hv) & mask
+	tag := entryTag(hv)
 	for {
 		e := h.index[slot]
 		if e == 0 {
 			return -1, slot
 		}
-		if r := &h.recs[e-1]; int(r.keyLen) == len(key) && string(h.key(r)) == key {
-			return e - 1, slot
+		if e&^entryRecMask == tag {
+			if r := &h.recs[entryRec(e)]; int(r.keyLen) == len(key) && string(h.key(r)) == key {
+				return entryRec(e), slot
+			}
 		}
 		slot = (slot + 1) & mask
 	}
@@ -170,7 +201,7 @@ func (h *leaseTable) unindex(slot int) {
 	h.index[slot] = 0
 	for j := (slot + 1) & mask; h.index[j] != 0; j = (j + 1) & mask {
 		e := h.index[j]
-		home := int(maphash.Bytes(h.seed, h.key(&h.recs[e-1]))) & mask
+		home := int(maphash.Bytes(h.seed, h.key(&h.recs[entryRec(e)]))) & mask
 		// e may move to slot when slot lies cyclically in [home, j).
 		if (j-home)&mask >= (j-slot)&mask {
 			h.index[slot], h.index[j] = e, 0
@@ -180,9 +211,10 @@ func (h *leaseTable) unindex(slot int) {
 }
 
 // grow doubles the index when it is half full.
-func (h *leaseTable) grow() {
+// It reports whether it did (which moves every entry).
+func (h *leaseTable) grow() bool {
 	if 2*(len(h.heap)+1) <= len(h.index) {
-		return
+		return false
 	}
 	h.index = make([]int32, 2*len(h.index))
 	mask := len(h.index) - 1
@@ -191,12 +223,14 @@ func (h *leaseTable) grow() {
 		if r.heapAt < 0 {
 			continue
 		}
-		slot := int(maphash.Bytes(h.seed, h.key(r))) & mask
+		hv := maphash.Bytes(h.seed, h.key(r))
+		slot := int(hv) & mask
 		for h.index[slot] != 0 {
 			slot = (slot + 1) & mask
 		}
-		h.index[slot] = int32(i) + 1
+		h.index[slot] = indexEntry(int32(i), hv)
 	}
+	return true
 }
 
 // newRec stores a timer's key and identity in a free record and returns
@@ -272,7 +306,9 @@ func (h *leaseTable) release(id uint32) {
 // earlier; one for another token is replaced.
 func (h *leaseTable) arm(key string, token uint64, identity string, lease time.Duration, now time.Time) {
 	deadline := h.at(now) + int64(lease)
-	n, slot := h.find(key)
+	hv := maphash.String(h.seed, key)
+	n, slot := h.findHashed(key, hv)
+	moved := n >= 0 // a removal below shifts entries
 	if n >= 0 {
 		r := &h.recs[n]
 		if r.token == token {
@@ -284,12 +320,13 @@ func (h *leaseTable) arm(key string, token uint64, identity string, lease time.D
 		}
 		h.remove(key, r.token)
 	}
-	h.grow()
+	if h.grow() || moved {
+		_, slot = h.findHashed(key, hv)
+	}
 	n = h.newRec(key, identity)
 	r := &h.recs[n]
 	r.token, r.leaseMS, r.deadline = token, leaseMillis(lease), deadline
-	_, slot = h.find(key)
-	h.index[slot] = n + 1
+	h.index[slot] = indexEntry(n, hv)
 	r.heapAt = int32(len(h.heap))
 	h.heap = append(h.heap, n)
 	h.up(len(h.heap) - 1)
