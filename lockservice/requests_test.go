@@ -296,7 +296,7 @@ func TestRequestIDRetryWaitsForDelivery(t *testing.T) {
 	reads := make(chan struct{}, 8)
 	f.readIndex = func() error { reads <- struct{}{}; return nil }
 	retry := goAcquireReq(context.Background(), s, "A", "k", "r1", 0)
-	<-reads // the retry found the record and confirms the leadership
+	<-reads                            // the retry found the record and confirms the leadership
 	s.ReleaseUndelivered("k", g.Token) // NATS said nobody received it
 	r := <-retry
 	var ge *GrantEndedError

@@ -245,6 +245,10 @@ type request struct {
 	readOnly bool
 	// once: a single attempt, never retried (a request to one named node).
 	once bool
+	// retrySafe: the request carries a request_id (an acquire, lock.go), so
+	// an attempt whose outcome is unknown is sent again as it is: the
+	// server answers a repeat with the first outcome.
+	retrySafe bool
 	// build returns the body of attempt n (0-based), prepared at now, and
 	// how long to wait for its reply; ok is false when the context leaves
 	// no time for another attempt.
@@ -278,6 +282,16 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 		retryUntil = time.Now().Add(c.cfg.retryBudget)
 	}
 	var last *Error // the last failure after which a retry is safe
+	// uncertain: an attempt of a retry-safe request whose outcome is
+	// unknown. Until a definite answer settles it, giving up is
+	// indeterminate, whatever the later attempts said.
+	var uncertain *Error
+	giveUp := func(why error) error {
+		if uncertain != nil {
+			return c.giveUp(r, uncertain, why)
+		}
+		return c.giveUp(r, last, why)
+	}
 	var lc leaderCheck
 	for n := 0; ; n++ {
 		if n > 0 && r.once {
@@ -286,15 +300,15 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 		if n > 0 {
 			pause := c.backoff(n - 1)
 			if !retryUntil.IsZero() && time.Now().Add(pause).After(retryUntil) {
-				return nil, c.giveUp(r, last, errRetryBudget)
+				return nil, giveUp(errRetryBudget)
 			}
 			c.cfg.logger.Debug("ticketd: retrying", "op", r.op, "key", r.key, "attempt", n+1, "after", pause, "err", last)
 			if err := sleepCtx(ctx, pause); err != nil {
-				return nil, c.giveUp(r, last, err)
+				return nil, giveUp(err)
 			}
 		}
 		if err := ctx.Err(); err != nil {
-			return nil, c.giveUp(r, last, err)
+			return nil, giveUp(err)
 		}
 		if c.nc.IsClosed() {
 			return nil, c.newError(r, protocol.CodeUnavailable, "the NATS connection is closed", nats.ErrConnectionClosed)
@@ -311,7 +325,7 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 		}
 		body, wait, ok := r.build(n, time.Now())
 		if !ok {
-			return nil, c.giveUp(r, last, context.DeadlineExceeded)
+			return nil, giveUp(context.DeadlineExceeded)
 		}
 		sent := c.cfg.clock.Now()
 		msg, err := c.send(ctx, r, body, wait)
@@ -321,6 +335,9 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 		if err != nil {
 			retry, ferr := c.classifySendError(ctx, r, err, &lc)
 			c.hook(r.op, n, ferr)
+			if ferr.Code == protocol.CodeIndeterminate && r.retrySafe {
+				uncertain, retry = ferr, true
+			}
 			if !retry {
 				return nil, ferr
 			}
@@ -336,11 +353,22 @@ func (c *Client) do(ctx context.Context, r *request) (*reply, error) {
 		case bad != nil:
 			e := c.indeterminate(r, "unreadable reply: "+bad.Error(), nil)
 			c.hook(r.op, n, e)
+			if r.retrySafe {
+				uncertain, last = e, e
+				c.cfg.logger.Debug("ticketd: outcome unknown; retrying with the same request_id", "op", r.op, "key", r.key, "err", e)
+				continue
+			}
 			c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", r.key, "err", e)
 			return nil, e
 		case perr != nil:
 			e := c.fromProtocol(r, perr)
 			c.hook(r.op, n, e)
+			unknown := perr.Code == protocol.CodeIndeterminate || perr.Code == protocol.CodeInternal
+			if unknown && r.retrySafe {
+				uncertain, last = e, e
+				c.cfg.logger.Debug("ticketd: outcome unknown; retrying with the same request_id", "op", r.op, "key", r.key, "err", e)
+				continue
+			}
 			if perr.Code == protocol.CodeIndeterminate {
 				c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", r.key, "err", e)
 			}
@@ -405,6 +433,10 @@ func (c *Client) classifySendError(ctx context.Context, r *request, err error, l
 		return true, c.newError(r, protocol.CodeUnavailable, "no reply", err)
 	}
 	e := c.indeterminate(r, "no reply received; the request may have taken effect", err)
+	if r.retrySafe {
+		c.cfg.logger.Debug("ticketd: no reply; retrying with the same request_id", "op", r.op, "key", r.key, "err", e)
+		return true, e
+	}
 	c.cfg.logger.Warn("ticketd: outcome indeterminate", "op", r.op, "key", r.key, "err", e, "parent_ctx_err", ctx.Err())
 	return false, e
 }
@@ -433,7 +465,7 @@ func (c *Client) indeterminate(r *request, msg string, cause error) *Error {
 }
 
 func (c *Client) fromProtocol(r *request, pe *protocol.Error) *Error {
-	return &Error{Code: pe.Code, Message: pe.Message, Op: r.op, Key: r.key, Leader: pe.Leader}
+	return &Error{Code: pe.Code, Message: pe.Message, Op: r.op, Key: r.key, Leader: pe.Leader, Token: pe.Token}
 }
 
 func (c *Client) hook(op string, n int, err *Error) {

@@ -93,7 +93,7 @@
 // of its code: ErrHeld, ErrNotFound, ErrTimeout, ErrDenied,
 // ErrInvalidArgument, ErrMalformed, ErrTooLarge, ErrControlRefused,
 // ErrPermissionDenied, ErrResourceExhausted, ErrInternal, ErrIndeterminate,
-// and ErrUnavailable, which also matches
+// ErrGrantEnded, ErrUnsupported, and ErrUnavailable, which also matches
 // the other retryable codes (ErrNotLeader, ErrShuttingDown). When the SDK
 // gave up retrying because the context ended, the error also matches
 // context.Canceled or context.DeadlineExceeded. A context that was done
@@ -108,8 +108,9 @@
 // # Retry semantics
 //
 // A request is sent again (a fresh NATS request with a new reply inbox,
-// after an exponential backoff with jitter, see WithRetryBackoff) only
-// when the previous attempt certainly had no effect:
+// after an exponential backoff with jitter, see WithRetryBackoff) when the
+// previous attempt certainly had no effect, and an acquire also when its
+// outcome is unknown, since it carries a request_id (below):
 //
 //	failure                                    acquire          release          get, status
 //	nats.ErrNoResponders (no node, no leader,  retry            retry            retry
@@ -122,10 +123,12 @@
 //	  shutting_down (Code.Retryable)
 //	not connected / reconnect buffer full      retry            retry            retry
 //	  (nothing was published)
-//	no reply (timeout, ctx done, disconnect    ErrIndeterminate ErrIndeterminate retry
+//	no reply (timeout, ctx done, disconnect    retry, same id   ErrIndeterminate retry
 //	  after publishing)
-//	unreadable reply                           ErrIndeterminate ErrIndeterminate ErrMalformed
-//	reply code indeterminate                   ErrIndeterminate ErrIndeterminate (n/a)
+//	unreadable reply                           retry, same id   ErrIndeterminate ErrMalformed
+//	reply code indeterminate or internal       retry, same id   ErrIndeterminate (n/a)
+//	reply code grant_ended (acquire's own id)  retry, new id    (n/a)            (n/a)
+//	reply code unsupported (acquire's own id)  retry, no id     (n/a)            (n/a)
 //	reply code timeout                         ErrTimeout (nothing granted)
 //	reply code resource_exhausted              ErrResourceExhausted: a cluster limit
 //	  (lock table, identity quota, waiter queue, leader's disk); nothing
@@ -137,13 +140,29 @@
 // then the last retryable failure (matching ErrUnavailable) joined with
 // the reason.
 //
-// An acquire whose reply did not arrive is never retried and never
-// re-sent with the same owner: the server may have granted it. If the
-// grant was applied after the deadline the request declared (timeout_ms),
-// the leader releases it itself; otherwise it expires within its lease.
-// Either way no one is left holding a lock they do not know about past
-// its lease. Do not loop on ErrIndeterminate with the same expectations;
-// a later Acquire may have to wait for that lease.
+// Every Acquire carries a request_id (docs/protocol.md §5.1): a random one
+// of its own, or WithRequestID's. The cluster records which grant a
+// request id produced (replicated, scoped to the identity), so an attempt
+// whose reply did not arrive is sent again with the same id, to whichever
+// node leads, until the context ends: a repeat is answered with the grant
+// it made (the same token and fence; Lock.Repeated, Deadline counted from
+// the first attempt with the id), never a second grant. An attempt still
+// waiting in the key's queue on the leader is taken over by its retry. If
+// the repeat finds that grant ended (released or expired: the SDK, or the
+// leader's lost-reply rule, released a grant nobody received),
+// grant_ended, Acquire knows none of its replies arrived, so the token
+// was never used: it acquires again with a new id (at most 8 ids per
+// call). Acquire therefore returns ErrIndeterminate only when its context
+// (or, without a deadline, the retry budget) ends while an attempt's
+// outcome is unknown; a definite answer after it (held, timeout, a grant)
+// settles it. With WithRequestID the caller may have used an earlier
+// grant of that id (an earlier process), so ErrGrantEnded is returned
+// instead, with Error.Token. Against a cluster below version 3 (the
+// server answers unsupported, nothing changed) Acquire sends its request
+// again without an id, and then an acquire whose reply did not arrive is
+// ErrIndeterminate at once, as before: if the grant was applied after the
+// deadline the request declared (timeout_ms), the leader releases it
+// itself; otherwise it expires within its lease.
 //
 // A release whose reply did not arrive is ErrIndeterminate too, but the
 // caller may simply call Release again: releasing with the same token

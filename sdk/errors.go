@@ -28,6 +28,8 @@ type Error struct {
 	// Leader is the raft id of the leader when the server named one
 	// (not_leader); informational only.
 	Leader uint64
+	// Token is the token of the ended grant (ErrGrantEnded).
+	Token uint64
 	// Err is the cause, if any.
 	Err error
 }
@@ -64,6 +66,16 @@ var (
 	// releasing locks (or once an operator freed space); releases are
 	// never refused with it.
 	ErrResourceExhausted = &Error{Code: protocol.CodeResourceExhausted}
+	// ErrGrantEnded: an Acquire with WithRequestID whose request id
+	// already produced a grant of the key that has ended (released or
+	// expired); Error.Token is its token. Nothing was granted. Acquire
+	// never returns it for a request id of its own making (it acquires
+	// anew with a fresh one, docs/protocol.md §5.1).
+	ErrGrantEnded = &Error{Code: protocol.CodeGrantEnded}
+	// ErrUnsupported: the request needs a cluster version the cluster
+	// has not reached (WithRequestID before every member runs cluster
+	// version 3). Nothing changed.
+	ErrUnsupported = &Error{Code: protocol.CodeUnsupported}
 )
 
 func (e *Error) Error() string {
@@ -98,7 +110,7 @@ func (e *Error) Unwrap() error { return e.Err }
 // e's code; ErrUnavailable also matches every retryable code.
 func (e *Error) Is(target error) bool {
 	t, ok := target.(*Error)
-	if !ok || t.Message != "" || t.Op != "" || t.Key != "" || t.Err != nil || t.Leader != 0 {
+	if !ok || t.Message != "" || t.Op != "" || t.Key != "" || t.Err != nil || t.Leader != 0 || t.Token != 0 {
 		return false
 	}
 	if t.Code == e.Code {

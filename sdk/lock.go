@@ -2,6 +2,8 @@ package sdk
 
 import (
 	"context"
+	"crypto/rand"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"sync"
@@ -23,6 +25,7 @@ type acquireOptions struct {
 	owner     string
 	autoRenew bool
 	keepAlive []KeepAliveOption
+	requestID string
 }
 
 // WithLease sets the lease (default DefaultLease), between core.MinLease
@@ -44,6 +47,28 @@ func WithOwner(owner string) AcquireOption {
 // the wait plus the reply margin shortens the wait.
 func WithWait(d time.Duration) AcquireOption {
 	return func(o *acquireOptions) { o.wait = d }
+}
+
+// WithRequestID sets the acquire's request_id (docs/protocol.md §5.1),
+// at most protocol.MaxRequestIDLen bytes of printable ASCII, instead of
+// the random one Acquire makes. Use it to retry an acquire across process
+// restarts: the same id from the same identity is answered with the grant
+// it produced while that grant is held (Lock.Repeated), and with
+// ErrGrantEnded (Error.Token) for a while after it ended. Use a new id for
+// each acquire: anonymous clients share one scope.
+func WithRequestID(id string) AcquireOption {
+	return func(o *acquireOptions) { o.requestID = id }
+}
+
+// maxFreshRequests bounds the request ids one Acquire uses: it takes a new
+// one only when a grant it never received ended (ErrGrantEnded).
+const maxFreshRequests = 8
+
+// newRequestID is a fresh random request_id: 128 bits, hex.
+func newRequestID() string {
+	var b [16]byte
+	_, _ = rand.Read(b[:]) // crypto/rand.Read never fails on supported platforms
+	return hex.EncodeToString(b[:])
 }
 
 // Lock is a granted lock. Its fields are read-only.
@@ -68,6 +93,14 @@ type Lock struct {
 	// (package fence) cannot be poisoned by an invented token. "" when
 	// the cluster has no fence key yet (cluster version below 3).
 	Fence string
+	// RequestID is the acquire's request_id ("" when the cluster did not
+	// take one: below cluster version 3).
+	RequestID string
+	// Repeated: the grant was produced by an earlier attempt of the same
+	// request (its reply was lost, or an earlier Acquire with the same
+	// WithRequestID); Index is then 0, and Deadline counts from the first
+	// attempt this Acquire sent.
+	Repeated bool
 
 	client *Client
 
@@ -129,12 +162,14 @@ func (l *Lock) String() string {
 // Acquire takes the lock on key. It returns the Lock, or an error
 // matching one of the sentinels: ErrHeld (try-only, the key is held),
 // ErrTimeout (the wait ran out), ErrDenied (a policy plugin said no),
-// ErrInvalidArgument, ErrIndeterminate (the reply was lost: a grant may
-// exist, and it expires within its lease; do not retry with the same
-// owner expecting the same lock), ErrUnavailable (no leader within the
-// context or retry budget; nothing was granted), and others. Only
-// not_leader, unavailable, shutting_down, "no responders" and
-// not-connected failures are retried, each with a fresh request.
+// ErrInvalidArgument, ErrIndeterminate (the context ended while an
+// attempt's outcome was unknown: a grant may exist, and it expires within
+// its lease), ErrUnavailable (no leader within the context or retry
+// budget; nothing was granted), ErrGrantEnded (WithRequestID only), and
+// others. The acquire carries a request_id, so not_leader, unavailable,
+// shutting_down, "no responders" and not-connected failures, and also a
+// lost or indeterminate reply, are retried with it until the context ends
+// (the package documentation, "Retry semantics").
 //
 // A waiting acquire (WithWait) that is abandoned (the context ends, or
 // no reply came in time) is withdrawn from the key's queue, and a grant
@@ -158,16 +193,39 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 			return nil, &Error{Code: protocol.CodeInvalidArgument, Message: err.Error(), Op: "acquire", Key: key}
 		}
 	}
-	req := protocol.AcquireRequest{Key: key, Owner: o.owner, LeaseMS: lease.Milliseconds()}
-	r := &request{op: "acquire", key: key, subject: c.keyedSubject("acquire", key)}
+	l, err := c.acquire(ctx, key, lease, o)
+	if err != nil {
+		return nil, err
+	}
+	if o.autoRenew {
+		if err := l.startAutoRenew(ctx, ka); err != nil {
+			return nil, err
+		}
+	}
+	return l, nil
+}
+
+// acquire runs the attempts of one Acquire: each request id until its
+// outcome is known (retry-safe: client.go), a fresh one after a grant it
+// never received ended, and none once the cluster refuses them.
+func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o acquireOptions) (*Lock, error) {
+	req := protocol.AcquireRequest{Key: key, Owner: o.owner, LeaseMS: lease.Milliseconds(), RequestID: o.requestID}
+	ownID := req.RequestID == ""
+	if ownID {
+		req.RequestID = newRequestID()
+	}
+	r := &request{op: "acquire", key: key, subject: c.keyedSubject("acquire", key), retrySafe: true}
 	if o.wait > 0 {
 		req.WaitID = newWaitID()
 		r.exchange = c.waitExchange(r, req.WaitID)
 	}
-	start := time.Now()
+	start, attempts := time.Now(), 0
+	// idSince is when the first attempt with the current request id was
+	// sent: a repeated grant was made after it.
+	var idSince time.Time
 	r.build = func(n int, now time.Time) ([]byte, time.Duration, bool) {
 		want := o.wait
-		if n > 0 {
+		if attempts++; attempts > 1 {
 			// Retries share the caller's wait: time spent on earlier
 			// attempts is not waited again.
 			want = max(want-now.Sub(start), 0)
@@ -181,22 +239,31 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 		if err != nil { // cannot happen: plain strings and integers
 			panic(err)
 		}
+		if idSince.IsZero() {
+			idSince = c.cfg.clock.Now()
+		}
 		return body, replyWait, true
 	}
-	rep, err := c.do(ctx, r)
-	if err != nil {
-		return nil, err
-	}
-	l, err := c.lockFromReply(r, rep, lease, o.owner)
-	if err != nil {
-		return nil, err
-	}
-	if o.autoRenew {
-		if err := l.startAutoRenew(ctx, ka); err != nil {
+	for fresh := 1; ; fresh++ {
+		rep, err := c.do(ctx, r)
+		switch code := CodeOf(err); {
+		case err == nil:
+			return c.lockFromReply(r, rep, lease, o.owner, req.RequestID, idSince)
+		case code == protocol.CodeGrantEnded && ownID && fresh < maxFreshRequests:
+			// Our own id: every attempt with it was this call's, and none
+			// of their replies arrived, so its token was never used. Ask
+			// again as a new request.
+			c.cfg.logger.Debug("ticketd: a grant whose reply was lost has ended; acquiring with a new request_id", "key", key, "err", err)
+			req.RequestID, idSince = newRequestID(), time.Time{}
+		case code == protocol.CodeUnsupported && ownID && r.retrySafe:
+			// The cluster runs an older version (nothing was proposed):
+			// acquire as before, without the retry safety.
+			c.cfg.logger.Debug("ticketd: the cluster does not take request_id yet; acquiring without it", "key", key)
+			req.RequestID, r.retrySafe = "", false
+		default:
 			return nil, err
 		}
 	}
-	return l, nil
 }
 
 func (o *acquireOptions) validate(key string, lease time.Duration) error {
@@ -215,11 +282,15 @@ func (o *acquireOptions) validate(key string, lease time.Duration) error {
 	if o.wait < 0 || o.wait > protocol.MaxWait {
 		return bad("wait %v is outside [0, %v]", o.wait, protocol.MaxWait)
 	}
+	if err := protocol.ValidateRequestID(o.requestID); err != nil {
+		return bad("%s", err.(*protocol.Error).Message)
+	}
 	return nil
 }
 
-// lockFromReply checks a grant reply and builds its Lock.
-func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owner string) (*Lock, error) {
+// lockFromReply checks a grant reply and builds its Lock. idSince is when
+// the first attempt with requestID was sent.
+func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owner, requestID string, idSince time.Time) (*Lock, error) {
 	var ar protocol.AcquireReply
 	if err := json.Unmarshal(rep.data, &ar); err != nil || ar.Token == 0 || (ar.Key != "" && ar.Key != r.key) {
 		// A success reply we cannot trust: the server may have granted.
@@ -238,6 +309,17 @@ func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owne
 	if ar.Owner != "" {
 		owner = ar.Owner
 	}
+	// The lease started when the grant applied: after the send of the
+	// attempt that made it, so for a repeat after the first attempt with
+	// this id; and it ends no earlier than the remaining lease the leader
+	// reported, counted from this attempt's send.
+	since := rep.sent
+	if ar.Repeated {
+		since = idSince
+		if d := time.Duration(ar.RemainingMS) * time.Millisecond; rep.sent.Add(d).After(since.Add(granted)) {
+			since = rep.sent.Add(d - granted)
+		}
+	}
 	return &Lock{
 		Key:       r.key,
 		Token:     ar.Token,
@@ -246,9 +328,11 @@ func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owne
 		Index:     ar.Index,
 		Group:     ar.Group,
 		Fence:     ar.Fence,
+		RequestID: requestID,
+		Repeated:  ar.Repeated,
 		client:    c,
-		deadline:  rep.sent.Add(granted),
-		renewedAt: rep.sent,
+		deadline:  since.Add(granted),
+		renewedAt: since,
 		lease:     granted,
 	}, nil
 }

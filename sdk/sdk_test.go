@@ -21,6 +21,7 @@ import (
 var allSentinels = []*Error{
 	ErrHeld, ErrNotFound, ErrInvalidArgument, ErrIndeterminate, ErrTimeout, ErrDenied, ErrResourceExhausted,
 	ErrUnavailable, ErrNotLeader, ErrShuttingDown, ErrMalformed, ErrTooLarge, ErrInternal, ErrControlRefused,
+	ErrGrantEnded, ErrUnsupported,
 }
 
 func decodeAcquire(t *testing.T, data []byte) protocol.AcquireRequest {
@@ -117,6 +118,8 @@ func TestErrorCodesMapToSentinels(t *testing.T) {
 		{protocol.CodeInternal, ErrInternal},
 		{protocol.CodeControlRefused, ErrControlRefused},
 		{protocol.CodeResourceExhausted, ErrResourceExhausted},
+		{protocol.CodeUnsupported, ErrUnsupported},
+		{protocol.CodeGrantEnded, ErrGrantEnded},
 	}
 	ops := map[string]func(ctx context.Context) error{
 		protocol.SubjectAcquire: func(ctx context.Context) error { _, err := c.Acquire(ctx, "k"); return err },
@@ -128,7 +131,19 @@ func TestErrorCodesMapToSentinels(t *testing.T) {
 			t.Run(string(tc.code)+"/"+subj, func(t *testing.T) {
 				code.Store(tc.code)
 				before := f.count(subj)
-				err := op(context.Background())
+				ctx := context.Background()
+				// An acquire carries a request_id: an unknown outcome is
+				// retried with it until the context ends (below), and
+				// unsupported / grant_ended for its own id are handled.
+				unknown := tc.code == protocol.CodeIndeterminate || tc.code == protocol.CodeInternal
+				handled := tc.code == protocol.CodeUnsupported || tc.code == protocol.CodeGrantEnded
+				retried := subj == protocol.SubjectAcquire && (unknown || handled)
+				if retried {
+					var cancel context.CancelFunc
+					ctx, cancel = context.WithTimeout(ctx, 300*time.Millisecond)
+					defer cancel()
+				}
+				err := op(ctx)
 				if !errors.Is(err, tc.want) {
 					t.Fatalf("err = %v, want %v", err, tc.want)
 				}
@@ -148,7 +163,11 @@ func TestErrorCodesMapToSentinels(t *testing.T) {
 					t.Fatalf("IsIndeterminate(%v) wrong", err)
 				}
 				f.settle(nc)
-				if n := f.count(subj) - before; n != 1 {
+				n := f.count(subj) - before
+				switch {
+				case retried && n < 2:
+					t.Fatalf("%d requests, want the acquire retried", n)
+				case !retried && n != 1:
 					t.Fatalf("%d requests for a definite code, want exactly 1 (no retry)", n)
 				}
 			})
@@ -305,11 +324,15 @@ func TestNoRespondersRetryBudget(t *testing.T) {
 	}
 }
 
-func TestAcquireSwallowedIsIndeterminateNotRetried(t *testing.T) {
+// An acquire whose reply is lost is sent again with the same request_id
+// until its context ends, and only then is it indeterminate.
+func TestAcquireSwallowedRetriedWithItsRequestID(t *testing.T) {
 	s := testkit.NATSServer(t)
 	f := startFake(t, s, func(string, int, []byte) action { return action{swallow: true} })
-	c, nc := newClient(t, s, WithRequestTimeout(200*time.Millisecond))
-	_, err := c.Acquire(context.Background(), "k", WithOwner("w"))
+	c, nc := newClient(t, s, WithRequestTimeout(100*time.Millisecond))
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	_, err := c.Acquire(ctx, "k", WithOwner("w"))
 	if !errors.Is(err, ErrIndeterminate) || !IsIndeterminate(err) || CodeOf(err) != protocol.CodeIndeterminate {
 		t.Fatalf("err = %v", err)
 	}
@@ -320,8 +343,47 @@ func TestAcquireSwallowedIsIndeterminateNotRetried(t *testing.T) {
 		t.Fatalf("indeterminate also matches a definite sentinel: %v", err)
 	}
 	f.settle(nc)
-	if n := f.count(protocol.SubjectAcquire); n != 1 {
-		t.Fatalf("swallowed acquire sent %d times, want exactly 1", n)
+	reqs := f.requests(protocol.SubjectAcquire)
+	if len(reqs) < 2 {
+		t.Fatalf("swallowed acquire sent %d times, want it retried", len(reqs))
+	}
+	ids := map[string]bool{}
+	for _, r := range reqs {
+		var ar protocol.AcquireRequest
+		if err := json.Unmarshal(r.data, &ar); err != nil {
+			t.Fatal(err)
+		}
+		ids[ar.RequestID] = true
+	}
+	if len(ids) != 1 || ids[""] {
+		t.Fatalf("request ids %v, want one, the same on every attempt", ids)
+	}
+}
+
+// A cluster below version 3 refuses request_id (unsupported): Acquire's
+// own id is dropped and the acquire sent again without it; a caller's
+// WithRequestID is not dropped behind its back: unsupported is returned.
+func TestAcquireUnsupportedFallsBack(t *testing.T) {
+	s := testkit.NATSServer(t)
+	f := startFake(t, s, func(_ string, _ int, data []byte) action {
+		var ar protocol.AcquireRequest
+		_ = json.Unmarshal(data, &ar)
+		if ar.RequestID != "" {
+			return fail(protocol.CodeUnsupported, "cluster version 2")
+		}
+		return action{body: []byte(`{"key":"k","token":4,"lease_ms":10000}`)}
+	})
+	c, nc := newClient(t, s)
+	l, err := c.Acquire(context.Background(), "k")
+	if err != nil || l.Token != 4 || l.RequestID != "" {
+		t.Fatalf("acquire: %+v %v", l, err)
+	}
+	if _, err := c.Acquire(context.Background(), "k", WithRequestID("mine")); !errors.Is(err, ErrUnsupported) {
+		t.Fatalf("WithRequestID on an old cluster: %v, want unsupported", err)
+	}
+	f.settle(nc)
+	if n := f.count(protocol.SubjectAcquire); n != 3 {
+		t.Fatalf("%d requests, want 3", n)
 	}
 }
 
@@ -374,7 +436,9 @@ func TestAcquireUnreadableReplyIsIndeterminate(t *testing.T) {
 			s := testkit.NATSServer(t)
 			f := startFake(t, s, func(string, int, []byte) action { return action{body: body} })
 			c, nc := newClient(t, s)
-			_, err := c.Acquire(context.Background(), "k")
+			ctx, cancel := context.WithTimeout(context.Background(), 200*time.Millisecond)
+			defer cancel()
+			_, err := c.Acquire(ctx, "k")
 			if !IsIndeterminate(err) {
 				t.Fatalf("err = %v", err)
 			}
@@ -385,7 +449,9 @@ func TestAcquireUnreadableReplyIsIndeterminate(t *testing.T) {
 				}
 			}
 			f.settle(nc)
-			if n := f.count(protocol.SubjectAcquire); n != 1 {
+			// Unreadable as a reply at all: retried with the request_id
+			// (the server would answer a repeat with the first outcome).
+			if n := f.count(protocol.SubjectAcquire); (n < 2) != (name != "garbage" && name != "array") {
 				t.Fatalf("%d requests", n)
 			}
 		})
@@ -522,12 +588,14 @@ func TestTimeoutMSWithinSDKWait(t *testing.T) {
 			s := testkit.NATSServer(t)
 			f := startFake(t, s, func(string, int, []byte) action { return action{swallow: true} })
 			c, _ := newClient(t, s, WithRequestTimeout(tc.rt))
-			ctx := context.Background()
-			if tc.ctx > 0 {
-				var cancel context.CancelFunc
-				ctx, cancel = context.WithTimeout(ctx, tc.ctx)
-				defer cancel()
+			// The swallowed acquire is retried with its request_id until
+			// the context ends; the first attempt is the one checked.
+			ctxTimeout := tc.ctx
+			if ctxTimeout == 0 {
+				ctxTimeout = time.Second
 			}
+			ctx, cancel := context.WithTimeout(context.Background(), ctxTimeout)
+			defer cancel()
 			start := time.Now()
 			_, err := c.Acquire(ctx, "k", WithWait(tc.wait))
 			elapsed := time.Since(start)

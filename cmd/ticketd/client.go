@@ -122,6 +122,7 @@ type acquireOptions struct {
 	cf          *clientFlags
 	lease, wait time.Duration
 	owner       string
+	requestID   string
 }
 
 func lockAcquireCmd() *cobra.Command {
@@ -131,9 +132,17 @@ func lockAcquireCmd() *cobra.Command {
 		Long: `Take the lock KEY for --lease and print it as JSON: its fencing token (pass
 it to whatever the lock protects, and to renew and release), owner, lease
 and deadline. Without --wait the acquire is tried once and fails with
-"held" if another owner has the key; with --wait it queues for the key.`,
+"held" if another owner has the key; with --wait it queues for the key.
+
+Every acquire carries a request_id (random unless --request-id sets one),
+so one whose reply was lost is retried safely until --timeout: the cluster
+answers a repeat with the grant it already made. Running the command again
+with the same --request-id (after exit status 3, say) prints that same
+grant ("repeated": true) while it is held, and fails with grant_ended (and
+its token) once it ended (docs/protocol.md §5.1).`,
 		Example: `  ticketd lock acquire orders/42 --lease 30s
-  ticketd lock acquire orders/42 --lease 30s --wait 10s --owner billing-1`,
+  ticketd lock acquire orders/42 --lease 30s --wait 10s --owner billing-1
+  ticketd lock acquire orders/42 --lease 30s --request-id nightly-2026-12-04`,
 		Args: exactArgs("KEY"),
 	}
 	o := &acquireOptions{cf: addClientFlags(cmd)}
@@ -141,6 +150,7 @@ and deadline. Without --wait the acquire is tried once and fails with
 	fs.DurationVar(&o.lease, "lease", sdk.DefaultLease, "lease length")
 	fs.StringVar(&o.owner, "owner", "", ownerFlagHelp)
 	fs.DurationVar(&o.wait, "wait", 0, "wait this long in the key's queue (0: try once)")
+	fs.StringVar(&o.requestID, "request-id", "", "the acquire's request_id (at most 64 bytes of printable ASCII, new for each acquire): a run with the same id gets the grant it already produced; default: random")
 	cmd.RunE = bind(o, lockAcquire)
 	return cmd
 }
@@ -158,8 +168,16 @@ func lockAcquire(ctx context.Context, o *acquireOptions, pos []string, stdout, s
 		return fail(stderr, err)
 	}
 	defer done()
-	l, err := cl.Acquire(ctx, pos[0], sdk.WithLease(o.lease), sdk.WithOwner(o.owner), sdk.WithWait(o.wait))
+	opts := []sdk.AcquireOption{sdk.WithLease(o.lease), sdk.WithOwner(o.owner), sdk.WithWait(o.wait)}
+	if o.requestID != "" {
+		opts = append(opts, sdk.WithRequestID(o.requestID))
+	}
+	l, err := cl.Acquire(ctx, pos[0], opts...)
 	if err != nil {
+		var e *sdk.Error
+		if errors.As(err, &e) && e.Code == protocol.CodeGrantEnded {
+			fmt.Fprintf(stderr, "hint: the grant this --request-id produced (token %d) has ended (released or expired); acquire again with a new --request-id\n", e.Token)
+		}
 		return fail(stderr, err)
 	}
 	out := map[string]any{
@@ -175,6 +193,12 @@ func lockAcquire(ctx context.Context, o *acquireOptions, pos []string, stdout, s
 	}
 	if l.Fence != "" {
 		out["fence"] = l.Fence
+	}
+	if l.RequestID != "" {
+		out["request_id"] = l.RequestID
+	}
+	if l.Repeated {
+		out["repeated"] = true
 	}
 	printJSON(stdout, out)
 	return 0

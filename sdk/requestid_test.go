@@ -1,0 +1,160 @@
+package sdk
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"testing"
+	"time"
+
+	"github.com/ticketd/ticketd/internal/testkit"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+func requestIDs(t *testing.T, f *fake) []string {
+	t.Helper()
+	var ids []string
+	for _, r := range f.requests(protocol.SubjectAcquire) {
+		ids = append(ids, decodeAcquire(t, r.data).RequestID)
+	}
+	return ids
+}
+
+// The retry rules of an acquire with its own request_id, against a
+// scripted server: what each attempt gets, which request ids they carry,
+// and what Acquire returns.
+func TestAcquireRequestIDRetries(t *testing.T) {
+	grant := func(token uint64) action {
+		return action{body: []byte(fmt.Sprintf(`{"key":"k","token":%d,"lease_ms":10000}`, token))}
+	}
+	tests := []struct {
+		name    string
+		script  []action // attempt n gets script[n] (the last one after)
+		wantErr *Error   // nil: a grant
+		wantIDs string   // per attempt: a letter per distinct id
+	}{
+		{"lost reply, then the grant", []action{{swallow: true}, grant(5)}, nil, "aa"},
+		{"indeterminate, then the grant", []action{fail(protocol.CodeIndeterminate, "leader lost"), grant(5)}, nil, "aa"},
+		{"internal, then the grant", []action{fail(protocol.CodeInternal, "x"), grant(5)}, nil, "aa"},
+		{"lost, not_leader, lost, grant", []action{{swallow: true}, fail(protocol.CodeNotLeader, "x"), {swallow: true}, grant(5)}, nil, "aaaa"},
+		{"lost, then the ended grant: a new request", []action{{swallow: true}, fail(protocol.CodeGrantEnded, "ended"), grant(6)}, nil, "aab"},
+		{"lost, then held: settled, nothing granted", []action{{swallow: true}, fail(protocol.CodeHeld, "held")}, ErrHeld, "aa"},
+		{"lost until the context ends", []action{{swallow: true}}, ErrIndeterminate, ""},
+		{"lost, then unavailable until the end: still indeterminate", []action{{swallow: true}, fail(protocol.CodeUnavailable, "x")}, ErrIndeterminate, ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testkit.NATSServer(t)
+			f := startFake(t, s, func(subject string, n int, _ []byte) action {
+				if subject != protocol.SubjectAcquire {
+					return fail(protocol.CodeInternal, "unexpected")
+				}
+				return tc.script[min(n, len(tc.script)-1)]
+			})
+			c, nc := newClient(t, s, WithRequestTimeout(100*time.Millisecond))
+			ctx, cancel := context.WithTimeout(context.Background(), 700*time.Millisecond)
+			defer cancel()
+			l, err := c.Acquire(ctx, "k")
+			f.settle(nc)
+			ids := requestIDs(t, f)
+			switch {
+			case tc.wantErr == nil && err != nil:
+				t.Fatalf("err = %v, want a grant", err)
+			case tc.wantErr != nil && !errors.Is(err, tc.wantErr):
+				t.Fatalf("err = %v (%d attempts), want %v", err, len(ids), tc.wantErr)
+			case tc.wantErr == nil && l.RequestID != ids[len(ids)-1]:
+				t.Fatalf("lock's request id %q, last sent %q", l.RequestID, ids[len(ids)-1])
+			}
+			letters := map[string]byte{}
+			got := ""
+			for _, id := range ids {
+				if len(id) != 32 {
+					t.Fatalf("request id %q, want 32 hex characters", id)
+				}
+				if _, ok := letters[id]; !ok {
+					letters[id] = byte('a' + len(letters))
+				}
+				got += string(letters[id])
+			}
+			if tc.wantIDs != "" && got != tc.wantIDs {
+				t.Fatalf("attempts' request ids %q, want %q", got, tc.wantIDs)
+			}
+			if tc.wantIDs == "" && (len(letters) != 1 || len(ids) < 2) {
+				t.Fatalf("attempts' request ids %q, want one id, retried", got)
+			}
+		})
+	}
+}
+
+// A repeated grant's Deadline counts from the first attempt with its
+// request id (the grant applied after it), or from the lease the leader
+// reports left, whichever is later; never from the repeat's own send.
+func TestRepeatedGrantDeadline(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		remainingMS int64
+	}{{"little left", 1000}, {"all left", 10000}} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testkit.NATSServer(t)
+			startFake(t, s, func(_ string, n int, _ []byte) action {
+				if n == 0 {
+					return action{swallow: true}
+				}
+				return action{body: []byte(fmt.Sprintf(`{"key":"k","token":5,"lease_ms":10000,"repeated":true,"remaining_ms":%d}`, tc.remainingMS))}
+			})
+			c, _ := newClient(t, s, WithRequestTimeout(200*time.Millisecond))
+			before := time.Now()
+			l, err := c.Acquire(context.Background(), "k", WithLease(10*time.Second))
+			after := time.Now()
+			if err != nil || !l.Repeated || l.Token != 5 {
+				t.Fatalf("acquire: %+v %v", l, err)
+			}
+			// The first attempt's send + lease (sent just after before;
+			// the repeat was sent 200 ms later, after the first timed out).
+			latest := before.Add(10*time.Second + 100*time.Millisecond)
+			if rem := after.Add(time.Duration(tc.remainingMS) * time.Millisecond); rem.After(latest) {
+				latest = rem
+			}
+			if l.Deadline().After(latest) {
+				t.Fatalf("deadline %v after the latest safe one %v", l.Deadline().Sub(before), latest.Sub(before))
+			}
+			if l.Deadline().Before(before.Add(9 * time.Second)) {
+				t.Fatalf("deadline %v, want about 10 s after the first attempt", l.Deadline().Sub(before))
+			}
+		})
+	}
+}
+
+// WithRequestID: the caller's id is sent as is, on every attempt; an
+// ended grant is the caller's to judge (ErrGrantEnded with its token), and
+// a bad id is refused before anything is sent.
+func TestWithRequestID(t *testing.T) {
+	s := testkit.NATSServer(t)
+	f := startFake(t, s, func(_ string, n int, _ []byte) action {
+		if n == 0 {
+			return action{swallow: true}
+		}
+		b, _ := json.Marshal(protocol.ErrorReply{Error: &protocol.Error{Code: protocol.CodeGrantEnded, Message: "ended", Token: 9}})
+		return action{body: b}
+	})
+	c, nc := newClient(t, s, WithRequestTimeout(100*time.Millisecond))
+	_, err := c.Acquire(context.Background(), "k", WithRequestID("job-17"))
+	var e *Error
+	if !errors.Is(err, ErrGrantEnded) || !errors.As(err, &e) || e.Token != 9 {
+		t.Fatalf("err = %v, want grant_ended with token 9", err)
+	}
+	f.settle(nc)
+	if ids := requestIDs(t, f); len(ids) != 2 || ids[0] != "job-17" || ids[1] != "job-17" {
+		t.Fatalf("request ids %q", ids)
+	}
+	for _, bad := range []string{"has space", string(make([]byte, protocol.MaxRequestIDLen+1)), "é"} {
+		if _, err := c.Acquire(context.Background(), "k", WithRequestID(bad)); !errors.Is(err, ErrInvalidArgument) {
+			t.Fatalf("WithRequestID(%q): %v", bad, err)
+		}
+	}
+	f.settle(nc)
+	if n := f.count(protocol.SubjectAcquire); n != 2 {
+		t.Fatalf("%d requests, want the bad ids refused locally", n)
+	}
+}
