@@ -85,7 +85,9 @@
 // trusted only there. It believes the header only where Config.Identity
 // says the deployment lets nobody else publish in ticketd's account (the
 // daemon decides that at start), and only on a request whose reply subject
-// shows it crossed an import; every other request is anonymous. The lock
+// shows it crossed an import; every other request is anonymous, but an
+// imported one on which no single header can be read (the client's header
+// block hid the server's) is refused, never anonymous. The lock
 // service checks the identity against its access list. headerguard.go
 // makes the node's connection to its embedded server split header lines
 // as nats-server does (a bare LF is no line end), so a client cannot hide

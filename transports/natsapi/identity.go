@@ -75,16 +75,27 @@ type requestInfo struct {
 }
 
 // clientIdentity is the identity of a request on a client subject with
-// header h and reply subject reply ("" when anonymous).
-func (t IdentityTrust) clientIdentity(h nats.Header, reply string) string {
+// header h and reply subject reply ("" when anonymous). ok is false when
+// the request must be refused: it crossed an import, where nats-server
+// always writes one Nats-Request-Info, yet no single readable one is
+// there. The requester's header block hid it (an empty line, a line
+// nats.go cannot parse, or a bare CR before the server's line: nats.go
+// stops or skips there, nats-server does not), and serving such a request
+// as anonymous would let a tenant shed its identity, leaving its
+// per-identity limits for the anonymous share and taking what an access
+// list grants "".
+func (t IdentityTrust) clientIdentity(h nats.Header, reply string) (id string, ok bool) {
 	if !t.Trusted || !crossedImport(reply) {
-		return ""
+		return "", true
 	}
-	id := identityOf(h)
+	id = identityOf(h)
+	if id == "" {
+		return "", false
+	}
 	if t.OwnAccount != "" && (id == t.OwnAccount || strings.HasPrefix(id, t.OwnAccount+"/")) {
-		return ""
+		return "", true
 	}
-	return id
+	return id, true
 }
 
 // forwardedIdentity is the identity a follower passed on the forward
@@ -115,9 +126,9 @@ func crossedImport(reply string) bool {
 // there is none, or it does not parse: anonymous). It does not say whether
 // the header can be believed: clientIdentity does.
 //
-// More than one such header is anonymous: nats-server leaves exactly one,
-// its own, on a request that crossed an import; a second one is a
-// client's that got past it (headerguard.go).
+// More than one such header is none: nats-server leaves exactly one, its
+// own, on a request that crossed an import; a second one is a client's
+// that got past it (headerguard.go).
 func identityOf(h nats.Header) string {
 	vs := h.Values(HeaderRequestInfo)
 	if len(vs) != 1 || vs[0] == "" {

@@ -65,8 +65,27 @@ func TestIdentityTrust(t *testing.T) {
 	} {
 		h := nats.Header{}
 		h.Set(HeaderRequestInfo, tc.header)
-		if got := tc.trust.clientIdentity(h, tc.reply); got != tc.want {
-			t.Errorf("%s: identity %q, want %q", tc.name, got, tc.want)
+		if got, ok := tc.trust.clientIdentity(h, tc.reply); got != tc.want || !ok {
+			t.Errorf("%s: identity %q (served %v), want %q", tc.name, got, ok, tc.want)
+		}
+	}
+	// Through an import nats-server always writes one header: a request
+	// where none can be read hid it, and is refused, not anonymous.
+	for _, tc := range []struct {
+		name string
+		h    nats.Header
+	}{
+		{"no header", nats.Header{}},
+		{"no headers at all", nil},
+		{"two headers", nats.Header{HeaderRequestInfo: {`{"acc":"TENANT_A"}`, `{"acc":"TENANT_B"}`}}},
+		{"no account", nats.Header{HeaderRequestInfo: {`{"user":"alice"}`}}},
+		{"not JSON", nats.Header{HeaderRequestInfo: {`TENANT_A`}}},
+	} {
+		if got, ok := trusted.clientIdentity(tc.h, imported); ok {
+			t.Errorf("imported, %s: served as %q, want refused", tc.name, got)
+		}
+		if got, ok := (IdentityTrust{}).clientIdentity(tc.h, imported); !ok || got != "" {
+			t.Errorf("untrusted, %s: %q (served %v), want anonymous", tc.name, got, ok)
 		}
 	}
 	fwd := nats.Header{HeaderIdentity: {"TENANT_A/alice"}}

@@ -288,7 +288,13 @@ func waitGroupTimeout(wg *sync.WaitGroup, timeout time.Duration) bool {
 func (s *Service) microHandler(op string) func(*endpoint, *nats.Msg) {
 	return func(ep *endpoint, m *nats.Msg) {
 		req := s.newRequest(ep, op, m.Data, m.Reply, m.Header)
-		req.identity = s.cfg.Identity.clientIdentity(req.header, req.reply)
+		id, ok := s.cfg.Identity.clientIdentity(req.header, req.reply)
+		if !ok {
+			s.replyErr(req, protocol.Errorf(protocol.CodePermissionDenied,
+				"the request's header block hides the Nats-Request-Info that nats-server wrote on it (an empty line, a bare CR or a line without a colon before its end): send well-formed headers"))
+			return
+		}
+		req.identity = id
 		s.dispatch(req, false)
 	}
 }
