@@ -3,6 +3,7 @@ package daemon_test
 import (
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -80,5 +81,43 @@ func TestHiddenRequestInfoIsNotAnonymous(t *testing.T) {
 	})
 	if l.Identity != "TENANT_A/alice" {
 		t.Fatalf("alice's lock records %q", l.Identity)
+	}
+}
+
+// A header block Go's NATS client cannot parse is reported on the node's
+// connection as an asynchronous error, which nats.go's default handler
+// writes to stderr, one line per message and queued without bound: any
+// tenant could flood the node's stderr (and its memory, while the writes
+// lag). The node's handler logs them through a limit instead.
+func TestUndecodableHeadersDoNotFloodStderr(t *testing.T) {
+	const flood = 300
+	d := startTenantNode(t, func(*daemon.Config) {})
+	r, w, err := os.Pipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	stderr := os.Stderr
+	os.Stderr = w
+	defer func() { os.Stderr = stderr }()
+	var captured strings.Builder
+	copied := make(chan struct{})
+	go func() {
+		defer close(copied)
+		_, _ = io.Copy(&captured, r)
+	}()
+	alice := dialRaw(t, d.ClientURL(), "alice")
+	fmt.Fprintf(alice.c, "SUB _INBOX.bad.* 1\r\n")
+	hdr, body := "NATS/1.0\r\nno colon\r\n\r\n", `{"key":"bad","lease_ms":1000}`
+	for i := range flood {
+		fmt.Fprintf(alice.c, "HPUB %s _INBOX.bad.%d %d %d\r\n%s%s\r\n", protocol.SubjectAcquire, i, len(hdr), len(hdr)+len(body), hdr, body)
+	}
+	for range flood {
+		alice.reply(t)
+	}
+	os.Stderr = stderr
+	_ = w.Close()
+	<-copied
+	if n := strings.Count(captured.String(), "could not decode headers"); n > 0 {
+		t.Fatalf("%d of %d undecodable header blocks written to stderr", n, flood)
 	}
 }

@@ -50,6 +50,21 @@ func (d *Daemon) startNATS() error {
 		nats.MaxReconnects(-1),
 		nats.ReconnectWait(100 * time.Millisecond),
 	}, auth...)
+	// Asynchronous errors (a slow consumer, a header block a client wrote
+	// that nats.go cannot parse) into the log, at most natsLogBurst a
+	// second: nats.go's default handler writes each to stderr, and any
+	// client can cause one per request.
+	asyncLimit := &loglimit.Limiter{Burst: natsLogBurst}
+	asyncLog := d.log.With("component", "nats-client")
+	opts = append(opts, nats.ErrorHandler(func(_ *nats.Conn, sub *nats.Subscription, err error) {
+		if ok, suppressed := asyncLimit.Allow(time.Now()); ok {
+			subject := ""
+			if sub != nil {
+				subject = sub.Subject
+			}
+			asyncLog.Warn("NATS connection error", "subject", subject, "err", err, "suppressed", suppressed)
+		}
+	}))
 	if d.ns != nil {
 		// Guarded: the node reads each header block's lines as the server
 		// wrote them, so a client cannot slip a Nats-Request-Info past
