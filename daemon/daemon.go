@@ -462,6 +462,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 	if err != nil {
 		return err
 	}
+	d.coverWaitsInImports()
 	if d.cfg.AuditStream != "" {
 		sctx, cancel := context.WithTimeout(ctx, StartTimeoutDefault)
 		err := audit.EnsureStream(sctx, d.nc, d.cfg.AuditStream, d.cfg.AuditMaxBytes)

@@ -2,10 +2,13 @@ package daemon
 
 import (
 	"strings"
+	"time"
 
+	"github.com/nats-io/jwt/v2"
 	natsserver "github.com/nats-io/nats-server/v2/server"
 
 	"github.com/ticketd/ticketd/transports/natsapi"
+	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 // responsePrefix starts every reply subject nats-server makes for a
@@ -116,4 +119,51 @@ func prefixOf(reply string) string {
 		return ""
 	}
 	return reply[:len(responsePrefix)+i+1]
+}
+
+// importResponseThreshold is the least response_threshold the node's lock
+// exports need: nats-server drops the response mapping of an imported
+// request that has had no reply for that long, and a request may wait
+// protocol.MaxTimeout (with a margin for the reply to travel, as
+// examples/secure's allow_responses).
+const importResponseThreshold = protocol.MaxTimeout + time.Minute
+
+// coverWaitsInImports raises the response_threshold of the embedded
+// server's exports of the lock subjects to importResponseThreshold where
+// it is lower (nats-server's default is 2 minutes): below it, a request
+// that crossed the import and waited longer could never be answered, its
+// grant sent to a mapping that is gone, and the park sweep would end the
+// wait as a vanished client's. An external server's exports are the
+// operator's to set (docs/protocol.md §10).
+func (d *Daemon) coverWaitsInImports() {
+	if d.ns == nil {
+		return
+	}
+	acc, err := d.ownAccount()
+	if err != nil {
+		d.log.Warn("cannot check the lock exports' response threshold", "err", err)
+		return
+	}
+	az, err := d.ns.Accountz(&natsserver.AccountzOptions{Account: acc.GetName()})
+	if err != nil || az.Account == nil {
+		return
+	}
+	lock := d.lockSubjects()
+	for _, e := range az.Account.Exports {
+		subj := string(e.Subject)
+		if e.Type != jwt.Service || !coversAny(subj, lock) {
+			continue
+		}
+		was, err := acc.ServiceExportResponseThreshold(subj)
+		if err != nil || was >= importResponseThreshold {
+			continue
+		}
+		if err := acc.SetServiceExportResponseThreshold(subj, importResponseThreshold); err != nil {
+			d.log.Warn("waits through the lock export end at its response_threshold: set response_threshold on the export",
+				"export", subj, "response_threshold", was, "need", importResponseThreshold, "err", err)
+			continue
+		}
+		d.log.Info("raised the lock export's response_threshold to cover the longest wait",
+			"export", subj, "was", was, "now", importResponseThreshold)
+	}
 }
