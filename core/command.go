@@ -23,6 +23,24 @@ const (
 	// KindRenew extends a held lock's lease when its token matches. It is
 	// a cluster version 2 command (see ClusterVersion).
 	KindRenew Kind = 5
+
+	// Session and lock-delay commands (cluster version 4, sessions.go).
+	//
+	// KindOpenSession opens a session: Identity, TTLMS, LockDelayMS.
+	KindOpenSession Kind = 6
+	// KindCloseSession closes a session and releases every lock of it:
+	// SessionID, Identity (who closes it; information).
+	KindCloseSession Kind = 7
+	// KindExpireSession is the leader's condition-checked expiry of a
+	// session: SessionID, Epoch.
+	KindExpireSession Kind = 8
+	// KindRefreshSession is a logged keepalive, which changes the
+	// session's epoch: SessionID. See sessions.go for when the leader
+	// logs one.
+	KindRefreshSession Kind = 9
+	// KindClearDelay ends the lock-delay of a key when its sequence
+	// number matches: Key, DelaySeq.
+	KindClearDelay Kind = 10
 )
 
 func (k Kind) String() string {
@@ -37,6 +55,16 @@ func (k Kind) String() string {
 		return "control"
 	case KindRenew:
 		return "renew"
+	case KindOpenSession:
+		return "open_session"
+	case KindCloseSession:
+		return "close_session"
+	case KindExpireSession:
+		return "expire_session"
+	case KindRefreshSession:
+		return "refresh_session"
+	case KindClearDelay:
+		return "clear_delay"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -44,12 +72,18 @@ func (k Kind) String() string {
 // Command is one replicated command. Which fields are meaningful depends
 // on Kind; every other field must be zero:
 //
-//	Grant:   Key, LeaseMS, Owner, GrantedAtMS, Identity (cluster version 2),
-//	         RequestID (cluster version 3)
-//	Release: Key, Token
-//	Expire:  Key, Token
-//	Renew:   Key, Token, LeaseMS (0: keep the lock's lease)
-//	Control: Control
+//	Grant:          Key, LeaseMS, Owner, GrantedAtMS, Identity (cluster version 2),
+//	                RequestID (cluster version 3), and from cluster version 4
+//	                either SessionID (then LeaseMS is 0) or LockDelayMS
+//	Release:        Key, Token
+//	Expire:         Key, Token
+//	Renew:          Key, Token, LeaseMS (0: keep the lock's lease)
+//	Control:        Control
+//	OpenSession:    Identity, TTLMS, LockDelayMS (cluster version 4, as are the rest)
+//	CloseSession:   SessionID, Identity
+//	ExpireSession:  SessionID, Epoch
+//	RefreshSession: SessionID
+//	ClearDelay:     Key, DelaySeq
 //
 // A Grant never carries a token: Apply assigns it. Owner is a correlation
 // id chosen by the client; Identity is who the transport authenticated
@@ -58,8 +92,12 @@ func (k Kind) String() string {
 // RequestID is the client's id for this acquire (empty: none), which makes
 // a retry of it safe (requests.go); it is scoped to Identity. It is not
 // Entry.RequestID, the proposing node's id for matching a result to its
-// caller. Command is comparable, so a decoded command can be checked
-// against the proposed one with ==.
+// caller. A Grant with a SessionID binds the lock to that session: it has
+// no lease of its own and ends when released or when its session ends
+// (sessions.go). LockDelayMS on a plain Grant is how long the key stays
+// unavailable after the lock is freed because its holder failed (an
+// Expire); a session lock takes its session's. Command is comparable, so
+// a decoded command can be checked against the proposed one with ==.
 type Command struct {
 	Kind        Kind
 	Key         string
@@ -69,6 +107,11 @@ type Command struct {
 	LeaseMS     uint64
 	GrantedAtMS uint64
 	Token       uint64
+	SessionID   uint64
+	LockDelayMS uint64
+	TTLMS       uint64
+	Epoch       uint64
+	DelaySeq    uint64
 	Control     ControlRequest
 }
 
@@ -81,6 +124,20 @@ func Grant(key, owner string, leaseMS, grantedAtMS uint64) Command {
 // requestID (cluster version 3 when requestID is not empty).
 func (c Command) WithRequest(identity, requestID string) Command {
 	c.Identity, c.RequestID = identity, requestID
+	return c
+}
+
+// InSession returns the Grant c bound to session id instead of a lease
+// (cluster version 4): LeaseMS is cleared.
+func (c Command) InSession(id uint64) Command {
+	c.SessionID, c.LeaseMS = id, 0
+	return c
+}
+
+// WithLockDelay returns the Grant c with a lock-delay of delayMS (cluster
+// version 4 when not 0).
+func (c Command) WithLockDelay(delayMS uint64) Command {
+	c.LockDelayMS = delayMS
 	return c
 }
 
@@ -106,13 +163,23 @@ func (c Command) Validate() error { return c.validate() }
 // validate is Validate without copying the command (Apply's hot path).
 func (c *Command) validate() error {
 	if c.Kind == KindControl {
-		if c.Key != "" || c.Owner != "" || c.Identity != "" || c.RequestID != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 || c.Token != 0 {
+		if c.Key != "" || c.Owner != "" || c.Identity != "" || c.RequestID != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 || c.Token != 0 ||
+			c.SessionID|c.LockDelayMS|c.TTLMS|c.Epoch|c.DelaySeq != 0 {
 			return invalidf("control carries only a control request")
 		}
 		return c.Control.Validate()
 	}
+	if c.Kind.isSession() {
+		return c.validateSession()
+	}
 	if c.RequestID != "" && c.Kind != KindGrant {
 		return invalidf("%s must not carry a request id", c.Kind)
+	}
+	if (c.SessionID != 0 || c.LockDelayMS != 0) && c.Kind != KindGrant {
+		return invalidf("%s must not carry a session or a lock delay", c.Kind)
+	}
+	if c.TTLMS|c.Epoch|c.DelaySeq != 0 {
+		return invalidf("%s must not carry a session TTL, epoch or delay sequence", c.Kind)
 	}
 	if err := ValidateKey(c.Key); err != nil {
 		return err
@@ -122,7 +189,7 @@ func (c *Command) validate() error {
 	}
 	switch c.Kind {
 	case KindGrant:
-		if err := ValidateLeaseMS(c.LeaseMS); err != nil {
+		if err := validateHold(c.LeaseMS, c.SessionID, c.LockDelayMS); err != nil {
 			return err
 		}
 		if err := ValidateOwner(c.Owner); err != nil {
@@ -244,6 +311,22 @@ func ValidateLeaseMS(ms uint64) error {
 	return nil
 }
 
+// validateHold checks how a lock is held: a valid lease and a lock delay
+// within MaxLockDelayMS, or a session (id not 0) with neither (a session
+// lock ends with its session and takes its session's lock delay).
+func validateHold(leaseMS, sessionID, lockDelayMS uint64) error {
+	if sessionID != 0 {
+		if leaseMS != 0 || lockDelayMS != 0 {
+			return invalidf("a session lock has no lease or lock delay of its own")
+		}
+		return nil
+	}
+	if err := ValidateLeaseMS(leaseMS); err != nil {
+		return err
+	}
+	return ValidateLockDelayMS(lockDelayMS)
+}
+
 // ResultKind identifies an apply result (SPEC §3).
 type ResultKind uint8
 
@@ -281,6 +364,42 @@ const (
 	// ResultRequestsExhausted: the request records are at
 	// MaxRequestRecords and none can be forgotten yet.
 	ResultRequestsExhausted ResultKind = 15
+
+	// Results of the session and lock-delay commands and of a Grant that
+	// meets a session or a delay (cluster version 4, sessions.go). Only
+	// the first four and ResultDelayCleared change the state.
+	//
+	// ResultSessionOpened: Session is the new session's ID, Epoch its
+	// first epoch (1).
+	ResultSessionOpened ResultKind = 16
+	// ResultSessionRefreshed: a RefreshSession changed the session's
+	// epoch to Epoch.
+	ResultSessionRefreshed ResultKind = 17
+	// ResultSessionClosed: the session is closed and Count locks of it
+	// were released.
+	ResultSessionClosed ResultKind = 18
+	// ResultSessionExpired: Existed tells whether the session was expired
+	// (it existed with the epoch named); Count locks of it were freed.
+	ResultSessionExpired ResultKind = 19
+	// ResultSessionNotFound: the session named (by a CloseSession,
+	// RefreshSession or a Grant) does not exist: never opened, closed or
+	// expired.
+	ResultSessionNotFound ResultKind = 20
+	// ResultSessionsExhausted: MaxSessions sessions are open.
+	ResultSessionsExhausted ResultKind = 21
+	// ResultSessionLocksExhausted: the Grant's session holds
+	// MaxLocksPerSession locks.
+	ResultSessionLocksExhausted ResultKind = 22
+	// ResultDelayed: the Grant's key is in its lock-delay. Core has no
+	// clock: the leader knows how long is left.
+	ResultDelayed ResultKind = 23
+	// ResultDelayCleared: a ClearDelay ended the key's lock-delay.
+	ResultDelayCleared ResultKind = 24
+	// ResultDelaysExhausted: an Expire or ExpireSession would take the
+	// delayed keys past MaxDelayedKeys; nothing changed (the lock stays
+	// held, so its key stays unavailable, and the leader tries again once
+	// a delay has ended).
+	ResultDelaysExhausted ResultKind = 25
 )
 
 func (r ResultKind) String() string {
@@ -317,6 +436,26 @@ func (r ResultKind) String() string {
 		return "request_mismatch"
 	case ResultRequestsExhausted:
 		return "requests_exhausted"
+	case ResultSessionOpened:
+		return "session_opened"
+	case ResultSessionRefreshed:
+		return "session_refreshed"
+	case ResultSessionClosed:
+		return "session_closed"
+	case ResultSessionExpired:
+		return "session_expired"
+	case ResultSessionNotFound:
+		return "session_not_found"
+	case ResultSessionsExhausted:
+		return "sessions_exhausted"
+	case ResultSessionLocksExhausted:
+		return "session_locks_exhausted"
+	case ResultDelayed:
+		return "delayed"
+	case ResultDelayCleared:
+		return "delay_cleared"
+	case ResultDelaysExhausted:
+		return "delays_exhausted"
 	}
 	return fmt.Sprintf("result(%d)", uint8(r))
 }
@@ -338,6 +477,11 @@ func (r ResultKind) String() string {
 //	                     about (the promoted, retired or new replacement
 //	                     node); zero for MintJoin.
 //	ControlRejected:     Reason says which invariant did not hold.
+//	SessionOpened:       Session, Epoch of the new session.
+//	SessionRefreshed:    Session, Epoch it has now.
+//	SessionClosed:       Session; Count locks released.
+//	SessionExpired:      Session; Existed whether it was expired; Count
+//	                     locks freed.
 type Result struct {
 	Kind        ResultKind
 	Token       uint64
@@ -345,6 +489,9 @@ type Result struct {
 	NodeID      uint64
 	Incarnation uint64
 	Reason      ControlReason
+	Session     uint64
+	Epoch       uint64
+	Count       uint64
 }
 
 func (r Result) String() string {
@@ -357,6 +504,12 @@ func (r Result) String() string {
 		return fmt.Sprintf("%s{node:%d,incarnation:%d}", r.Kind, r.NodeID, r.Incarnation)
 	case ResultControlRejected:
 		return fmt.Sprintf("control_rejected{reason:%s}", r.Reason)
+	case ResultSessionOpened, ResultSessionRefreshed:
+		return fmt.Sprintf("%s{session:%d,epoch:%d}", r.Kind, r.Session, r.Epoch)
+	case ResultSessionClosed:
+		return fmt.Sprintf("session_closed{session:%d,count:%d}", r.Session, r.Count)
+	case ResultSessionExpired:
+		return fmt.Sprintf("session_expired{session:%d,existed:%t,count:%d}", r.Session, r.Existed, r.Count)
 	}
 	return r.Kind.String()
 }

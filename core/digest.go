@@ -31,9 +31,21 @@ import (
 //	                 | data_clock:8 | ended_head:8 | ended_count:8 | ended_sum:32)
 //	ended_sum = Σ SHA-256(seq:8 | EncodeEndedRequest(record)) mod 2^256
 //
+// From cluster version 4 on it also covers the sessions and lock-delays
+// (sessions.go): the two counters, the counts, and one more multiset sum
+// over every session and every delayed key; and, through the lock terms,
+// each lock's session and lock-delay:
+//
+//	digest = SHA-256("ticketd state digest v3" | the v2 fields
+//	                 | last_session_id:8 | last_delay_seq:8 | sessions:8 | delays:8 | session_sum:32)
+//	session_sum = Σ SHA-256(0x01 | session record) + Σ SHA-256(0x02 | delay record) mod 2^256
+//
+// (the records without their version byte, encoding_sessions.go).
+//
 // A state of an earlier cluster version has no request ids, request
-// records or fence keys, and its digest is what the binaries of that
-// version compute: members of a cluster in a rolling upgrade agree.
+// records, fence keys, sessions or lock-delays, and its digest is what the
+// binaries of that version compute: members of a cluster in a rolling
+// upgrade agree.
 //
 // It detects replicas that diverged, which is what it is for; it is not a
 // commitment an adversary could not forge.
@@ -41,6 +53,7 @@ import (
 const (
 	digestDomain   = "ticketd state digest v1"
 	digestDomainV2 = "ticketd state digest v2"
+	digestDomainV3 = "ticketd state digest v3"
 )
 
 // sum256 is a 256-bit accumulator, little-endian 64-bit limbs.
@@ -57,13 +70,18 @@ func termOf(h [32]byte) [4]uint64 {
 func lockTerm(l Lock) [4]uint64 {
 	// The version 2 record layout with the identity always present, so that
 	// an identity (even empty) is part of the term; a request id follows
-	// when there is one (the lock encoding and the identity are length
-	// prefixed, so this stays unambiguous, and a lock without one keeps
-	// the term of earlier versions).
-	var buf [64 + MaxKeyLen + MaxOwnerLen + MaxIdentityLen + MaxRequestIDLen]byte
+	// when there is one, and the session and lock-delay after it (the
+	// request id then always, even empty) when either is set. Every field
+	// is length prefixed or a varint, so this stays unambiguous, and a
+	// lock without the later fields keeps the term of earlier versions.
+	var buf [96 + MaxKeyLen + MaxOwnerLen + MaxIdentityLen + MaxRequestIDLen]byte
 	b := appendString(appendLock(buf[:0], l), l.Identity)
-	if l.RequestID != "" {
+	if l.RequestID != "" || l.SessionID != 0 || l.LockDelayMS != 0 {
 		b = appendString(b, l.RequestID)
+	}
+	if l.SessionID != 0 || l.LockDelayMS != 0 {
+		b = binary.AppendUvarint(b, l.SessionID)
+		b = binary.AppendUvarint(b, l.LockDelayMS)
 	}
 	return termOf(sha256.Sum256(b))
 }
@@ -72,6 +90,16 @@ func endedTerm(seq uint64, e *EndedRequest) [4]uint64 {
 	var buf [8 + 1 + MaxEndedSnapshotSize]byte
 	b := binary.BigEndian.AppendUint64(buf[:0], seq)
 	return termOf(sha256.Sum256(appendEndedRequest(b, e)))
+}
+
+func sessionTerm(x *Session) [4]uint64 {
+	var buf [1 + MaxSessionSnapshotSize]byte
+	return termOf(sha256.Sum256(appendSession(append(buf[:0], 0x01), x)))
+}
+
+func delayTerm(d *Delay) [4]uint64 {
+	var buf [1 + MaxDelaySnapshotSize]byte
+	return termOf(sha256.Sum256(appendDelay(append(buf[:0], 0x02), d)))
 }
 
 func (s *sum256) add(t [4]uint64) {
@@ -118,5 +146,24 @@ func stateDigestV2(lastToken uint64, count int, ls *sum256, ctl *[32]byte, r *re
 	b = binary.BigEndian.AppendUint64(b, r.headSeq())
 	b = binary.BigEndian.AppendUint64(b, uint64(r.endedLen()))
 	b = r.sum.appendTo(b)
+	return sha256.Sum256(b)
+}
+
+func stateDigestV3(lastToken uint64, count int, ls *sum256, ctl *[32]byte, r *requests, ss *sessions) [32]byte {
+	var buf [len(digestDomainV3) + 8 + 8 + 32 + 32 + 8 + 8 + 8 + 32 + 8 + 8 + 8 + 8 + 32]byte
+	b := append(buf[:0], digestDomainV3...)
+	b = binary.BigEndian.AppendUint64(b, lastToken)
+	b = binary.BigEndian.AppendUint64(b, uint64(count))
+	b = ls.appendTo(b)
+	b = append(b, ctl[:]...)
+	b = binary.BigEndian.AppendUint64(b, r.clockMS)
+	b = binary.BigEndian.AppendUint64(b, r.headSeq())
+	b = binary.BigEndian.AppendUint64(b, uint64(r.endedLen()))
+	b = r.sum.appendTo(b)
+	b = binary.BigEndian.AppendUint64(b, ss.lastID)
+	b = binary.BigEndian.AppendUint64(b, ss.lastSeq)
+	b = binary.BigEndian.AppendUint64(b, uint64(len(ss.byID)))
+	b = binary.BigEndian.AppendUint64(b, uint64(len(ss.delays)))
+	b = ss.sum.appendTo(b)
 	return sha256.Sum256(b)
 }

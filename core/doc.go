@@ -3,18 +3,20 @@
 // # What it owns
 //
 // The replicated commands of SPEC §2 (Grant, Renew, Release, Expire,
-// Control), their results (SPEC §3), the lock table (table.go: fixed
+// Control, and the session and lock-delay commands of cluster version 4), their results (SPEC §3), the lock table (table.go: fixed
 // records, a string arena and an index, nothing for the collector to scan;
 // load.go: its bulk load from stored records), the fencing-token
 // counter, the request records that make an acquire retry-safe
-// (requests.go), the fence signing keys (fence.go), the replicated control
+// (requests.go), sessions and lock-delays (sessions.go), the fence
+// signing keys (fence.go), the replicated control
 // state (control.go: requests; control_apply.go: their application;
 // control_state.go: the state), the cluster version that gates every
 // format (version.go), and the versioned binary encodings of log entries
 // and lock records (encoding.go), snapshots (encoding_snapshot.go,
 // including SnapshotEncoder, which builds a snapshot one lock or one
 // stored lock record at a time), ended request records and the request
-// section (encoding_requests.go) and the control record
+// section (encoding_requests.go), session and delay records and the
+// session section (encoding_sessions.go) and the control record
 // (encoding_control.go), the incremental state digest (digest.go) and the
 // limits, with the arithmetic that makes the largest state fit every path
 // a snapshot travels (limits.go).
@@ -31,6 +33,21 @@
 // ResultRequestsExhausted when MaxRequestRecords are kept and none may be
 // forgotten yet. LookupRequest and RequestRoom let the leader check
 // before proposing.
+//
+// # Sessions and lock-delays
+//
+// From cluster version 4 a session (OpenSession: TTL, lock-delay, the
+// opening identity) is one liveness for many locks: a Grant with its
+// SessionID holds a lock without a lease, and CloseSession (a release)
+// or ExpireSession (a failure, checked against the session's epoch) ends
+// every lock of it in one command. A lock freed by a failure (an Expire
+// of a lock with a LockDelayMS, an ExpireSession of a session with one)
+// leaves its key delayed: Grants of it apply as ResultDelayed until the
+// leader's ClearDelay. Core has no clock: the leader times sessions and
+// delays and proposes the expiries and clears; sessions.go says why a
+// keepalive that is not logged is still safe across leader changes.
+// MaxSessions, MaxLocksPerSession and MaxDelayedKeys bound it, enforced by
+// Apply.
 //
 // # Fence signing keys
 //
@@ -83,9 +100,10 @@
 // # Hostile input
 //
 // Decoders (DecodeEntry, DecodeSnapshot, DecodeSnapshotState,
-// DecodeLockRecord, DecodeControlState, DecodeEndedRequest) accept only
-// their known versions (entries 1-3, snapshots 1-4, lock records 1-3,
-// control records 1-3; version.go says which cluster version writes
+// DecodeLockRecord, DecodeControlState, DecodeEndedRequest,
+// DecodeSessionRecord, DecodeDelayRecord) accept only their known
+// versions (entries 1-4, snapshots 1-5, lock records 1-4, control records
+// 1-3, session and delay records 1; version.go says which cluster version writes
 // which), accept only the canonical encoding (the oldest version that
 // carries the value), enforce the limits in limits.go, reject trailing
 // bytes, and return *Error values with stable codes. They are fuzzed; see

@@ -16,25 +16,32 @@ const (
 	// EntryVersion1 carries Grant (without identity), Release, Expire and
 	// the control ops up to Retire; EntryVersion2 adds Grant.Identity,
 	// Renew and SetClusterVersion; EntryVersion3 adds Grant.RequestID and
-	// SetFenceKey.
+	// SetFenceKey; EntryVersion4 adds Grant.SessionID and
+	// Grant.LockDelayMS and the session and lock-delay commands.
 	EntryVersion1 byte = 1
 	EntryVersion2 byte = 2
 	EntryVersion3 byte = 3
+	EntryVersion4 byte = 4
 	// SnapshotVersion1 is a lock table; SnapshotVersion2 adds the control
 	// state; SnapshotVersion3 adds each lock's identity and writes the
 	// control section in its version 2 form (with the cluster version);
 	// SnapshotVersion4 adds each lock's request id, writes the control
 	// section in its version 3 form (with the fence keys) and adds the
-	// request section (data clock and ended request records).
+	// request section (data clock and ended request records);
+	// SnapshotVersion5 adds each lock's session and lock-delay and the
+	// session section (sessions and delayed keys), with the control
+	// section still in its version 3 form.
 	SnapshotVersion1 byte = 1
 	SnapshotVersion2 byte = 2
 	SnapshotVersion3 byte = 3
 	SnapshotVersion4 byte = 4
+	SnapshotVersion5 byte = 5
 	// LockRecVersion2 adds the identity to LockRecVersion1; LockRecVersion3
-	// adds the request id.
+	// adds the request id; LockRecVersion4 the session and lock-delay.
 	LockRecVersion1 byte = 1
 	LockRecVersion2 byte = 2
 	LockRecVersion3 byte = 3
+	LockRecVersion4 byte = 4
 	// ControlStateVersion2 adds the cluster version to
 	// ControlStateVersion1; ControlStateVersion3 adds the fence keys.
 	ControlStateVersion1 byte = 1
@@ -64,13 +71,20 @@ type Entry struct {
 }
 
 // EncodeEntry encodes a log entry in the oldest format that can carry it
-// (entryVersion), version 1, 2 or 3:
+// (entryVersion), version 1 to 4:
 //
 //	version:1 | request_id:uvarint | kind:1 | fields
 //	  grant:          key:str | lease_ms:uvarint | owner:str | granted_at_ms:uvarint
-//	                  | identity:str (version 2 and 3) | client_request_id:str (version 3 only)
+//	                  | identity:str (version 2 to 4) | client_request_id:str (version 3 and 4)
+//	                  | session_id:uvarint | lock_delay_ms:uvarint (version 4 only)
 //	  release/expire: key:str | token:uvarint
 //	  renew:          key:str | token:uvarint | lease_ms:uvarint (version 2 only)
+//	  open_session:   identity:str | ttl_ms:uvarint | lock_delay_ms:uvarint (version 4 only,
+//	                  as are the four below)
+//	  close_session:  session_id:uvarint | identity:str
+//	  expire_session: session_id:uvarint | epoch:uvarint
+//	  refresh_session: session_id:uvarint
+//	  clear_delay:    key:str | delay_seq:uvarint
 //	  control:        op:1 | the op's fields, in this order, each only if the op has it:
 //	                  credential_hash:32 | node_id:uvarint | incarnation:uvarint |
 //	                  old_node_id:uvarint | new_node_id:uvarint | new_incarnation:uvarint |
@@ -104,6 +118,25 @@ func EncodeEntry(e Entry) []byte {
 		if version >= EntryVersion3 {
 			b = appendString(b, c.RequestID)
 		}
+		if version >= EntryVersion4 {
+			b = binary.AppendUvarint(b, c.SessionID)
+			b = binary.AppendUvarint(b, c.LockDelayMS)
+		}
+	case KindOpenSession:
+		b = appendString(b, c.Identity)
+		b = binary.AppendUvarint(b, c.TTLMS)
+		b = binary.AppendUvarint(b, c.LockDelayMS)
+	case KindCloseSession:
+		b = binary.AppendUvarint(b, c.SessionID)
+		b = appendString(b, c.Identity)
+	case KindExpireSession:
+		b = binary.AppendUvarint(b, c.SessionID)
+		b = binary.AppendUvarint(b, c.Epoch)
+	case KindRefreshSession:
+		b = binary.AppendUvarint(b, c.SessionID)
+	case KindClearDelay:
+		b = appendString(b, c.Key)
+		b = binary.AppendUvarint(b, c.DelaySeq)
 	case KindRenew:
 		b = appendString(b, c.Key)
 		b = binary.AppendUvarint(b, c.Token)
@@ -185,7 +218,7 @@ func DecodeEntry(b []byte) (Entry, error) {
 	}
 	d := decoder{b: b}
 	v := d.byte()
-	if d.err == nil && (v < EntryVersion1 || v > EntryVersion3) {
+	if d.err == nil && (v < EntryVersion1 || v > EntryVersion4) {
 		return Entry{}, &Error{Code: CodeUnknownVersion, Detail: "entry version " + strconv.Itoa(int(v))}
 	}
 	var e Entry
@@ -206,6 +239,15 @@ func DecodeEntry(b []byte) (Entry, error) {
 		if v >= EntryVersion3 {
 			e.Command.RequestID = d.str(MaxRequestIDLen)
 		}
+		if v >= EntryVersion4 {
+			e.Command.SessionID = d.uvarint()
+			e.Command.LockDelayMS = d.uvarint()
+		}
+	case KindOpenSession, KindCloseSession, KindExpireSession, KindRefreshSession, KindClearDelay:
+		if v < EntryVersion4 {
+			return Entry{}, malformedf("%s in entry version %d", e.Command.Kind, v)
+		}
+		d.sessionCommand(&e.Command)
 	case KindRelease, KindExpire:
 		e.Command.Key = d.str(MaxKeyLen)
 		e.Command.Token = d.uvarint()
@@ -227,7 +269,8 @@ func DecodeEntry(b []byte) (Entry, error) {
 	// Each command has exactly one encoding: the oldest format that can
 	// carry it (a version 2 grant without identity would also decode to a
 	// version 1 command, a version 3 grant without request id to a version
-	// 2 or 1 one).
+	// 2 or 1 one, a version 4 grant without session or lock-delay to an
+	// older one).
 	if entryVersion(e.Command) != v {
 		return Entry{}, malformedf("%s in entry version %d, want %d", e.Command.Kind, v, entryVersion(e.Command))
 	}
@@ -237,11 +280,17 @@ func DecodeEntry(b []byte) (Entry, error) {
 // EncodeLockRecord encodes one lock as stored in a per-key storage row, in
 // the oldest version that carries it: version 1 (version:1 | lock) when it
 // has neither identity nor request id, version 2 (version:1 | lock |
-// identity:str) when it has only an identity, else version 3 (version:1 |
-// lock | identity:str | request_id:str).
+// identity:str) when it has only an identity, version 3 (version:1 | lock
+// | identity:str | request_id:str) when it has a request id, and version 4
+// (version:1 | lock | identity:str | request_id:str | session_id:uvarint
+// | lock_delay_ms:uvarint) when it has a session or a lock-delay.
 func EncodeLockRecord(l Lock) []byte {
-	b := make([]byte, 0, 16+len(l.Key)+len(l.Owner)+len(l.Identity)+len(l.RequestID))
+	b := make([]byte, 0, 40+len(l.Key)+len(l.Owner)+len(l.Identity)+len(l.RequestID))
 	switch {
+	case l.SessionID != 0 || l.LockDelayMS != 0:
+		b = append(b, LockRecVersion4)
+		b = appendString(appendString(appendLock(b, l), l.Identity), l.RequestID)
+		return binary.AppendUvarint(binary.AppendUvarint(b, l.SessionID), l.LockDelayMS)
 	case l.RequestID != "":
 		b = append(b, LockRecVersion3)
 		return appendString(appendString(appendLock(b, l), l.Identity), l.RequestID)
@@ -257,7 +306,7 @@ func EncodeLockRecord(l Lock) []byte {
 func DecodeLockRecord(b []byte) (Lock, error) {
 	d := decoder{b: b}
 	v := d.byte()
-	if d.err == nil && (v < LockRecVersion1 || v > LockRecVersion3) {
+	if d.err == nil && (v < LockRecVersion1 || v > LockRecVersion4) {
 		return Lock{}, &Error{Code: CodeUnknownVersion, Detail: "lock record version " + strconv.Itoa(int(v))}
 	}
 	l := d.lock()
@@ -267,6 +316,10 @@ func DecodeLockRecord(b []byte) (Lock, error) {
 	if v >= LockRecVersion3 {
 		l.RequestID = d.str(MaxRequestIDLen)
 	}
+	if v >= LockRecVersion4 {
+		l.SessionID = d.uvarint()
+		l.LockDelayMS = d.uvarint()
+	}
 	// Canonical: each lock has one record, the oldest version that carries it.
 	switch {
 	case d.err != nil:
@@ -274,6 +327,8 @@ func DecodeLockRecord(b []byte) (Lock, error) {
 		return Lock{}, malformedf("lock record version 2 with an empty identity")
 	case v == LockRecVersion3 && l.RequestID == "":
 		return Lock{}, malformedf("lock record version 3 with an empty request id")
+	case v == LockRecVersion4 && l.SessionID == 0 && l.LockDelayMS == 0:
+		return Lock{}, malformedf("lock record version 4 without a session or a lock-delay")
 	}
 	if err := d.finish(); err != nil {
 		return Lock{}, err
@@ -297,13 +352,38 @@ func validateLock(l Lock) error {
 	if err := ValidateRequestID(l.RequestID); err != nil {
 		return err
 	}
-	if err := ValidateLeaseMS(l.LeaseMS); err != nil {
+	if err := validateHold(l.LeaseMS, l.SessionID, l.LockDelayMS); err != nil {
 		return err
 	}
 	if l.Token == 0 {
 		return malformedf("lock %q has token 0", l.Key)
 	}
 	return nil
+}
+
+// ValidateLock checks every field of a lock as a lock record or snapshot
+// carries it (storage checks a row before writing it).
+func ValidateLock(l Lock) error { return validateLock(l) }
+
+// sessionCommand reads the fields of a session or lock-delay command.
+func (d *decoder) sessionCommand(c *Command) {
+	switch c.Kind {
+	case KindOpenSession:
+		c.Identity = d.str(MaxIdentityLen)
+		c.TTLMS = d.uvarint()
+		c.LockDelayMS = d.uvarint()
+	case KindCloseSession:
+		c.SessionID = d.uvarint()
+		c.Identity = d.str(MaxIdentityLen)
+	case KindExpireSession:
+		c.SessionID = d.uvarint()
+		c.Epoch = d.uvarint()
+	case KindRefreshSession:
+		c.SessionID = d.uvarint()
+	case KindClearDelay:
+		c.Key = d.str(MaxKeyLen)
+		c.DelaySeq = d.uvarint()
+	}
 }
 
 func appendLock(b []byte, l Lock) []byte {

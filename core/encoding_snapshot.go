@@ -4,21 +4,41 @@ import (
 	"bytes"
 	"encoding/binary"
 	"hash/crc32"
+	"slices"
 	"strconv"
+	"strings"
 	"unicode/utf8"
 )
 
 // Snapshot encoding: the lock table with its token counter, (version 2)
-// the control state of encoding_control.go and (version 4) the request
-// section of encoding_requests.go.
+// the control state of encoding_control.go, (version 4) the request
+// section of encoding_requests.go and (version 5) the session section of
+// encoding_sessions.go.
 
 // SnapshotState is the whole content of a snapshot: the lock table with
-// its token counter, the control state and the request records.
+// its token counter, the control state, the request records and the
+// sessions and lock-delays.
 type SnapshotState struct {
 	LastToken uint64
 	Locks     []Lock // sorted by key
 	Control   ControlState
 	Requests  RequestState // empty before snapshot version 4
+	Sessions  SessionState // empty before snapshot version 5
+}
+
+// snapshotVersion is the snapshot format of a state with control state
+// cs: the one of its cluster version.
+func snapshotVersion(cs ControlState) byte {
+	if cs.ClusterVersion >= 4 {
+		return SnapshotVersion5
+	}
+	return SnapshotVersion2 + controlVersion(cs) - ControlStateVersion1
+}
+
+// snapshotControlVersion is the control section format of snapshot
+// version v (2 or later).
+func snapshotControlVersion(v byte) byte {
+	return min(ControlStateVersion1+v-SnapshotVersion2, ControlStateVersion3)
 }
 
 // EncodeSnapshot encodes a lock table with an empty control state in
@@ -30,23 +50,29 @@ func EncodeSnapshot(lastToken uint64, locks []Lock) []byte {
 
 // EncodeSnapshotState encodes a snapshot in format SnapshotVersion2 while
 // the cluster version is 1, SnapshotVersion3 at cluster version 2,
-// SnapshotVersion4 from cluster version 3 on:
+// SnapshotVersion4 at 3, SnapshotVersion5 from 4 on:
 //
 //	"TKS" | version:1 | last_token:uvarint | count:uvarint | lock* | control
-//	      | requests (version 4 only) | crc32c:4 (big endian, of all before)
+//	      | requests (version 4 and 5) | sessions (version 5 only)
+//	      | crc32c:4 (big endian, of all before)
 //	lock = key:str | token:uvarint | owner:str | lease_ms:uvarint | granted_at_ms:uvarint
-//	       | identity:str (version 3 and 4) | request_id:str (version 4 only)
+//	       | identity:str (version 3 to 5) | request_id:str (version 4 and 5)
+//	       | session_id:uvarint | lock_delay_ms:uvarint (version 5 only)
 //	control: see EncodeControlState (its version 1 form in snapshot
-//	         version 2, 2 in 3, 3 in 4)
+//	         version 2, 2 in 3, 3 in 4 and 5)
 //	requests: see encoding_requests.go
+//	sessions: see encoding_sessions.go
 //
 // Version 1, which DecodeSnapshot still reads, is version 2 without the
-// control section. s.Locks must be sorted by key; the control lists are
-// sorted here. Equal states give equal bytes. A lock with an identity
-// exists only from cluster version 2 on, one with a request id and request
-// records only from 3 on (Apply refuses them before).
+// control section. s.Locks must be sorted by key, s.Sessions by ID and
+// key; the control lists are sorted here. Equal states give equal bytes. A
+// lock with an identity exists only from cluster version 2 on, one with a
+// request id and request records only from 3 on, sessions, lock-delays and
+// locks with either only from 4 on (Apply refuses them before).
 func EncodeSnapshotState(s SnapshotState) []byte {
-	e := NewSnapshotEncoder(s.LastToken, len(s.Locks), s.Control, 48*len(s.Locks)+80*len(s.Requests.Ended))
+	ss := &s.Sessions
+	e := NewSnapshotEncoder(s.LastToken, len(s.Locks), s.Control,
+		48*len(s.Locks)+80*len(s.Requests.Ended)+32*len(ss.Sessions)+32*len(ss.Delays))
 	for _, l := range s.Locks {
 		e.b = e.appendLock(e.b, l)
 	}
@@ -58,6 +84,18 @@ func EncodeSnapshotState(s SnapshotState) []byte {
 		}
 		e.endedAdded = e.endedCount
 	}
+	if e.version >= SnapshotVersion5 {
+		e.beginSessions(ss.LastSessionID, ss.LastDelaySeq, len(ss.Sessions), len(ss.Delays))
+		for i := range ss.Sessions {
+			e.b = appendSession(e.b, &ss.Sessions[i])
+		}
+		e.sessionsAdded = e.sessionCount
+		e.beginDelays()
+		for i := range ss.Delays {
+			e.b = appendDelay(e.b, &ss.Delays[i])
+		}
+		e.delaysAdded = e.delayCount
+	}
 	return e.finish()
 }
 
@@ -66,7 +104,9 @@ func EncodeSnapshotState(s SnapshotState) []byte {
 // can be built from a stream of locks (raftstore reads them from a
 // storage snapshot, off the raft loop) without first building the table.
 // Locks come first (Add or AddRecord), then, from snapshot version 4 on,
-// the request section (BeginRequests and AddEnded), then Finish.
+// the request section (BeginRequests and AddEnded), then, from version 5
+// on, the session section (BeginSessions, AddSession, AddDelay), then
+// Finish.
 type SnapshotEncoder struct {
 	b          []byte
 	version    byte
@@ -86,13 +126,22 @@ type SnapshotEncoder struct {
 	endedCount uint64 // declared
 	endedAdded uint64
 	lastEnded  uint64 // EndedAtMS of the last record added
+
+	// The session section: begun once the request section is done.
+	sessionsBegun               bool
+	lastSessionID, lastDelaySeq uint64
+	sessionCount, delayCount    uint64 // declared
+	sessionsAdded, delaysAdded  uint64
+	delaysBegun                 bool   // the delays' count is written
+	prevSession                 uint64 // ID of the last session added
+	prevDelayKey                string // key of the last delay added
 }
 
 // NewSnapshotEncoder starts a snapshot that will hold count locks; sizeHint
 // is the expected size of the locks' encoding (0 if unknown).
 func NewSnapshotEncoder(lastToken uint64, count int, control ControlState, sizeHint int) *SnapshotEncoder {
 	e := &SnapshotEncoder{ctl: control, ctlVersion: controlVersion(control), count: uint64(count), lastToken: lastToken}
-	e.version = SnapshotVersion2 + e.ctlVersion - ControlStateVersion1
+	e.version = snapshotVersion(control)
 	e.b = make([]byte, 0, 32+max(0, sizeHint)+controlSizeHint(control))
 	e.b = append(e.b, snapshotMagic[:]...)
 	e.b = append(e.b, e.version)
@@ -108,6 +157,10 @@ func (e *SnapshotEncoder) appendLock(b []byte, l Lock) []byte {
 	}
 	if e.version >= SnapshotVersion4 {
 		b = appendString(b, l.RequestID)
+	}
+	if e.version >= SnapshotVersion5 {
+		b = binary.AppendUvarint(b, l.SessionID)
+		b = binary.AppendUvarint(b, l.LockDelayMS)
 	}
 	return b
 }
@@ -134,6 +187,8 @@ func (e *SnapshotEncoder) Add(l Lock) error {
 		e.err = invalidf("lock %q has an identity before cluster version 2", l.Key)
 	case l.RequestID != "" && e.version < SnapshotVersion4:
 		e.err = invalidf("lock %q has a request id before cluster version 3", l.Key)
+	case (l.SessionID != 0 || l.LockDelayMS != 0) && e.version < SnapshotVersion5:
+		e.err = invalidf("lock %q has a session or a lock-delay before cluster version 4", l.Key)
 	}
 	if e.err != nil {
 		return e.err
@@ -155,7 +210,7 @@ func (e *SnapshotEncoder) AddRecord(record []byte) error {
 	}
 	d := decoder{b: record}
 	v := d.byte()
-	if d.err == nil && (v < LockRecVersion1 || v > LockRecVersion3) {
+	if d.err == nil && (v < LockRecVersion1 || v > LockRecVersion4) {
 		e.err = &Error{Code: CodeUnknownVersion, Detail: "lock record version " + strconv.Itoa(int(v))}
 		return e.err
 	}
@@ -171,12 +226,19 @@ func (e *SnapshotEncoder) AddRecord(record []byte) error {
 	if v >= LockRecVersion3 {
 		requestID = d.rawStr(MaxRequestIDLen)
 	}
+	var sessionID, lockDelay uint64
+	if v >= LockRecVersion4 {
+		sessionID = d.uvarint()
+		lockDelay = d.uvarint()
+	}
 	switch {
 	case d.err != nil:
 	case v == LockRecVersion2 && len(identity) == 0:
 		d.err = malformedf("lock record version 2 with an empty identity")
 	case v == LockRecVersion3 && len(requestID) == 0:
 		d.err = malformedf("lock record version 3 with an empty request id")
+	case v == LockRecVersion4 && sessionID == 0 && lockDelay == 0:
+		d.err = malformedf("lock record version 4 without a session or a lock-delay")
 	}
 	switch err := d.finish(); {
 	case err != nil:
@@ -187,8 +249,8 @@ func (e *SnapshotEncoder) AddRecord(record []byte) error {
 		e.err = invalidf("lock record with an invalid key %q", key)
 	case !utf8.Valid(owner), !validIdentityBytes(identity), !validRequestIDBytes(requestID):
 		e.err = invalidf("lock %q: owner, identity or request id is not valid", key)
-	case ValidateLeaseMS(lease) != nil:
-		e.err = ValidateLeaseMS(lease)
+	case validateHold(lease, sessionID, lockDelay) != nil:
+		e.err = validateHold(lease, sessionID, lockDelay)
 	case token == 0 || token > e.lastToken:
 		e.err = invalidf("lock %q has token %d, last token %d", key, token, e.lastToken)
 	case e.added >= e.count:
@@ -199,19 +261,25 @@ func (e *SnapshotEncoder) AddRecord(record []byte) error {
 		e.err = invalidf("lock %q has an identity before cluster version 2", key)
 	case v == LockRecVersion3 && e.version < SnapshotVersion4:
 		e.err = invalidf("lock %q has a request id before cluster version 3", key)
+	case v == LockRecVersion4 && e.version < SnapshotVersion5:
+		e.err = invalidf("lock %q has a session or a lock-delay before cluster version 4", key)
 	}
 	if e.err != nil {
 		return e.err
 	}
 	// The record after its version byte is the snapshot's lock encoding
 	// with the fields of its own version; the snapshot's version adds
-	// those the record lacks, empty (identity from 3, request id from 4).
+	// those the record lacks, empty (identity from 3, request id from 4,
+	// session and lock-delay from 5).
 	e.b = append(e.b, record[1:]...)
 	if e.version >= SnapshotVersion3 && v < LockRecVersion2 {
 		e.b = append(e.b, 0) // identity
 	}
 	if e.version >= SnapshotVersion4 && v < LockRecVersion3 {
 		e.b = append(e.b, 0) // request id
+	}
+	if e.version >= SnapshotVersion5 && v < LockRecVersion4 {
+		e.b = append(e.b, 0, 0) // session id, lock-delay
 	}
 	e.lastKeyBytes = append(e.lastKeyBytes[:0], key...)
 	e.added++
@@ -226,8 +294,8 @@ func (e *SnapshotEncoder) BeginRequests(dataClockMS, endedHead uint64, endedCoun
 	switch {
 	case e.err != nil:
 		return e.err
-	case e.begun:
-		e.err = invalidf("the request section began twice")
+	case e.begun || e.sessionsBegun:
+		e.err = invalidf("the request section began twice, or after the session section")
 	case e.added != e.count:
 		e.err = invalidf("snapshot declared %d locks, got %d", e.count, e.added)
 	case e.version < SnapshotVersion4 && (dataClockMS != 0 || endedHead != 0 || endedCount != 0):
@@ -258,8 +326,8 @@ func (e *SnapshotEncoder) AddEnded(r EndedRequest) error {
 	switch {
 	case e.err != nil:
 		return e.err
-	case !e.begun:
-		e.err = invalidf("ended request before BeginRequests")
+	case !e.begun || e.sessionsBegun:
+		e.err = invalidf("ended request before BeginRequests or after BeginSessions")
 	case e.endedAdded >= e.endedCount:
 		e.err = invalidf("snapshot declared %d ended requests, got more", e.endedCount)
 	case r.Token == 0 || r.Token > e.lastToken:
@@ -276,10 +344,10 @@ func (e *SnapshotEncoder) AddEnded(r EndedRequest) error {
 	return nil
 }
 
-// Finish appends the control section (and an empty request section) if
-// BeginRequests did not, and the checksum, and returns the snapshot, or
-// the first error (also when fewer locks or ended records were added than
-// declared).
+// Finish appends the control section (and empty request and session
+// sections) if BeginRequests and BeginSessions did not, and the checksum,
+// and returns the snapshot, or the first error (also when fewer locks,
+// ended records, sessions or delays were added than declared).
 func (e *SnapshotEncoder) Finish() ([]byte, error) {
 	switch {
 	case e.err != nil:
@@ -287,6 +355,8 @@ func (e *SnapshotEncoder) Finish() ([]byte, error) {
 		e.err = invalidf("snapshot declared %d locks, got %d", e.count, e.added)
 	case e.endedAdded != e.endedCount:
 		e.err = invalidf("snapshot declared %d ended requests, got %d", e.endedCount, e.endedAdded)
+	case e.sessionsAdded != e.sessionCount || e.delaysAdded != e.delayCount:
+		e.err = invalidf("snapshot declared %d sessions and %d delays, got %d and %d", e.sessionCount, e.delayCount, e.sessionsAdded, e.delaysAdded)
 	}
 	if e.err != nil {
 		return nil, e.err
@@ -297,6 +367,12 @@ func (e *SnapshotEncoder) Finish() ([]byte, error) {
 func (e *SnapshotEncoder) finish() []byte {
 	if !e.begun {
 		e.begin(0, 0, 0)
+	}
+	if e.version >= SnapshotVersion5 {
+		if !e.sessionsBegun {
+			e.beginSessions(0, 0, 0, 0)
+		}
+		e.beginDelays()
 	}
 	b := e.b
 	e.b = nil
@@ -311,6 +387,110 @@ type SnapshotInfo struct {
 	Locks     uint64
 }
 
+// BeginSessions ends the request section (beginning an empty one if
+// BeginRequests was not called) and starts the session section (snapshot
+// version 5, cluster version 4): the two counters and how many sessions
+// and delayed keys will follow (AddSession, then AddDelay). Before
+// snapshot version 5 it must be empty.
+func (e *SnapshotEncoder) BeginSessions(lastSessionID, lastDelaySeq uint64, sessions, delays int) error {
+	switch {
+	case e.err != nil:
+		return e.err
+	case e.sessionsBegun:
+		e.err = invalidf("the session section began twice")
+	case !e.begun && e.added != e.count:
+		e.err = invalidf("snapshot declared %d locks, got %d", e.count, e.added)
+	case e.endedAdded != e.endedCount:
+		e.err = invalidf("snapshot declared %d ended requests, got %d", e.endedCount, e.endedAdded)
+	case e.version < SnapshotVersion5 && (lastSessionID != 0 || lastDelaySeq != 0 || sessions != 0 || delays != 0):
+		e.err = invalidf("sessions or lock-delays before cluster version 4")
+	case sessions < 0 || sessions > MaxSessions || delays < 0 || delays > MaxDelayedKeys:
+		e.err = invalidf("%d sessions and %d delayed keys, the limits are %d and %d", sessions, delays, MaxSessions, MaxDelayedKeys)
+	}
+	if e.err != nil {
+		return e.err
+	}
+	if !e.begun {
+		e.begin(0, 0, 0)
+	}
+	if e.version >= SnapshotVersion5 {
+		e.beginSessions(lastSessionID, lastDelaySeq, sessions, delays)
+	} else {
+		e.sessionsBegun = true
+	}
+	return nil
+}
+
+func (e *SnapshotEncoder) beginSessions(lastSessionID, lastDelaySeq uint64, sessions, delays int) {
+	e.sessionsBegun = true
+	e.lastSessionID, e.lastDelaySeq = lastSessionID, lastDelaySeq
+	e.sessionCount, e.delayCount = uint64(sessions), uint64(delays)
+	e.b = appendSessionsHeader(e.b, lastSessionID, lastDelaySeq)
+	e.b = binary.AppendUvarint(e.b, e.sessionCount)
+}
+
+// beginDelays writes the delayed keys' count, once, after the sessions.
+func (e *SnapshotEncoder) beginDelays() {
+	if !e.delaysBegun {
+		e.delaysBegun = true
+		e.b = binary.AppendUvarint(e.b, e.delayCount)
+	}
+}
+
+// AddSession appends the next session: valid, IDs strictly ascending and
+// not above the last session ID, no more than declared.
+func (e *SnapshotEncoder) AddSession(x Session) error {
+	switch err := validateSession(&x); {
+	case e.err != nil:
+		return e.err
+	case err != nil:
+		e.err = err
+	case !e.sessionsBegun || e.version < SnapshotVersion5:
+		e.err = invalidf("session before BeginSessions, or before cluster version 4")
+	case e.delaysBegun:
+		e.err = invalidf("session %d after a delayed key", x.ID)
+	case e.sessionsAdded >= e.sessionCount:
+		e.err = invalidf("snapshot declared %d sessions, got more", e.sessionCount)
+	case x.ID > e.lastSessionID || e.sessionsAdded > 0 && x.ID <= e.prevSession:
+		e.err = invalidf("session %d after %d, last session id %d", x.ID, e.prevSession, e.lastSessionID)
+	}
+	if e.err != nil {
+		return e.err
+	}
+	e.b = appendSession(e.b, &x)
+	e.prevSession = x.ID
+	e.sessionsAdded++
+	return nil
+}
+
+// AddDelay appends the next delayed key, once every session is added:
+// valid, keys strictly ascending, sequence number not above the last, no
+// more than declared.
+func (e *SnapshotEncoder) AddDelay(d Delay) error {
+	switch err := validateDelay(&d); {
+	case e.err != nil:
+		return e.err
+	case err != nil:
+		e.err = err
+	case !e.sessionsBegun || e.version < SnapshotVersion5:
+		e.err = invalidf("delayed key before BeginSessions, or before cluster version 4")
+	case e.sessionsAdded != e.sessionCount:
+		e.err = invalidf("snapshot declared %d sessions, got %d before the first delayed key", e.sessionCount, e.sessionsAdded)
+	case e.delaysAdded >= e.delayCount:
+		e.err = invalidf("snapshot declared %d delayed keys, got more", e.delayCount)
+	case d.Seq > e.lastDelaySeq || e.delaysAdded > 0 && d.Key <= e.prevDelayKey:
+		e.err = invalidf("delayed key %q after %q, sequence number %d, last %d", d.Key, e.prevDelayKey, d.Seq, e.lastDelaySeq)
+	}
+	if e.err != nil {
+		return e.err
+	}
+	e.beginDelays()
+	e.b = appendDelay(e.b, &d)
+	e.prevDelayKey = d.Key
+	e.delaysAdded++
+	return nil
+}
+
 // CheckSnapshot verifies a snapshot's magic, version and checksum and
 // reads its header, in one pass over the bytes at checksum speed, without
 // decoding the locks: for code that needs to know a blob is the snapshot
@@ -323,7 +503,7 @@ func CheckSnapshot(b []byte) (SnapshotInfo, error) {
 		return SnapshotInfo{}, malformedf("snapshot magic missing")
 	}
 	version := b[3]
-	if version < SnapshotVersion1 || version > SnapshotVersion4 {
+	if version < SnapshotVersion1 || version > SnapshotVersion5 {
 		return SnapshotInfo{}, &Error{Code: CodeUnknownVersion, Detail: "snapshot version " + strconv.Itoa(int(version))}
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
@@ -338,7 +518,7 @@ func CheckSnapshot(b []byte) (SnapshotInfo, error) {
 	return info, nil
 }
 
-// DecodeSnapshot decodes and validates a snapshot of version 1 to 4 and
+// DecodeSnapshot decodes and validates a snapshot of version 1 to 5 and
 // returns its lock table. It drops the control state: use
 // DecodeSnapshotState (or Machine.Restore) wherever that must survive.
 func DecodeSnapshot(b []byte) (lastToken uint64, locks []Lock, err error) {
@@ -350,13 +530,15 @@ func DecodeSnapshot(b []byte) (lastToken uint64, locks []Lock, err error) {
 }
 
 // DecodeSnapshotState decodes and validates a snapshot: checksum, version
-// (1 to 4), keys strictly ascending, tokens non-zero, unique and not
-// above last_token, (from version 2) a valid control state, and (version
-// 4) request ids unique per identity and a request section that agrees
-// with the locks (validateRequests). A version 1 snapshot has an empty
-// control state; only versions 3 and 4 carry lock identities and a
-// cluster version, only version 4 request ids, request records and fence
-// keys.
+// (1 to 5, the one of its cluster version), keys strictly ascending,
+// tokens non-zero, unique and not above last_token, (from version 2) a
+// valid control state, (from version 4) request ids unique per identity
+// and a request section that agrees with the locks (validateRequests),
+// and (version 5) a session section that agrees with them
+// (validateSessions). A version 1 snapshot has an empty control state;
+// only versions 3 to 5 carry lock identities and a cluster version, only
+// 4 and 5 request ids, request records and fence keys, only 5 sessions,
+// lock-delays and the locks' sessions and lock-delays.
 func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 	if len(b) < len(snapshotMagic)+1+4 {
 		return SnapshotState{}, malformedf("snapshot is %d bytes, too short", len(b))
@@ -365,7 +547,7 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 		return SnapshotState{}, malformedf("snapshot magic missing")
 	}
 	version := b[3]
-	if version < SnapshotVersion1 || version > SnapshotVersion4 {
+	if version < SnapshotVersion1 || version > SnapshotVersion5 {
 		return SnapshotState{}, &Error{Code: CodeUnknownVersion, Detail: "snapshot version " + strconv.Itoa(int(version))}
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
@@ -387,6 +569,8 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 	locks := make([]Lock, 0, n)
 	seen := make(map[uint64]struct{}, n)
 	var withID map[[32]byte]struct{}
+	perSession := make(map[uint64]int)
+	lockFields := 0
 	for i := uint64(0); i < n; i++ {
 		l := d.lock()
 		if version >= SnapshotVersion3 {
@@ -394,6 +578,16 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 		}
 		if version >= SnapshotVersion4 {
 			l.RequestID = d.str(MaxRequestIDLen)
+		}
+		if version >= SnapshotVersion5 {
+			l.SessionID = d.uvarint()
+			l.LockDelayMS = d.uvarint()
+			if l.SessionID != 0 {
+				perSession[l.SessionID]++
+			}
+			if l.SessionID != 0 || l.LockDelayMS != 0 {
+				lockFields++
+			}
 		}
 		if d.err != nil {
 			return SnapshotState{}, d.err
@@ -425,9 +619,12 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 	}
 	s.Locks = locks
 	if version >= SnapshotVersion2 {
-		cs, err := d.control(ControlStateVersion1 + version - SnapshotVersion2)
+		cs, err := d.control(snapshotControlVersion(version))
 		if err != nil {
 			return SnapshotState{}, err
+		}
+		if snapshotVersion(cs) != version {
+			return SnapshotState{}, malformedf("snapshot version %d at cluster version %d", version, cs.ClusterVersion)
 		}
 		s.Control = cs
 	}
@@ -437,6 +634,19 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 			return SnapshotState{}, d.err
 		}
 		if err := validateRequests(&s.Requests, s.LastToken, len(withID), seen, s.Control.ClusterVersion); err != nil {
+			return SnapshotState{}, err
+		}
+	}
+	if version >= SnapshotVersion5 {
+		s.Sessions = d.sessions()
+		if d.err != nil {
+			return SnapshotState{}, d.err
+		}
+		held := func(key string) bool {
+			_, ok := slices.BinarySearchFunc(locks, key, func(l Lock, k string) int { return strings.Compare(l.Key, k) })
+			return ok
+		}
+		if err := validateSessions(&s.Sessions, perSession, lockFields, held, s.Control.ClusterVersion); err != nil {
 			return SnapshotState{}, err
 		}
 	}

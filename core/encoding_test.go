@@ -228,7 +228,7 @@ func TestDecodeEntryRejects(t *testing.T) {
 	}{
 		{"empty", nil, core.CodeMalformed},
 		{"version 0", cat([]byte{0, 0, 1}, grantFields), core.CodeUnknownVersion},
-		{"version 4", cat([]byte{4, 0, 1}, grantFields), core.CodeUnknownVersion},
+		{"version 5", cat([]byte{5, 0, 1}, grantFields), core.CodeUnknownVersion},
 		{"version 255 alone", []byte{255}, core.CodeUnknownVersion},
 		{"control kind without op", []byte{1, 0, byte(core.KindControl)}, core.CodeMalformed},
 		{"control kind with a lock payload", cat([]byte{1, 9, byte(core.KindControl)}, str("k"), uv(1)), core.CodeMalformed},
@@ -374,7 +374,7 @@ func testDecodeSnapshotRejects(t *testing.T, v byte) {
 		{"not a snapshot at all", core.EncodeEntry(core.Entry{Command: core.Grant("abcdef", "", lease, 0)}), core.CodeMalformed},
 		{"a control record", core.NewMachine().ControlSnapshot(), core.CodeMalformed},
 		{"version 0", seal(cat([]byte("TKS\x00"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
-		{"version 5", seal(cat([]byte("TKS\x05"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
+		{"version 6", seal(cat([]byte("TKS\x06"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
 		{"version 255", seal(cat([]byte("TKS\xff"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
 		{"bad checksum", func() []byte { b := seal(cat(hdr(2, 2), a1, b2, tail)); b[len(b)-1] ^= 0x40; return b }(), core.CodeMalformed},
 		{"checksum missing", cat(hdr(2, 2), a1, b2, tail), core.CodeMalformed},
@@ -514,7 +514,7 @@ func TestDecodeLockRecordRejects(t *testing.T) {
 	}{
 		{"empty", nil, core.CodeMalformed},
 		{"version 0", cat([]byte{0}, rawLock("a", 1, "", lease, 0)), core.CodeUnknownVersion},
-		{"version 4", cat([]byte{4}, rawLock("a", 1, "", lease, 0)), core.CodeUnknownVersion},
+		{"version 5", cat([]byte{5}, rawLock("a", 1, "", lease, 0)), core.CodeUnknownVersion},
 		{"trailing byte", cat([]byte{1}, rawLock("a", 1, "", lease, 0), []byte{0}), core.CodeMalformed},
 		{"non-canonical token", cat([]byte{1}, str("a"), []byte{0x81, 0x00}, str(""), uv(lease), uv(0)), core.CodeMalformed},
 		{"non-canonical granted_at", cat([]byte{1}, str("a"), uv(1), str(""), uv(lease), []byte{0x80, 0x80, 0x00}), core.CodeMalformed},

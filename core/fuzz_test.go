@@ -42,13 +42,16 @@ func FuzzDecodeEntry(f *testing.F) {
 	for _, e := range append(sampleEntries(), sampleControlEntries()...) {
 		f.Add(core.EncodeEntry(e))
 	}
-	for _, c := range []core.Command{rgrant("k", "acct", "r1", 5), rgrant("잠금", "", "r", 0), core.SetFenceKey(seed(1)), core.SetClusterVersion(3)} {
+	for _, c := range []core.Command{rgrant("k", "acct", "r1", 5), rgrant("잠금", "", "r", 0), core.SetFenceKey(seed(1)), core.SetClusterVersion(3),
+		core.SetClusterVersion(4), core.OpenSession("acct", ttl, delay), core.CloseSession(1, "acct"), core.ExpireSession(1, 1),
+		core.RefreshSession(2), core.ClearDelay("d/2", 1), sgrant("k", 1), dgrant("k", delay), sgrant("k", 2).WithRequest("a", "r")} {
 		f.Add(core.EncodeEntry(core.Entry{RequestID: 3, Command: c}))
 	}
 	grownM := grownMachine(f)
 	grown := grownM.Snapshot()
 	applyAll(grownM, core.SetClusterVersion(3), core.SetFenceKey(seed(1)), rgrant("c", "acct", "r1", 5))
 	grown3 := grownM.Snapshot()
+	grown4 := v4Full(f).Snapshot()
 	f.Fuzz(func(t *testing.T, b []byte) {
 		e, err := core.DecodeEntry(b)
 		if err != nil {
@@ -87,10 +90,11 @@ func FuzzDecodeEntry(f *testing.F) {
 			t.Fatalf("Apply(%+v) on a fresh machine = %v, want %v", e.Command, got, want)
 		}
 		// On machines with every kind of control state, at cluster version
-		// 1 and 3 (with a fence key and a request record): a control
-		// rejection changes nothing and anything else changes something,
-		// and the state stays valid and survives its snapshot and records.
-		for _, snap := range [][]byte{grown, grown3} {
+		// 1 and 3 (with a fence key and a request record), and on one at
+		// version 4 with sessions and delays: a control rejection changes
+		// nothing and anything else changes something, and the state
+		// stays valid and survives its snapshot and records.
+		for _, snap := range [][]byte{grown, grown3, grown4} {
 			m := core.NewMachine()
 			if err := m.Restore(snap); err != nil {
 				t.Fatal(err)
@@ -104,7 +108,7 @@ func FuzzDecodeEntry(f *testing.F) {
 				}
 				checkControlInvariants(t, m)
 			}
-			checkRequestsSurvive(t, m)
+			checkSessionsSurvive(t, m)
 		}
 	})
 }
@@ -119,6 +123,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		func() []byte { m := core.NewMachine(); lifecycle(f, m); return m.Snapshot() }(),
 		v2Machine(f).Snapshot(),
 		v3Full(f).Snapshot(),
+		v4Full(f).Snapshot(),
 	} {
 		f.Add(snap)
 		f.Add(snap[:len(snap)-4]) // a body, for the sealed check below
@@ -213,14 +218,21 @@ func checkSnapshot(t *testing.T, b []byte) {
 		t.Fatal("Restore and RestoreState of the decoded state disagree")
 	}
 	checkControlInvariants(t, m)
-	// The storage path (lock, control and request records) accepts what
-	// the snapshot decoder accepts, and reaches the same state.
+	// The storage path (lock, control, request, session and delay
+	// records) accepts what the snapshot decoder accepts, and reaches the
+	// same state.
 	if x := rebuildFromRecords(t, nil, m); x.Digest() != m.Digest() {
 		t.Fatal("rebuilt from records, the state differs")
 	}
+	checkSessionsSurvive(t, m)
 	// The next grant never reuses a token.
 	key := "\x01fuzz"
-	for _, held := m.Get(key); held; _, held = m.Get(key) {
+	for {
+		_, held := m.Get(key)
+		_, delayed := m.Delay(key)
+		if !held && !delayed {
+			break
+		}
 		key += "!"
 	}
 	r := m.Apply(core.Grant(key, "", lease, 0))
@@ -245,6 +257,7 @@ func FuzzDecodeControlState(f *testing.F) {
 		grownMachine(f).ControlSnapshot(),
 		v2Machine(f).ControlSnapshot(),
 		v3Full(f).ControlSnapshot(),
+		v4Full(f).ControlSnapshot(),
 	} {
 		f.Add(rec)
 		f.Add(rec[:len(rec)-4]) // a body, for the sealed check below
@@ -335,6 +348,8 @@ func FuzzDecodeLockRecord(f *testing.F) {
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "잠금", Token: math.MaxUint64, LeaseMS: core.MaxLeaseMS, GrantedAtMS: math.MaxUint64}))
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, Owner: "o", Identity: "ACCOUNT/user", RequestID: "req-1", LeaseMS: 100, GrantedAtMS: 7}))
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, RequestID: "r", LeaseMS: 100}))
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, Owner: "o", SessionID: 3, GrantedAtMS: 7}))
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 5, RequestID: "r", LeaseMS: 100, LockDelayMS: core.MaxLockDelayMS}))
 	f.Fuzz(func(t *testing.T, b []byte) {
 		l, err := core.DecodeLockRecord(b)
 		if err != nil {
@@ -370,15 +385,25 @@ func FuzzDecodeLockRecord(f *testing.F) {
 		if core.NewLoader(math.MaxUint64, 1).AddRecord([]byte(l.Key+"x"), b) == nil {
 			t.Fatal("Loader took a record under another key")
 		}
-		// A valid record is a valid one-lock snapshot, and a valid grant.
-		if _, _, err := core.DecodeSnapshot(core.EncodeSnapshot(l.Token, []core.Lock{l})); err != nil {
+		// A valid record is a valid one-lock snapshot (of the oldest
+		// version, which drops the fields it lacks: a session lock, which
+		// has no lease, has none before version 5), and a valid grant.
+		if _, _, err := core.DecodeSnapshot(core.EncodeSnapshot(l.Token, []core.Lock{l})); err != nil && l.SessionID == 0 {
 			t.Fatalf("lock %+v is not snapshot-valid: %v", l, err)
 		}
-		v4 := core.SnapshotState{LastToken: l.Token, Locks: []core.Lock{l}, Control: core.ControlState{ClusterVersion: 3}}
-		if st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(v4)); err != nil || st.Locks[0] != l {
-			t.Fatalf("lock %+v does not travel in a version 4 snapshot: %+v, %v", l, st, err)
+		// In the newest snapshot version, with its session open.
+		v5 := core.SnapshotState{LastToken: l.Token, Locks: []core.Lock{l}, Control: core.ControlState{ClusterVersion: 4}}
+		if l.SessionID != 0 {
+			v5.Sessions = core.SessionState{LastSessionID: l.SessionID, Sessions: []core.Session{{ID: l.SessionID, TTLMS: ttl, Epoch: 1}}}
 		}
-		if err := core.Grant(l.Key, l.Owner, l.LeaseMS, l.GrantedAtMS).WithRequest(l.Identity, l.RequestID).Validate(); err != nil {
+		if st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(v5)); err != nil || st.Locks[0] != l {
+			t.Fatalf("lock %+v does not travel in a version 5 snapshot: %+v, %v", l, st, err)
+		}
+		g := core.Grant(l.Key, l.Owner, l.LeaseMS, l.GrantedAtMS).WithRequest(l.Identity, l.RequestID).WithLockDelay(l.LockDelayMS)
+		if l.SessionID != 0 {
+			g = g.InSession(l.SessionID)
+		}
+		if err := g.Validate(); err != nil {
 			t.Fatalf("lock %+v could not have been granted: %v", l, err)
 		}
 	})
@@ -419,7 +444,7 @@ func recordKey(b []byte) []byte {
 // rebuild) wherever the input says so. Results and final state must agree.
 //
 //	op bits 0-2: 0,1 grant; 2 release(arg); 3 expire(arg); 4 checkpoint;
-//	             5 raw command of kind arg%6 (often invalid);
+//	             5 raw command of kind arg%11 (often invalid);
 //	             6 release, 7 expire with the current holder's token
 //	op bit 3:    on a grant, a request id: identity arg bit 0, request id
 //	             arg bits 1-2, time arg minutes (so records age past the
@@ -427,8 +452,10 @@ func recordKey(b []byte) []byte {
 //	op bits 4-5: key index
 //	op bits 6-7 both set: a control command instead, op bits 0-2 choosing
 //	             the op and arg its fields (see fuzzControl); with op bit
-//	             3, SetClusterVersion(2 + arg bit 1) when arg bit 0 is
-//	             clear, else SetFenceKey of seed arg bits 1-2
+//	             3, SetClusterVersion(2 + (arg bits 1-7) % 3) when arg
+//	             bit 0 is clear, else SetFenceKey of seed arg bits 1-2
+//	op bits 6-7 = 2: a session or lock-delay command, op bits 0-2
+//	             choosing it and arg its fields (see fuzzSession)
 //
 // A first byte >= 0xf0 starts the counter just below the end of the token
 // space.
@@ -440,6 +467,11 @@ func FuzzApplySequence(f *testing.F) {
 	f.Add([]byte{0xc0, 0x00, 0xc1, 0x01, 0xc2, 0x05, 0xc3, 0x02, 0x00, 0x00, 0xc4, 0x09, 0x04, 0x01, 0xc5, 0x00})
 	// bootstrap, mint, admit, prepare, checkpoint, abort, retire twice
 	f.Add([]byte{0xc0, 0x00, 0xc1, 0x02, 0xc2, 0x06, 0xc4, 0x01, 0x04, 0x00, 0xc6, 0x00, 0xc7, 0x02, 0xc7, 0x02})
+	// version 3, 4; open a session with a delay; two grants in it, one
+	// with a delay; checkpoint; expire it; grant a delayed key; clear;
+	// expire the delayed lock; checkpoint (records); clear with its seq
+	f.Add([]byte{0xc8, 0x02, 0xc8, 0x04, 0x80, 0x02, 0x81, 0x01, 0x91, 0x01, 0xa2, 0x05, 0x04, 0x00,
+		0x84, 0x01, 0x00, 0x00, 0x86, 0x00, 0x27, 0x00, 0x04, 0x01, 0xa6, 0x00})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		keys := [...]string{"a", "b", "잠금", "lock/1"}
 		direct, viaLog, viaSnap := core.NewMachine(), core.NewMachine(), core.NewMachine()
@@ -455,8 +487,10 @@ func FuzzApplySequence(f *testing.F) {
 			key := keys[op>>4&3]
 			var c core.Command
 			switch {
+			case op>>6 == 2:
+				c = fuzzSession(direct, op&7, arg, key)
 			case op>>6 == 3 && op&8 != 0 && arg&1 == 0:
-				c = core.SetClusterVersion(2 + uint64(arg>>1&1))
+				c = core.SetClusterVersion(2 + uint64(arg>>1)%3)
 			case op>>6 == 3 && op&8 != 0:
 				c = core.SetFenceKey(seed(1 + int(arg>>1&3)))
 			case op>>6 == 3:
@@ -479,7 +513,7 @@ func FuzzApplySequence(f *testing.F) {
 					}
 					continue
 				case 5:
-					c = core.Command{Kind: core.Kind(arg % 6), Key: key, Token: uint64(arg >> 4), LeaseMS: uint64(arg&8) * 100}
+					c = core.Command{Kind: core.Kind(arg % 11), Key: key, Token: uint64(arg >> 4), LeaseMS: uint64(arg&8) * 100}
 				case 6, 7:
 					l, _ := direct.Get(key)
 					c = core.Release(key, l.Token)
@@ -506,6 +540,46 @@ func FuzzApplySequence(f *testing.F) {
 			t.Fatalf("replicas diverged:\n%x\n%x\n%x", direct.Snapshot(), viaLog.Snapshot(), viaSnap.Snapshot())
 		}
 	})
+}
+
+// fuzzSession builds FuzzApplySequence's session and lock-delay command:
+// op 0-7 is open_session (identity arg bit 0, TTL from arg, a delay when
+// arg bit 1 is set), grant in session arg bits 0-2, grant with a
+// lock-delay of arg×100 ms, close_session, expire_session (of session arg
+// bits 0-2, at its epoch unless arg bit 3 is set, then at arg bits 4-7),
+// refresh_session, clear_delay of key (at its sequence number unless arg
+// bit 3 is set, then arg bits 4-7), grant in session with a request id.
+func fuzzSession(m *core.Machine, op, arg byte, key string) core.Command {
+	id := uint64(arg & 7)
+	switch op {
+	case 0:
+		var delayMS uint64
+		if arg&2 != 0 {
+			delayMS = uint64(arg) * 100
+		}
+		return core.OpenSession([]string{"", "x"}[arg&1], core.MinSessionTTLMS+uint64(arg), delayMS)
+	case 1:
+		return core.Grant(key, "", 0, uint64(arg)).InSession(id)
+	case 2:
+		return core.Grant(key, "", core.MinLeaseMS, uint64(arg)).WithLockDelay(uint64(arg) * 100)
+	case 3:
+		return core.CloseSession(id, "")
+	case 4:
+		epoch := uint64(arg >> 4)
+		if x, ok := m.Session(id); ok && arg&8 == 0 {
+			epoch = x.Epoch
+		}
+		return core.ExpireSession(id, epoch)
+	case 5:
+		return core.RefreshSession(id)
+	case 6:
+		seq := uint64(arg >> 4)
+		if d, ok := m.Delay(key); ok && arg&8 == 0 {
+			seq = d.Seq
+		}
+		return core.ClearDelay(key, seq)
+	}
+	return core.Grant(key, "", 0, uint64(arg)).InSession(id).WithRequest("", "r"+strconv.Itoa(int(arg>>3&3)))
 }
 
 // fuzzControl builds FuzzApplySequence's control command: op 0-7 is
@@ -579,6 +653,62 @@ func FuzzDecodeEndedRequest(f *testing.F) {
 			Requests: core.RequestState{DataClockMS: e.EndedAtMS, Ended: []core.EndedRequest{e}}}
 		if st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(s)); err != nil || !reflect.DeepEqual(st.Requests, s.Requests) {
 			t.Fatalf("record %+v does not travel in a snapshot: %+v, %v", e, st, err)
+		}
+	})
+}
+
+// FuzzDecodeSessionRecord: a stored session record decodes only from its
+// canonical encoding, and what decodes travels in a snapshot and opens
+// into a machine's state.
+func FuzzDecodeSessionRecord(f *testing.F) {
+	f.Add(core.EncodeSessionRecord(core.Session{ID: 3, Identity: "a", TTLMS: ttl, LockDelayMS: delay, Epoch: 2}))
+	f.Add(core.EncodeSessionRecord(core.Session{ID: math.MaxUint64, TTLMS: core.MaxSessionTTLMS, Epoch: math.MaxUint64}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		x, err := core.DecodeSessionRecord(b)
+		if err != nil {
+			checkDecodeError(t, err)
+			if x != (core.Session{}) {
+				t.Fatalf("failed decode returned %+v", x)
+			}
+			return
+		}
+		if re := core.EncodeSessionRecord(x); !bytes.Equal(re, b) {
+			t.Fatalf("not canonical: %x re-encodes to %x", b, re)
+		}
+		s := core.SnapshotState{Control: core.ControlState{ClusterVersion: 4},
+			Sessions: core.SessionState{LastSessionID: x.ID, Sessions: []core.Session{x}}}
+		if st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(s)); err != nil || !reflect.DeepEqual(st.Sessions, s.Sessions) {
+			t.Fatalf("session %+v does not travel in a snapshot: %+v, %v", x, st, err)
+		}
+		if err := core.OpenSession(x.Identity, x.TTLMS, x.LockDelayMS).Validate(); err != nil {
+			t.Fatalf("session %+v could not have been opened: %v", x, err)
+		}
+	})
+}
+
+// FuzzDecodeDelayRecord: the same for a stored delay record.
+func FuzzDecodeDelayRecord(f *testing.F) {
+	f.Add(core.EncodeDelayRecord(core.Delay{Key: "k", DelayMS: delay, Seq: 9}))
+	f.Add(core.EncodeDelayRecord(core.Delay{Key: "잠금", DelayMS: core.MaxLockDelayMS, Seq: math.MaxUint64}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		d, err := core.DecodeDelayRecord(b)
+		if err != nil {
+			checkDecodeError(t, err)
+			if d != (core.Delay{}) {
+				t.Fatalf("failed decode returned %+v", d)
+			}
+			return
+		}
+		if re := core.EncodeDelayRecord(d); !bytes.Equal(re, b) {
+			t.Fatalf("not canonical: %x re-encodes to %x", b, re)
+		}
+		s := core.SnapshotState{Control: core.ControlState{ClusterVersion: 4},
+			Sessions: core.SessionState{LastDelaySeq: d.Seq, Delays: []core.Delay{d}}}
+		if st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(s)); err != nil || !reflect.DeepEqual(st.Sessions, s.Sessions) {
+			t.Fatalf("delay %+v does not travel in a snapshot: %+v, %v", d, st, err)
+		}
+		if err := core.ClearDelay(d.Key, d.Seq).Validate(); err != nil {
+			t.Fatalf("delay %+v could not be cleared: %v", d, err)
 		}
 	})
 }

@@ -38,31 +38,34 @@ const (
 // MaxInflightDefault, 10,000), so the table can exceed the limit by a few
 // tens of thousands: MaxLocksOverrun allows 100,000.
 //
-// One lock in a snapshot (version 4) takes at most MaxLockSnapshotSize:
+// One lock in a snapshot (version 5) takes at most MaxLockSnapshotSize:
 //
 //	key 2+512 | token 10 | owner 2+256 | lease 4 | granted_at 10 | identity 2+256
-//	| request_id 2+64 = 1,120 bytes
+//	| request_id 2+64 | session_id 10 | lock_delay_ms 3 = 1,133 bytes
 //
 // the control section at most MaxControlSnapshotSize (MaxControlNodes
 // members of 10+10+1+2+MaxAddressLen bytes, issued and retired lists of
 // 20 bytes each, MaxJoinCredentials credentials of 33 bytes, MaxFenceKeys
 // seeds of 32 bytes, plus the fixed fields): 65,536 × (279 + 20 + 20 + 33)
-// + 4 × 32 + 1,024 ≈ 23.1 MB, and the request section (requests.go) at
-// most MaxRequestsSnapshotSize: 30 + MaxRequestRecords × 84 ≈ 176.2 MB. So
-// a snapshot of the largest state is at most
+// + 4 × 32 + 1,024 ≈ 23.1 MB, the request section (requests.go) at most
+// MaxRequestsSnapshotSize: 30 + MaxRequestRecords × 84 ≈ 176.2 MB, and the
+// session section (sessions.go) at most MaxSessionsSnapshotSize: 40 +
+// MaxSessions × 285 + MaxDelayedKeys × 527 ≈ 106.4 MB. So a snapshot of
+// the largest state is at most
 //
-//	MaxSnapshotSize = 64 + (MaxLocks + MaxLocksOverrun) × 1,120 + 23.1 MB + 176.2 MB
-//	                = 64 + 1,148,576 × 1,120 + 23,069,824 + 176,160,798 ≈ 1.486 GB
+//	MaxSnapshotSize = 64 + (MaxLocks + MaxLocksOverrun) × 1,133 + 23.1 MB + 176.2 MB + 106.4 MB
+//	                = 64 + 1,148,576 × 1,133 + 23,069,824 + 176,160,798 + 106,430,504 ≈ 1.607 GB
 //
 // which must fit (each checked by a test or a compile-time assertion):
 //   - the decoder: 1,148,576 locks ≤ MaxSnapshotLocks (16,777,216);
 //   - the peer transport's streamed message, 2 GiB (transports/peer
 //     MaxSnapshotSize; daemon asserts it at compile time);
 //   - the one Pebble batch (4 GiB) that installs a received snapshot: the
-//     snapshot bytes plus one row per lock (2+512 key, 1+1,120 value, ~10
-//     batch overhead) and one per ended request record (10 key, 1+84
-//     value, ~10): 1.486 GB + 1,148,576 × 1,645 + 2,097,152 × 105
-//     ≈ 3.60 GB.
+//     snapshot bytes plus one row per lock (2+512 key, 1+1,133 value, ~10
+//     batch overhead), one per ended request record (10 key, 1+84 value,
+//     ~10), one per session (10 key, 1+285 value, ~10) and one per
+//     delayed key (2+512 key, 1+527 value, ~10): 1.607 GB + 1,148,576 ×
+//     1,658 + 2,097,152 × 105 + 131,072 × 306 + 131,072 × 1,052 ≈ 3.91 GB.
 //
 // DefaultMaxLocks is below MaxLocks so that an operator can raise it a
 // little without first measuring memory: a held lock costs about 0.5 KB of
@@ -80,7 +83,7 @@ const (
 	// can take the table past MaxLocks.
 	MaxLocksOverrun = 100_000
 	// MaxLockSnapshotSize is the largest encoding of one lock in a snapshot.
-	MaxLockSnapshotSize = (2 + MaxKeyLen) + 10 + (2 + MaxOwnerLen) + 4 + 10 + (2 + MaxIdentityLen) + (2 + MaxRequestIDLen)
+	MaxLockSnapshotSize = (2 + MaxKeyLen) + 10 + (2 + MaxOwnerLen) + 4 + 10 + (2 + MaxIdentityLen) + (2 + MaxRequestIDLen) + 10 + 3
 	// MaxControlSnapshotSize bounds the control section of a snapshot.
 	MaxControlSnapshotSize = MaxControlNodes*(10+10+1+2+MaxAddressLen+20+20) + MaxJoinCredentials*33 + MaxFenceKeys*32 + 1024
 	// MaxEndedSnapshotSize is the largest encoding of one ended request
@@ -89,8 +92,81 @@ const (
 	// MaxRequestsSnapshotSize bounds the request section of a snapshot:
 	// data clock, head and count (10 each) and the ended records.
 	MaxRequestsSnapshotSize = 30 + MaxRequestRecords*MaxEndedSnapshotSize
+	// MaxSessionSnapshotSize is the largest encoding of one session:
+	// id 10 | identity 2+256 | ttl_ms 4 | lock_delay_ms 3 | epoch 10.
+	MaxSessionSnapshotSize = 10 + (2 + MaxIdentityLen) + 4 + 3 + 10
+	// MaxDelaySnapshotSize is the largest encoding of one delayed key:
+	// key 2+512 | delay_ms 3 | seq 10.
+	MaxDelaySnapshotSize = (2 + MaxKeyLen) + 3 + 10
+	// MaxSessionsSnapshotSize bounds the session section of a snapshot:
+	// the last session id, the last delay sequence number and two counts
+	// (10 each), the sessions and the delayed keys.
+	MaxSessionsSnapshotSize = 40 + MaxSessions*MaxSessionSnapshotSize + MaxDelayedKeys*MaxDelaySnapshotSize
 	// MaxSnapshotSize bounds the snapshot of any state the cluster can hold.
-	MaxSnapshotSize = 64 + (MaxLocks+MaxLocksOverrun)*MaxLockSnapshotSize + MaxControlSnapshotSize + MaxRequestsSnapshotSize
+	MaxSnapshotSize = 64 + (MaxLocks+MaxLocksOverrun)*MaxLockSnapshotSize + MaxControlSnapshotSize + MaxRequestsSnapshotSize +
+		MaxSessionsSnapshotSize
+)
+
+// Limits on sessions and lock-delays (cluster version 4, sessions.go).
+//
+// Apply enforces every one of them itself, like MaxRequestRecords, so the
+// replicated state never exceeds them whatever a former leader had in
+// flight: an OpenSession beyond MaxSessions applies as
+// ResultSessionsExhausted, a Grant into a session holding
+// MaxLocksPerSession locks as ResultSessionLocksExhausted, and an Expire
+// or ExpireSession that would delay more than MaxDelayedKeys keys as
+// ResultDelaysExhausted (the lock stays held: its key stays unavailable,
+// which is what its delay asked for, and the leader expires it again once
+// a delay has ended; an ExpireSession is all or nothing). A leader
+// refuses before proposing, with smaller operator limits (--max-sessions,
+// per identity: SessionsOf is O(1)).
+//
+// A delayed key is a key whose lock was freed by a failure and that no
+// Grant may take until the leader clears it, at most MaxLockDelayMS later
+// by its clock (a new leader waits the full delay again). Keys are either
+// held or delayed, never both, so the delayed set holds at most the keys
+// freed by failure within the last minute or so; MaxDelayedKeys bounds it
+// regardless of how the leader keeps up. It is at least
+// MaxLocksPerSession, so that any one session can always expire once
+// other delays have ended. A session costs about 300 bytes of state and a
+// delayed key about 600 at the largest key: 40 MB and 80 MB at the bounds.
+const (
+	// MinSessionTTL is the shortest session TTL: a session is kept alive
+	// by one keepalive for all its locks, meant to live long; a second
+	// keeps keepalives to a few a second per session at most.
+	MinSessionTTL = time.Second
+	// MaxSessionTTL is the longest session TTL, as MaxLease.
+	MaxSessionTTL = 24 * time.Hour
+	// MaxLockDelay is the longest lock-delay (Chubby's and Consul's
+	// maximum; Consul's default is 15 s).
+	MaxLockDelay = 60 * time.Second
+	// MaxSessions bounds the open sessions.
+	MaxSessions = 1 << 17
+	// DefaultMaxSessions is the leader's limit on open sessions when the
+	// operator sets none (--max-sessions).
+	DefaultMaxSessions = 100_000
+	// MaxLocksPerSession bounds the locks one session holds, and with it
+	// the work of the one command that closes or expires it.
+	MaxLocksPerSession = 10_000
+	// MaxDelayedKeys bounds the keys in their lock-delay.
+	MaxDelayedKeys = 1 << 17
+)
+
+// MinSessionTTLMS, MaxSessionTTLMS and MaxLockDelayMS are the bounds
+// above in milliseconds, the unit carried in commands.
+const (
+	MinSessionTTLMS = uint64(MinSessionTTL / time.Millisecond)
+	MaxSessionTTLMS = uint64(MaxSessionTTL / time.Millisecond)
+	MaxLockDelayMS  = uint64(MaxLockDelay / time.Millisecond)
+)
+
+// The bounds agree with each other and with the encodings' widths.
+const (
+	_ = uint(MaxDelayedKeys - MaxLocksPerSession)
+	_ = uint(MaxSessions - DefaultMaxSessions)
+	// ttl_ms fits 4 varint bytes, lock_delay_ms 3.
+	_ = uint(1<<28 - 1 - MaxSessionTTLMS)
+	_ = uint(1<<21 - 1 - MaxLockDelayMS)
 )
 
 // Limits on the request records (requests.go): what lets a client retry an
@@ -124,7 +200,8 @@ const (
 	// forget a younger one is refused (ResultRequestsExhausted) instead.
 	MinRequestRetentionMS = uint64(time.Minute / time.Millisecond)
 	// RequestPruneBudget is the most ended records one applied lock
-	// command prunes. Each command ends at most one grant, so any budget
+	// command prunes, plus one per lock a CloseSession or ExpireSession
+	// ends (the only commands that end more than one), so that any budget
 	// above one drains a backlog.
 	RequestPruneBudget = 4
 )

@@ -26,14 +26,26 @@ func TestSnapshotSizeArithmetic(t *testing.T) {
 		LeaseMS:     core.MaxLeaseMS,
 		GrantedAtMS: math.MaxUint64,
 	}
-	v4 := core.ControlState{ClusterVersion: 3} // snapshot version 4 carries identities and request ids
+	big.LockDelayMS = core.MaxLockDelayMS
+	// The largest session lock has no lease nor delay, but the largest id.
+	bigSession := big
+	bigSession.LeaseMS, bigSession.LockDelayMS, bigSession.SessionID = 0, 0, math.MaxUint64
+	v4 := core.ControlState{ClusterVersion: 4} // snapshot version 5 carries every lock field
 	// The fixed part: header and an empty request section at their largest.
 	maxReq := core.RequestState{DataClockMS: math.MaxUint64, EndedHead: math.MaxUint64}
 	empty := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Control: v4, Requests: maxReq}))
-	one := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Locks: []core.Lock{big}, Control: v4, Requests: maxReq}))
-	if per := one - empty; per > core.MaxLockSnapshotSize {
-		t.Fatalf("one maximal lock takes %d bytes, MaxLockSnapshotSize says %d", per, core.MaxLockSnapshotSize)
+	for _, l := range []core.Lock{big, bigSession} {
+		ss := core.SessionState{}
+		if l.SessionID != 0 {
+			ss = core.SessionState{LastSessionID: math.MaxUint64, Sessions: []core.Session{{ID: math.MaxUint64, TTLMS: core.MinSessionTTLMS, Epoch: 1}}}
+		}
+		base := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Control: v4, Requests: maxReq, Sessions: ss}))
+		one := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Locks: []core.Lock{l}, Control: v4, Requests: maxReq, Sessions: ss}))
+		if per := one - base; per > core.MaxLockSnapshotSize {
+			t.Fatalf("one maximal lock takes %d bytes, MaxLockSnapshotSize says %d", per, core.MaxLockSnapshotSize)
+		}
 	}
+	one := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Locks: []core.Lock{big}, Control: v4, Requests: maxReq}))
 	if empty > 64 {
 		t.Fatalf("the fixed part of a snapshot (with an empty control state) is %d bytes, the arithmetic allows 64", empty)
 	}
@@ -78,6 +90,44 @@ func TestSnapshotSizeArithmetic(t *testing.T) {
 	if core.MaxRequestsSnapshotSize != 30+core.MaxRequestRecords*core.MaxEndedSnapshotSize {
 		t.Fatal("MaxRequestsSnapshotSize does not follow MaxRequestRecords")
 	}
+	// The session section: its header at its largest, one maximal session
+	// and one maximal delayed key (their records are checked against
+	// MaxSessionSnapshotSize and MaxDelaySnapshotSize in version4_test.go).
+	maxReq = core.RequestState{DataClockMS: math.MaxUint64, EndedHead: math.MaxUint64}
+	maxSess := core.SessionState{LastSessionID: math.MaxUint64, LastDelaySeq: math.MaxUint64}
+	withHeader := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Control: v4, Requests: maxReq, Sessions: maxSess}))
+	if withHeader-empty > 40 {
+		t.Fatalf("the session section's header takes %d bytes, the arithmetic allows 40", withHeader-empty)
+	}
+	maxSess.Sessions = []core.Session{{ID: math.MaxUint64, Identity: strings.Repeat("i", core.MaxIdentityLen), TTLMS: core.MaxSessionTTLMS,
+		LockDelayMS: core.MaxLockDelayMS, Epoch: math.MaxUint64}}
+	maxSess.Delays = []core.Delay{{Key: strings.Repeat("k", core.MaxKeyLen), DelayMS: core.MaxLockDelayMS, Seq: math.MaxUint64}}
+	withBoth := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Control: v4, Requests: maxReq, Sessions: maxSess}))
+	if per := withBoth - withHeader; per > core.MaxSessionSnapshotSize+core.MaxDelaySnapshotSize {
+		t.Fatalf("one session and one delay take %d bytes, the arithmetic says %d", per, core.MaxSessionSnapshotSize+core.MaxDelaySnapshotSize)
+	}
+	if core.MaxSessionsSnapshotSize != 40+core.MaxSessions*core.MaxSessionSnapshotSize+core.MaxDelayedKeys*core.MaxDelaySnapshotSize {
+		t.Fatal("MaxSessionsSnapshotSize does not follow MaxSessions and MaxDelayedKeys")
+	}
+	if core.MaxDelayedKeys < core.MaxLocksPerSession || core.DefaultMaxSessions > core.MaxSessions {
+		t.Fatal("the session bounds contradict each other")
+	}
+	// The one Pebble batch that installs the largest snapshot (limits.go):
+	// the snapshot bytes plus a row per lock, ended request, session and
+	// delayed key, with their keys and ~10 bytes of batch overhead each.
+	const locks = core.MaxLocks + core.MaxLocksOverrun
+	install := uint64(core.MaxSnapshotSize) +
+		locks*uint64((2+core.MaxKeyLen)+(1+core.MaxLockSnapshotSize)+10) +
+		core.MaxRequestRecords*uint64(10+1+core.MaxEndedSnapshotSize+10) +
+		core.MaxSessions*uint64(10+1+core.MaxSessionSnapshotSize+10) +
+		core.MaxDelayedKeys*uint64((2+core.MaxKeyLen)+1+core.MaxDelaySnapshotSize+10)
+	if install >= 4<<30 {
+		t.Fatalf("installing the largest snapshot takes a %d-byte batch, Pebble's limit is 4 GiB", install)
+	}
+	if core.MaxSnapshotSize >= 2<<30-1<<20 {
+		t.Fatalf("MaxSnapshotSize %d leaves no room under the peer transport's 2 GiB", core.MaxSnapshotSize)
+	}
+	t.Logf("install batch of the largest snapshot: %d bytes", install)
 	t.Logf("largest snapshot: %d bytes (MaxSnapshotSize); one maximal lock %d bytes; largest control section %d bytes; one ended request %d bytes",
 		core.MaxSnapshotSize, one-empty, full, withEnded-empty)
 }

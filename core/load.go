@@ -30,6 +30,7 @@ type rawLock struct {
 	key, owner, identity, requestID []byte
 	token, leaseMS                  uint64
 	grantedAtMS                     uint64
+	sessionID, lockDelayMS          uint64
 	// term is the digest term's bytes (lockTerm: appendLock's fields, the
 	// identity as a string, empty or not, then the request id if any).
 	term []byte
@@ -38,7 +39,7 @@ type rawLock struct {
 // check applies validateLock's rules to r, returning validateLock's error.
 func (r *rawLock) check() error {
 	if validKeyBytes(r.key) && len(r.owner) <= MaxOwnerLen && utf8.Valid(r.owner) && validIdentityBytes(r.identity) &&
-		validRequestIDBytes(r.requestID) && ValidateLeaseMS(r.leaseMS) == nil && r.token != 0 {
+		validRequestIDBytes(r.requestID) && validateHold(r.leaseMS, r.sessionID, r.lockDelayMS) == nil && r.token != 0 {
 		return nil
 	}
 	return validateLock(r.lock())
@@ -47,7 +48,8 @@ func (r *rawLock) check() error {
 // lock copies r into a Lock.
 func (r *rawLock) lock() Lock {
 	return Lock{Key: string(r.key), Token: r.token, Owner: string(r.owner), Identity: string(r.identity),
-		RequestID: string(r.requestID), LeaseMS: r.leaseMS, GrantedAtMS: r.grantedAtMS}
+		RequestID: string(r.requestID), LeaseMS: r.leaseMS, GrantedAtMS: r.grantedAtMS,
+		SessionID: r.sessionID, LockDelayMS: r.lockDelayMS}
 }
 
 // rawFields reads appendLock's fields from d into r (not the identity)
@@ -71,6 +73,7 @@ type tableBuilder struct {
 	t    *lockTable
 	sum  sum256
 	held map[[32]byte]string
+	sess sessions // only its index of session locks (locksOf)
 }
 
 func newTableBuilder(n int) tableBuilder {
@@ -91,6 +94,9 @@ func (b *tableBuilder) add(r *rawLock, fresh bool) bool {
 		// A copy, not the arena's bytes: the index outlives compactions
 		// of the arena (table.go).
 		b.held[RequestKey(string(r.identity), string(r.requestID))] = strings.Clone(string(r.key))
+	}
+	if r.sessionID != 0 {
+		b.sess.lockAdded(&Lock{Key: string(r.key), SessionID: r.sessionID})
 	}
 	return true
 }
@@ -127,7 +133,7 @@ func (ld *Loader) AddRecord(key, record []byte) error {
 	}
 	d := decoder{b: record}
 	v := d.byte()
-	if d.err == nil && (v < LockRecVersion1 || v > LockRecVersion3) {
+	if d.err == nil && (v < LockRecVersion1 || v > LockRecVersion4) {
 		ld.err = &Error{Code: CodeUnknownVersion, Detail: "lock record version " + strconv.Itoa(int(v))}
 		return ld.err
 	}
@@ -139,6 +145,10 @@ func (ld *Loader) AddRecord(key, record []byte) error {
 	if v >= LockRecVersion3 {
 		r.requestID = d.rawStr(MaxRequestIDLen)
 	}
+	if v >= LockRecVersion4 {
+		r.sessionID = d.uvarint()
+		r.lockDelayMS = d.uvarint()
+	}
 	// Canonical: each lock has one record, the oldest version that carries
 	// it (DecodeLockRecord).
 	switch {
@@ -147,13 +157,17 @@ func (ld *Loader) AddRecord(key, record []byte) error {
 		d.err = malformedf("lock record version 2 with an empty identity")
 	case v == LockRecVersion3 && len(r.requestID) == 0:
 		d.err = malformedf("lock record version 3 with an empty request id")
+	case v == LockRecVersion4 && r.sessionID == 0 && r.lockDelayMS == 0:
+		d.err = malformedf("lock record version 4 without a session or a lock-delay")
 	}
 	if err := d.finish(); err != nil {
 		ld.err = err
 		return err
 	}
 	if v >= LockRecVersion2 {
-		r.term = record[1:] // the fields, the identity, the request id if any
+		// The fields, the identity, the request id if any (always in
+		// version 4), the session and lock-delay in version 4: lockTerm.
+		r.term = record[1:]
 	} else {
 		ld.scratch = append(append(ld.scratch[:0], fields...), 0) // an empty identity
 		r.term = ld.scratch
@@ -186,8 +200,9 @@ func (ld *Loader) ascending(key []byte) bool {
 }
 
 // Machine returns the loaded machine, or the first error, also when a
-// token is held twice. Its control state and request records are empty:
-// LoadControl and LoadRequests replace them, as after Load. A request
+// token is held twice. Its control state, request records and sessions
+// are empty: LoadControl, LoadRequests and LoadSessions replace them, as
+// after Load. A request
 // held by two locks is left for LoadRequests to refuse, as after Load.
 func (ld *Loader) Machine() (*Machine, error) {
 	if ld.err != nil {
@@ -199,6 +214,7 @@ func (ld *Loader) Machine() (*Machine, error) {
 	}
 	m := NewMachine()
 	m.lastToken, m.locks, m.lockSum, m.req.held = ld.lastToken, ld.b.t, ld.b.sum, ld.b.held
+	m.sess.locksOf = ld.b.sess.locksOf
 	return m, nil
 }
 

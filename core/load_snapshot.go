@@ -172,6 +172,8 @@ func (m *Machine) restoreSnapshot(b []byte) error {
 	m.ctl = newControl(s.Control)
 	m.ctlSum = controlSum(m.ctl.state())
 	m.req.load(s.Requests)
+	m.sess.locksOf = tb.sess.locksOf
+	m.sess.load(s.Sessions)
 	return nil
 }
 

@@ -10,7 +10,10 @@ import (
 // Identity is who the transport authenticated when it was granted (empty:
 // anonymous, or granted before cluster version 2). RequestID is the
 // client's request id of the Grant that made it (empty: none; cluster
-// version 3), scoped to Identity (requests.go).
+// version 3), scoped to Identity (requests.go). From cluster version 4 a
+// lock is either held in a session (SessionID; LeaseMS and LockDelayMS
+// are 0: it ends with its session and takes its lock-delay) or by a lease
+// with a LockDelayMS, 0 for none (sessions.go).
 type Lock struct {
 	Key         string
 	Token       uint64
@@ -19,10 +22,13 @@ type Lock struct {
 	RequestID   string
 	LeaseMS     uint64
 	GrantedAtMS uint64
+	SessionID   uint64
+	LockDelayMS uint64
 }
 
 // Machine is the lock table, the token counter, the request records
-// (requests.go) and the control state (control.go). The zero value is an
+// (requests.go), the sessions and lock-delays (sessions.go) and the
+// control state (control.go). The zero value is an
 // empty table whose first token will be 1, not yet bootstrapped. Machine
 // is not safe for concurrent use; its owner (raftstore) serialises access.
 type Machine struct {
@@ -30,6 +36,7 @@ type Machine struct {
 	lastToken uint64
 	ctl       control
 	req       requests
+	sess      sessions
 
 	// lockSum and ctlSum keep Digest O(1): lockSum is the multiset hash of
 	// the lock table (digest.go), updated by put, grant and end
@@ -76,6 +83,9 @@ func (m *Machine) Apply(c Command) Result {
 		}
 		m.req.prune(RequestPruneBudget)
 	}
+	if c.Kind.isSession() {
+		return m.applySession(&c)
+	}
 	held, ok := m.locks.get(c.Key)
 	switch c.Kind {
 	case KindGrant:
@@ -89,6 +99,9 @@ func (m *Machine) Apply(c Command) Result {
 		if ok {
 			return Result{Kind: ResultGrantRejected, Token: held.Token}
 		}
+		if r, refused := m.grantRefused(&c); refused {
+			return r
+		}
 		if m.lastToken == math.MaxUint64 {
 			// The token space is exhausted. Wrapping would issue token 0
 			// and then reuse old tokens, so no further grant takes effect.
@@ -99,11 +112,14 @@ func (m *Machine) Apply(c Command) Result {
 		}
 		m.lastToken++
 		m.grant(Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, Identity: c.Identity, RequestID: c.RequestID,
-			LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS}, &h)
+			LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS, SessionID: c.SessionID, LockDelayMS: c.LockDelayMS}, &h)
 		return Result{Kind: ResultGranted, Token: m.lastToken}
 	case KindRenew:
 		if !ok || held.Token != c.Token {
 			return Result{Kind: ResultNotFound}
+		}
+		if held.SessionID != 0 {
+			return Result{Kind: ResultNoop} // no lease: it lives as long as its session
 		}
 		// A renewal never shortens the lease: a new leader re-arms every
 		// lock with its LeaseMS, and a holder may still assume the longer
@@ -123,8 +139,7 @@ func (m *Machine) Apply(c Command) Result {
 		if !ok || held.Token != c.Token {
 			return Result{Kind: ResultExpired, Existed: false}
 		}
-		m.end(held)
-		return Result{Kind: ResultExpired, Existed: true}
+		return m.expire(held)
 	}
 	return Result{Kind: ResultNoop}
 }
@@ -197,7 +212,8 @@ func (m *Machine) Locks() []Lock {
 }
 
 // Snapshot encodes the whole state (lock table, counter, request records,
-// control state) in the versioned snapshot format. Equal states give equal
+// sessions and lock-delays, control state) in the versioned snapshot
+// format. Equal states give equal
 // bytes.
 func (m *Machine) Snapshot() []byte {
 	return EncodeSnapshotState(m.SnapshotState())
@@ -206,11 +222,12 @@ func (m *Machine) Snapshot() []byte {
 // SnapshotState returns a copy of the whole state, as a snapshot carries
 // it.
 func (m *Machine) SnapshotState() SnapshotState {
-	return SnapshotState{LastToken: m.lastToken, Locks: m.Locks(), Control: m.ctl.state(), Requests: m.req.state()}
+	return SnapshotState{LastToken: m.lastToken, Locks: m.Locks(), Control: m.ctl.state(), Requests: m.req.state(), Sessions: m.sess.state()}
 }
 
 // Digest summarises the whole state: equal on two replicas exactly when
-// their tables, counters, request records and control states are equal
+// their tables, counters, request records, sessions, lock-delays and
+// control states are equal
 // (up to SHA-256 collisions). It costs O(1): the lock table's and the
 // request records' parts are kept up to date by every change (digest.go),
 // so status can report it on every call.
@@ -220,6 +237,9 @@ func (m *Machine) Digest() [32]byte {
 		// A zero Machine (not from NewMachine) that no control command,
 		// restore or load has touched yet.
 		ctl = controlSum(m.ctl.state())
+	}
+	if m.ctl.clusterVersion >= 4 {
+		return stateDigestV3(m.lastToken, m.Len(), &m.lockSum, &ctl, &m.req, &m.sess)
 	}
 	if m.ctl.clusterVersion >= 3 {
 		return stateDigestV2(m.lastToken, m.Len(), &m.lockSum, &ctl, &m.req)
@@ -242,31 +262,35 @@ func (m *Machine) RestoreState(s SnapshotState) {
 	m.ctl = newControl(s.Control)
 	m.ctlSum = controlSum(m.ctl.state())
 	m.req.load(s.Requests)
+	m.sess.load(s.Sessions)
 }
 
 // Load replaces the lock table and token counter with the given ones, as
 // read back from storage. The caller guarantees the locks are valid (they
 // came through a decoder). The control state and the request records,
-// which storage keeps in rows of their own, are left alone: LoadControl
-// and LoadRequests replace them (in that order, after Load).
+// which storage keeps in rows of their own, are left alone: LoadControl,
+// LoadRequests and LoadSessions replace them (in that order, after Load).
 func (m *Machine) Load(lastToken uint64, locks []Lock) {
 	m.lastToken = lastToken
 	m.locks = newLockTable(len(locks))
 	m.lockSum = sum256{}
 	m.req.held = nil
+	m.sess.locksOf = nil
 	for _, l := range locks {
 		m.put(l)
 	}
 }
 
-// put sets the lock on l.Key, keeping lockSum and the index of held
-// request ids in step.
+// put sets the lock on l.Key, keeping lockSum and the indexes of held
+// request ids and of session locks in step.
 func (m *Machine) put(l Lock) {
 	old, ok := m.locks.put(l)
 	if ok {
 		m.lockSum.sub(lockTerm(old))
+		m.sess.lockRemoved(&old)
 	}
 	m.lockSum.add(lockTerm(l))
+	m.sess.lockAdded(&l)
 	if ok && old.RequestID == l.RequestID && old.Identity == l.Identity {
 		return // a renewal: same request
 	}

@@ -453,7 +453,7 @@ func TestStrings(t *testing.T) {
 		{core.KindRelease.String(), "release"},
 		{core.KindExpire.String(), "expire"},
 		{core.KindControl.String(), "control"},
-		{core.Kind(9).String(), "kind(9)"},
+		{core.Kind(11).String(), "kind(11)"},
 		{granted(3).String(), "granted{token:3}"},
 		{grantRejected(4).String(), "grant_rejected{token:4}"},
 		{released.String(), "released"},

@@ -49,6 +49,8 @@ type model struct {
 	ended []endedModel     // oldest first
 	clock uint64
 	limit int // the request records' limit
+
+	s sessModel // sessions and lock-delays (property_sessions_test.go)
 }
 
 type reqID struct{ identity, rid string }
@@ -67,6 +69,15 @@ func (m *model) end(key string) {
 	}
 	delete(m.held, key)
 	delete(m.leases, key)
+	delete(m.s.lockSess, key)
+	delete(m.s.lockDelay, key)
+}
+
+// prune forgets up to n ended records older than the retention.
+func (m *model) prune(n int) {
+	for i := 0; i < n && len(m.ended) > 0 && m.clock-m.ended[0].at > core.RequestRetentionMS; i++ {
+		m.ended = m.ended[1:]
+	}
 }
 
 // lookup is the record of a request: held, or its newest ended one if
@@ -93,18 +104,23 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 	if c.Kind == core.KindControl {
 		panic("model: control command")
 	}
-	// Version 2 and 3 commands change nothing before the cluster agreed
-	// on their version.
-	if (c.Kind == core.KindRenew || c.Identity != "") && m.ctl.version < 2 || c.RequestID != "" && m.ctl.version < 3 {
+	// Version 2, 3 and 4 commands change nothing before the cluster
+	// agreed on their version.
+	session := c.Kind >= core.KindOpenSession && c.Kind <= core.KindClearDelay
+	switch {
+	case (session || c.SessionID != 0 || c.LockDelayMS != 0) && m.ctl.version < 4,
+		c.RequestID != "" && m.ctl.version < 3,
+		(c.Kind == core.KindRenew || c.Identity != "") && m.ctl.version < 2:
 		return noop
 	}
 	if m.ctl.version >= 3 {
 		if c.Kind == core.KindGrant {
 			m.clock = max(m.clock, c.GrantedAtMS)
 		}
-		for i := 0; i < core.RequestPruneBudget && len(m.ended) > 0 && m.clock-m.ended[0].at > core.RequestRetentionMS; i++ {
-			m.ended = m.ended[1:]
-		}
+		m.prune(core.RequestPruneBudget)
+	}
+	if session {
+		return m.applySession(c)
 	}
 	tok, ok := m.held[c.Key]
 	switch c.Kind {
@@ -123,6 +139,9 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 		if ok {
 			return grantRejected(tok)
 		}
+		if r, refused := m.s.grantRefused(c); refused {
+			return r
+		}
 		if m.last == math.MaxUint64 {
 			return noop
 		}
@@ -135,12 +154,21 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 		m.last++
 		m.held[c.Key] = m.last
 		m.leases[c.Key] = c.LeaseMS
+		if c.SessionID != 0 {
+			m.s.lockSess[c.Key] = c.SessionID
+		}
+		if c.LockDelayMS != 0 {
+			m.s.lockDelay[c.Key] = c.LockDelayMS
+		}
 		if c.RequestID != "" {
 			m.rids[c.Key] = id
 			m.byReq[id] = c.Key
 		}
 		return granted(m.last)
 	case core.KindRenew:
+		if ok && tok == c.Token && m.s.lockSess[c.Key] != 0 {
+			return noop
+		}
 		if ok && tok == c.Token {
 			m.leases[c.Key] = max(m.leases[c.Key], c.LeaseMS)
 			return core.Result{Kind: core.ResultRenewed, Token: tok}
@@ -153,11 +181,18 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 		}
 		return notFound
 	case core.KindExpire:
-		if ok && tok == c.Token {
-			m.end(c.Key)
-			return expiredTrue
+		if !ok || tok != c.Token || m.s.lockSess[c.Key] != 0 {
+			return expiredFalse
 		}
-		return expiredFalse
+		d := m.s.lockDelay[c.Key]
+		if d > 0 && len(m.s.delays) >= m.s.limit(2, core.MaxDelayedKeys) {
+			return core.Result{Kind: core.ResultDelaysExhausted}
+		}
+		m.end(c.Key)
+		if d > 0 {
+			m.s.delay(c.Key, d)
+		}
+		return expiredTrue
 	}
 	panic("model: unexpected kind " + c.Kind.String())
 }
@@ -402,6 +437,9 @@ type cmdGen struct {
 	byKey  map[string][]uint64 // tokens issued per key, including stale ones
 	nodes  []uint64            // every NodeID issued so far, in order
 	now    uint64              // the leaders' wall clock, as Grants carry it
+	// sessionShare is the percentage of lock commands that are session
+	// and lock-delay commands.
+	sessionShare int
 }
 
 // Request ids and identities come from small pools, so that repeats,
@@ -505,7 +543,7 @@ func (g *cmdGen) control(ctl *ctlModel) (core.Command, bool) {
 		return invalid[r.IntN(len(invalid))], false
 	}
 	if r.IntN(12) == 0 {
-		return core.SetClusterVersion(uint64(2 + r.IntN(2))), true
+		return core.SetClusterVersion(uint64(2 + r.IntN(3))), true
 	}
 	// Rarer than the rest: every restore derives each kept key again, and
 	// Ed25519 under the race detector is slow.
@@ -571,6 +609,9 @@ func (g *cmdGen) command(mod *model, ctl *ctlModel) (core.Command, bool) {
 	r := g.r
 	if r.IntN(100) < 20 {
 		return g.control(ctl)
+	}
+	if r.IntN(100) < g.sessionShare {
+		return g.sessionCommand(mod)
 	}
 	switch p := r.IntN(100); {
 	case p < 45:
@@ -656,10 +697,12 @@ type replicas struct {
 	viaRecs *core.Machine // (d) rebuilt from lock records + Load at random points
 }
 
-// setLimit gives every replica the request records' limit of the sequence.
-func (ms replicas) setLimit(n int) {
+// setLimit gives every replica the request records' and the sessions'
+// limits of the sequence.
+func (ms replicas) setLimit(n int, s [3]int) {
 	for _, m := range []*core.Machine{ms.direct, ms.viaLog, ms.viaSnap, ms.viaRecs} {
 		m.SetRequestLimitForTest(n)
+		m.SetSessionLimitsForTest(s[0], s[1], s[2])
 	}
 }
 
@@ -690,15 +733,26 @@ func TestProperty(t *testing.T) {
 }
 
 func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
+	runSequenceFrom(t, seed, seq, maxLen, 1)
+}
+
+// runSequenceFrom runs one random sequence on replicas that start at
+// cluster version startVersion (4: with small session limits and mostly
+// session commands).
+func runSequenceFrom(t *testing.T, seed uint64, seq, maxLen int, startVersion uint64) {
 	r := rand.New(rand.NewPCG(seed, uint64(seq)))
-	g := &cmdGen{r: r, keys: propertyKeys[:1+r.IntN(len(propertyKeys))], byKey: map[string][]uint64{}}
+	g := &cmdGen{r: r, keys: propertyKeys[:1+r.IntN(len(propertyKeys))], byKey: map[string][]uint64{}, sessionShare: 15}
 	ctl := newCtlModel()
 	mod := &model{held: map[string]uint64{}, leases: map[string]uint64{}, ctl: ctl,
-		rids: map[string]reqID{}, byReq: map[reqID]string{}, limit: core.MaxRequestRecords}
+		rids: map[string]reqID{}, byReq: map[reqID]string{}, limit: core.MaxRequestRecords, s: newSessModel()}
 	// Half the sequences fill a small request table (the same limit on
 	// every replica), so that exhaustion and early forgetting happen.
 	if r.IntN(2) == 0 {
 		mod.limit = 2 + r.IntN(5)
+	}
+	if startVersion >= 4 {
+		g.sessionShare = 60
+		mod.s.limits = [3]int{1 + r.IntN(3), 1 + r.IntN(3), 1 + r.IntN(4)}
 	}
 	// Most sequences start from a fresh counter; some start from a restored
 	// high one, and a few right below the end of the token space.
@@ -709,7 +763,16 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 		mod.last = math.MaxUint64 - r.Uint64N(40)
 	}
 	ms := newReplicas(mod.last)
-	ms.setLimit(mod.limit)
+	ms.setLimit(mod.limit, mod.s.limits)
+	for v := uint64(2); v <= startVersion; v++ {
+		c := core.SetClusterVersion(v)
+		want := ctl.apply(c.Control)
+		for _, m := range []*core.Machine{ms.direct, ms.viaLog, ms.viaSnap, ms.viaRecs} {
+			if got := m.Apply(c); got != want {
+				t.Fatalf("SetClusterVersion(%d) = %v, model %v", v, got, want)
+			}
+		}
+	}
 	var history []core.Command
 	fail := func(format string, args ...any) {
 		t.Helper()
@@ -722,11 +785,11 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 	for step := range n {
 		if r.IntN(16) == 0 {
 			ms.viaSnap = snapshotRestore(t, ms.viaSnap, step%2 == 0)
-			ms.setLimit(mod.limit)
+			ms.setLimit(mod.limit, mod.s.limits)
 		}
 		if r.IntN(16) == 0 {
 			ms.viaRecs = rebuildFromRecords(t, r, ms.viaRecs)
-			ms.setLimit(mod.limit)
+			ms.setLimit(mod.limit, mod.s.limits)
 		}
 		c, valid := g.command(mod, ctl)
 		history = append(history, c)
@@ -774,6 +837,10 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 			fail("%d request records, data clock %d; model %d, %d", ms.direct.RequestRecords(), ms.direct.DataClockMS(), n, mod.clock)
 			return
 		}
+		if ms.direct.SessionCount() != len(mod.s.sessions) || ms.direct.DelayCount() != len(mod.s.delays) {
+			fail("%d sessions, %d delays; model %d, %d", ms.direct.SessionCount(), ms.direct.DelayCount(), len(mod.s.sessions), len(mod.s.delays))
+			return
+		}
 	}
 	for _, id := range propertyIdentities {
 		for _, rid := range propertyRequestIDs {
@@ -784,6 +851,7 @@ func runSequence(t *testing.T, seed uint64, seq, maxLen int) {
 	}
 
 	checkTable(t, ms.direct, mod)
+	mod.s.check(t, ms.direct)
 	ctl.check(t, ms.direct)
 	checkControlInvariants(t, ms.direct)
 	want := ms.direct.Snapshot()
@@ -841,7 +909,8 @@ func snapshotRestore(t *testing.T, m *core.Machine, zeroValue bool) *core.Machin
 // written as a record, read back in storage order (any order), and loaded
 // with the persisted counter; the control state comes back from its own
 // record through LoadControl, the request records from theirs through
-// LoadRequests. A nil r keeps key order.
+// LoadRequests, the sessions and delayed keys from theirs through
+// LoadSessions. A nil r keeps key order.
 func rebuildFromRecords(t testing.TB, r *rand.Rand, m *core.Machine) *core.Machine {
 	t.Helper()
 	var locks []core.Lock
@@ -872,6 +941,25 @@ func rebuildFromRecords(t testing.TB, r *rand.Rand, m *core.Machine) *core.Machi
 	if err := fresh.LoadRequests(rs); err != nil {
 		t.Fatalf("LoadRequests(own request state): %v", err)
 	}
+	// So do the sessions and the delayed keys, one row each.
+	ss := m.SessionState()
+	for i, x := range ss.Sessions {
+		got, err := core.DecodeSessionRecord(core.EncodeSessionRecord(x))
+		if err != nil || got != x {
+			t.Fatalf("session record round trip of %+v: %+v, %v", x, got, err)
+		}
+		ss.Sessions[i] = got
+	}
+	for i, d := range ss.Delays {
+		got, err := core.DecodeDelayRecord(core.EncodeDelayRecord(d))
+		if err != nil || got != d {
+			t.Fatalf("delay record round trip of %+v: %+v, %v", d, got, err)
+		}
+		ss.Delays[i] = got
+	}
+	if err := fresh.LoadSessions(ss); err != nil {
+		t.Fatalf("LoadSessions(own session state): %v", err)
+	}
 	// The same rows through the Loader (raftstore's restart) give the same
 	// state; that machine is the one the caller goes on with.
 	ld := core.NewLoader(m.LastToken(), len(locks)/2)
@@ -889,6 +977,9 @@ func rebuildFromRecords(t testing.TB, r *rand.Rand, m *core.Machine) *core.Machi
 	}
 	if err := loaded.LoadRequests(rs); err != nil {
 		t.Fatalf("LoadRequests after the Loader: %v", err)
+	}
+	if err := loaded.LoadSessions(ss); err != nil {
+		t.Fatalf("LoadSessions after the Loader: %v", err)
 	}
 	if loaded.Digest() != fresh.Digest() || loaded.Digest() != m.Digest() || !slices.Equal(loaded.Locks(), m.Locks()) {
 		t.Fatal("the Loader's machine differs from Load's")

@@ -255,11 +255,13 @@ func (m *Machine) grantRequest(c *Command, h [32]byte) (res Result, ok bool) {
 	return Result{}, false
 }
 
-// end removes the lock held on l.Key (l is that lock) and, when it was
-// granted with a request id, records its end.
+// end removes the lock held on l.Key (l is that lock), and from the
+// session's index, and, when it was granted with a request id, records
+// its end.
 func (m *Machine) end(l Lock) {
 	m.lockSum.sub(lockTerm(l))
 	m.locks.del(l.Key)
+	m.sess.lockRemoved(&l)
 	if l.RequestID != "" {
 		h := RequestKey(l.Identity, l.RequestID)
 		delete(m.req.held, h)
@@ -272,6 +274,7 @@ func (m *Machine) end(l Lock) {
 func (m *Machine) grant(l Lock, h *[32]byte) {
 	m.locks.put(l)
 	m.lockSum.add(lockTerm(l))
+	m.sess.lockAdded(&l)
 	if l.RequestID != "" {
 		if m.req.held == nil {
 			m.req.held = make(map[[32]byte]string)

@@ -12,6 +12,12 @@ import (
 // their data, identities and credentials, and must never be mistaken for
 // members of the new one.
 
+// ReseedSessionBump is how far Reseed moves the session ID counter past
+// the backup's: more sessions than the old cluster could have opened after
+// the backup was taken (2^40: a million a second for twelve days), and
+// room for 2^24 restores.
+const ReseedSessionBump = 1 << 40
+
 // ReseedOptions says how a backed-up state becomes a new cluster's.
 type ReseedOptions struct {
 	// BumpTokens is added to the token counter, so the new cluster's first
@@ -24,7 +30,8 @@ type ReseedOptions struct {
 	// again: a lock its holder thinks lost may still block its key. A
 	// dropped lock granted with a request id ends: its request record
 	// moves to the ended ones, so that a retry of that acquire learns the
-	// grant ended instead of being granted again.
+	// grant ended instead of being granted again. Dropping the locks drops
+	// every session and lock-delay too (see Reseed).
 	DropLocks bool
 	// Static: the new cluster runs from a static member list without a
 	// control plane, so the control state keeps only the cluster version.
@@ -51,6 +58,19 @@ type ReseedOptions struct {
 // verifying against the restored one's keys. The request records are kept
 // (see DropLocks).
 //
+// Sessions (cluster version 4) are kept with their locks, epochs and
+// lock-delays, and the new leader times each with its full TTL, as it
+// does each kept lock's lease; delayed keys are kept and timed with their
+// full delay. With DropLocks they are dropped with the locks: a session
+// kept without its locks would answer its holder's keepalives as if it
+// still held them. Either way the session ID counter moves on by
+// ReseedSessionBump, so that no ID the old cluster may have issued after
+// the backup is issued again (a client of the old cluster may still hold
+// one and keep it alive).
+//
+// A state before cluster version 4 has no sessions, and its counter stays
+// 0 (a bumped counter would be a session state that version cannot have).
+//
 // A backup that was never bootstrapped keeps its (empty) control state;
 // Static keeps only the cluster version and the fence keys: a static
 // cluster has no control-plane members, and the old identities mean
@@ -61,6 +81,16 @@ func Reseed(s SnapshotState, o ReseedOptions) (SnapshotState, Identity, error) {
 	}
 	out := SnapshotState{LastToken: s.LastToken + o.BumpTokens, Requests: s.Requests}
 	out.Requests.Ended = slices.Clone(s.Requests.Ended)
+	if s.Control.ClusterVersion >= 4 {
+		if s.Sessions.LastSessionID > math.MaxUint64-ReseedSessionBump {
+			return SnapshotState{}, Identity{}, invalidf("bumping last session id %d by %d overflows", s.Sessions.LastSessionID, uint64(ReseedSessionBump))
+		}
+		out.Sessions = SessionState{LastSessionID: s.Sessions.LastSessionID + ReseedSessionBump, LastDelaySeq: s.Sessions.LastDelaySeq}
+		if !o.DropLocks {
+			out.Sessions.Sessions = slices.Clone(s.Sessions.Sessions)
+			out.Sessions.Delays = slices.Clone(s.Sessions.Delays)
+		}
+	}
 	if !o.DropLocks {
 		out.Locks = slices.Clone(s.Locks)
 	} else {

@@ -20,7 +20,7 @@ func encodeVia(t testing.TB, locks []core.Lock, v3, records bool) ([]byte, error
 }
 
 // encodeState builds the snapshot of s through the encoder: its locks
-// with Add or AddRecord, then its request section.
+// with Add or AddRecord, then its request and session sections.
 func encodeState(t testing.TB, s core.SnapshotState, records bool) ([]byte, error) {
 	t.Helper()
 	locks, ctl := s.Locks, s.Control
@@ -50,6 +50,23 @@ func encodeState(t testing.TB, s core.SnapshotState, records bool) ([]byte, erro
 	}
 	for _, x := range rs.Ended {
 		if err := e.AddEnded(x); err != nil {
+			return nil, err
+		}
+	}
+	ss := s.Sessions
+	if len(ss.Sessions) > 0 || len(ss.Delays) > 0 || ss.LastSessionID != 0 || ss.LastDelaySeq != 0 || records {
+		// (Finish writes an empty section itself from snapshot version 5.)
+		if err := e.BeginSessions(ss.LastSessionID, ss.LastDelaySeq, len(ss.Sessions), len(ss.Delays)); err != nil {
+			return nil, err
+		}
+	}
+	for _, x := range ss.Sessions {
+		if err := e.AddSession(x); err != nil {
+			return nil, err
+		}
+	}
+	for _, x := range ss.Delays {
+		if err := e.AddDelay(x); err != nil {
 			return nil, err
 		}
 	}
@@ -225,12 +242,14 @@ func FuzzSnapshotEncoderAddRecord(f *testing.F) {
 	}
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 9, Identity: "id", RequestID: "r", LeaseMS: lease}), true)
 	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 9, RequestID: "r", LeaseMS: lease}), false)
-	// v3 false: snapshot version 2; true: versions 3 and 4 (cluster
-	// versions 2 and 3).
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 9, Identity: "id", SessionID: 4}), true)
+	f.Add(core.EncodeLockRecord(core.Lock{Key: "k", Token: 9, LeaseMS: lease, LockDelayMS: 7}), true)
+	// v3 false: snapshot version 2; true: versions 3 to 5 (cluster
+	// versions 2 to 4).
 	f.Fuzz(func(t *testing.T, rec []byte, v3 bool) {
 		versions := []uint64{0}
 		if v3 {
-			versions = []uint64{2, 3}
+			versions = []uint64{2, 3, 4}
 		}
 		for _, cv := range versions {
 			ctl := core.ControlState{ClusterVersion: cv}

@@ -57,6 +57,8 @@ var _ = Lock(struct {
 	RequestID   string
 	LeaseMS     uint64
 	GrantedAtMS uint64
+	SessionID   uint64
+	LockDelayMS uint64
 }{})
 
 // lockRec is one lock. A free record has keyLen 0 (no key is empty).
@@ -69,6 +71,19 @@ type lockRec struct {
 	keyLen      uint16
 	ownerLen    uint16
 	reqLen      uint8
+	// A session lock (cluster version 4) has no lease, so leaseMS holds
+	// its session ID when inSession is set; lockDelayMS fits 16 bits. Both
+	// sit in what was padding: the record stays 40 bytes.
+	inSession   bool
+	lockDelayMS uint16
+}
+
+// hold returns the lease, session and lock-delay fields of a record for l.
+func hold(l *Lock) (leaseMS uint64, inSession bool, lockDelayMS uint16) {
+	if l.SessionID != 0 {
+		return l.SessionID, true, uint16(l.LockDelayMS)
+	}
+	return l.LeaseMS, false, uint16(l.LockDelayMS)
 }
 
 // size is how many arena bytes r's strings take.
@@ -95,6 +110,7 @@ const (
 	_ = uint16(MaxKeyLen)
 	_ = uint16(MaxOwnerLen)
 	_ = uint8(MaxRequestIDLen)
+	_ = uint16(MaxLockDelayMS)
 	_ = uint32(2 * (MaxLocks + MaxLocksOverrun) * (MaxKeyLen + MaxOwnerLen + MaxRequestIDLen))
 	// Record numbers fit an index entry: a table never has more records
 	// than a snapshot may declare locks.
@@ -165,9 +181,13 @@ func (t *lockTable) keyOf(r *lockRec) string { return t.str(r.off, r.keyLen) }
 
 func (t *lockTable) lock(r *lockRec) Lock {
 	owner := r.off + uint32(r.keyLen)
-	return Lock{Key: t.keyOf(r), Token: r.token, Owner: t.str(owner, r.ownerLen),
+	l := Lock{Key: t.keyOf(r), Token: r.token, Owner: t.str(owner, r.ownerLen),
 		Identity: t.idents[r.identity].name, RequestID: t.str(owner+uint32(r.ownerLen), uint16(r.reqLen)),
-		LeaseMS: r.leaseMS, GrantedAtMS: r.grantedAtMS}
+		LeaseMS: r.leaseMS, GrantedAtMS: r.grantedAtMS, LockDelayMS: uint64(r.lockDelayMS)}
+	if r.inSession {
+		l.LeaseMS, l.SessionID = 0, r.leaseMS
+	}
+	return l
 }
 
 // find returns the record number of key and the index slot naming it, or
@@ -218,7 +238,8 @@ func (t *lockTable) put(l Lock) (old Lock, replaced bool) {
 			t.release(r.identity)
 			r.identity = t.intern(l.Identity)
 		}
-		r.token, r.leaseMS, r.grantedAtMS = l.Token, l.LeaseMS, l.GrantedAtMS
+		r.token, r.grantedAtMS = l.Token, l.GrantedAtMS
+		r.leaseMS, r.inSession, r.lockDelayMS = hold(&l)
 		t.maybeCompact()
 		return old, true
 	}
@@ -233,9 +254,10 @@ func (t *lockTable) put(l Lock) (old Lock, replaced bool) {
 		t.recs = append(t.recs, lockRec{})
 		n = uint32(len(t.recs) - 1)
 	}
-	t.recs[n] = lockRec{token: l.Token, leaseMS: l.LeaseMS, grantedAtMS: l.GrantedAtMS,
+	t.recs[n] = lockRec{token: l.Token, grantedAtMS: l.GrantedAtMS,
 		off: t.appendStrings(l.Key, l.Owner, l.RequestID), identity: t.intern(l.Identity),
 		keyLen: uint16(len(l.Key)), ownerLen: uint16(len(l.Owner)), reqLen: uint8(len(l.RequestID))}
+	t.recs[n].leaseMS, t.recs[n].inSession, t.recs[n].lockDelayMS = hold(&l)
 	t.index[slot] = entryOf(n, h)
 	t.n++
 	return Lock{}, false
@@ -277,8 +299,13 @@ func (t *lockTable) putRaw(r *rawLock, fresh bool) bool {
 	off := uint32(len(t.arena))
 	t.arena = append(append(append(t.arena, r.key...), r.owner...), r.requestID...)
 	n := uint32(len(t.recs))
-	t.recs = append(t.recs, lockRec{token: r.token, leaseMS: r.leaseMS, grantedAtMS: r.grantedAtMS,
-		off: off, identity: id, keyLen: uint16(len(r.key)), ownerLen: uint16(len(r.owner)), reqLen: uint8(len(r.requestID))})
+	rec := lockRec{token: r.token, leaseMS: r.leaseMS, grantedAtMS: r.grantedAtMS,
+		off: off, identity: id, keyLen: uint16(len(r.key)), ownerLen: uint16(len(r.owner)), reqLen: uint8(len(r.requestID)),
+		lockDelayMS: uint16(r.lockDelayMS)}
+	if r.sessionID != 0 {
+		rec.leaseMS, rec.inSession = r.sessionID, true
+	}
+	t.recs = append(t.recs, rec)
 	t.n++
 	if fresh {
 		if t.pending == nil {

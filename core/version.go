@@ -22,29 +22,43 @@ package core
 //	                   records and the data clock (snapshot v4, which also
 //	                   carries lock request ids), fence signing keys
 //	                   (control record v3, in snapshot v4 too)
+//	cluster version 4: adds sessions and lock-delays (sessions.go):
+//	                   OpenSession, CloseSession, ExpireSession,
+//	                   RefreshSession, ClearDelay, Grant.SessionID and
+//	                   Grant.LockDelayMS (entry v4), each lock's session
+//	                   and lock-delay (lock record v4), session and delay
+//	                   records, and the session section (snapshot v5, with
+//	                   the control section still in its v3 form: the
+//	                   control record does not change)
 //
 // A cluster at version 3 also keeps its request records (requests.go): the
 // data clock advances with every Grant and ended records are pruned, even
 // while no command carries a request id. That changes no result of a
 // command of an earlier version, so raising the version is harmless to
 // clients that never send one; it does change the snapshot, control record
-// and digest formats, which is why it waits for every member.
+// and digest formats, which is why it waits for every member. Likewise a
+// cluster at version 4 writes snapshot v5 and digest v3 even while it has
+// no session and no lock-delay.
 
 // MaxClusterVersion is the newest cluster version this binary supports. It
 // reports it in its status; the leader proposes SetClusterVersion only up
 // to the lowest version any member reports.
-const MaxClusterVersion uint64 = 3
+const MaxClusterVersion uint64 = 4
 
 // MaxEntryVersion is the newest log entry format this binary decodes.
-const MaxEntryVersion = EntryVersion3
+const MaxEntryVersion = EntryVersion4
 
 // CommandVersion is the cluster version a command needs before it may be
-// proposed and applied: 3 for a Grant carrying a RequestID and for
-// SetFenceKey, 2 for Renew and a Grant carrying an Identity, 1 for the
-// rest. SetClusterVersion itself needs only version 1: what it needs
-// instead is every member's report that it reads the new version.
+// proposed and applied: 4 for the session and lock-delay commands and a
+// Grant carrying a SessionID or a LockDelayMS, 3 for a Grant carrying a
+// RequestID and for SetFenceKey, 2 for Renew and a Grant carrying an
+// Identity, 1 for the rest. SetClusterVersion itself needs only version 1:
+// what it needs instead is every member's report that it reads the new
+// version.
 func CommandVersion(c Command) uint64 {
 	switch {
+	case c.Kind.isSession(), c.Kind == KindGrant && (c.SessionID != 0 || c.LockDelayMS != 0):
+		return 4
 	case c.Kind == KindGrant && c.RequestID != "", c.Kind == KindControl && c.Control.Op == ControlSetFenceKey:
 		return 3
 	case c.Kind == KindRenew || c.Kind == KindGrant && c.Identity != "":
@@ -58,7 +72,9 @@ func CommandVersion(c Command) uint64 {
 // readable by binaries that know only the entry versions of it.
 func entryVersion(c Command) byte {
 	switch v := CommandVersion(c); {
-	case v >= 3:
+	case v >= 4:
+		return EntryVersion4
+	case v == 3:
 		return EntryVersion3
 	case v == 2 || c.Kind == KindControl && c.Control.Op == ControlSetClusterVersion:
 		return EntryVersion2

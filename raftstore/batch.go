@@ -20,7 +20,7 @@ type ReadyWrite struct {
 	Entries []raftpb.Entry
 	// Snapshot to install; raft.IsEmptySnap => none. Its Data is a core
 	// snapshot. Installing replaces all lock rows, the control row, the
-	// request rows, the last token, the applied index (= Metadata.Index)
+	// request rows, the session rows, the last token, the applied index (= Metadata.Index)
 	// and the conf state, and discards the whole log like
 	// MemoryStorage.ApplySnapshot (the dummy entry becomes
 	// (Metadata.Index, Metadata.Term)); Entries of the same ReadyWrite are
@@ -169,6 +169,9 @@ func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot) error 
 		return err
 	}
 	if err := stageSnapshotRequests(b, st, &ss.Requests); err != nil {
+		return err
+	}
+	if err := stageSnapshotSessions(b, st, &ss.Sessions); err != nil {
 		return err
 	}
 	if lastToken < st.lastToken {

@@ -10,7 +10,10 @@
 //     (log, HardState, snapshots, compaction), state.go the applied state
 //     (lock rows, control row, applied index, LoadMachine), requests.go
 //     the request rows (the data clock and the ended request records of
-//     core/requests.go, one row each by sequence number), batch.go builds
+//     core/requests.go, one row each by sequence number), sessions.go the
+//     session rows (the open sessions and the delayed keys of
+//     core/sessions.go, one row each, and a header with their counters),
+//     batch.go builds
 //     and commits the one batch per Ready, keys.go holds the key layout and
 //     row codecs, snapfile.go the snapshot data files (format 2: outside
 //     Pebble, written and renamed like etcd's .snap files). seed.go creates
@@ -49,7 +52,8 @@
 //  1. trackSoftState: record leader, role and term.
 //  2. applyCommitted: restore a received snapshot and apply the committed
 //     entries to the in-memory core.Machine, collecting the net change of
-//     the state rows (StateChange: lock rows, control row, request rows).
+//     the state rows (StateChange: lock rows, control row, request rows,
+//     session rows).
 //  3. persist: write the new entries, the HardState, any received snapshot
 //     and the state change with its applied index in one Pebble batch,
 //     committed with Sync (without, when it carries only the state change

@@ -13,8 +13,8 @@ import (
 
 // Key layout of the Pebble database behind a Store. Every key starts with a
 // one-letter namespace and a slash, so the namespaces sort apart
-// ("k/" < "l/" < "m/" < "q/" < "r/" < "s/") and each can be range-deleted
-// or scanned on its own.
+// ("d/" < "e/" < "k/" < "l/" < "m/" < "q/" < "r/" < "s/") and each can be
+// range-deleted or scanned on its own.
 //
 //	key                        value
 //	-------------------------  ---------------------------------------------------
@@ -32,6 +32,9 @@ import (
 //	                           the first control command)
 //	s/requests                 data clock, first and next ended request sequence numbers,
 //	                           3 × uint64 big endian (absent until cluster version 3: zero)
+//	s/sessions                 last session id, last delay sequence number, session rows,
+//	                           delay rows, 4 × uint64 big endian (absent until cluster
+//	                           version 4, or while all four are zero)
 //	l/<index:8 big endian>     raftpb.Entry (Marshal); byte order is index order.
 //	                           The lowest row is the dummy entry (Index and Term only)
 //	                           that MemoryStorage keeps in ents[0]: its index is
@@ -39,15 +42,19 @@ import (
 //	k/<lock key bytes>         core.EncodeLockRecord of the lock held on that key
 //	q/<seq:8 big endian>       core.EncodeEndedRequest of the ended request record seq,
 //	                           for every seq from the first to before the next of s/requests
+//	e/<id:8 big endian>        core.EncodeSessionRecord of the open session id
+//	d/<lock key bytes>         core.EncodeDelayRecord of the key in its lock-delay
 //
-// Every row except r/snapdata, m/clusterid, s/control, s/requests and the q/
-// rows exists from the moment Open initialises an empty directory; a
-// missing one is reported as corruption.
+// Every row except r/snapdata, m/clusterid, s/control, s/requests,
+// s/sessions and the q/, e/ and d/ rows exists from the moment Open
+// initialises an empty directory; a missing one is reported as corruption.
 //
 // The request rows (cluster version 3) need no new store format: a cluster
 // at version 3 always has an s/control row in control record version 3,
 // which an older binary refuses to load, so it can never start on a store
-// whose request rows it would ignore.
+// whose request rows it would ignore. The same holds for the session rows
+// (cluster version 4): the control record stays in version 3, but its
+// cluster version 4 is above what an older binary accepts.
 //
 // Format 2 moved the snapshot data out of Pebble into a file. A format 1
 // store is read as it is and becomes format 2 with its next snapshot,
@@ -71,15 +78,22 @@ var (
 	keyControl = []byte("s/control")
 	// keyRequests holds the request rows' header (requests.go).
 	keyRequests = []byte("s/requests")
+	// keySessions holds the session rows' header (sessions.go).
+	keySessions = []byte("s/sessions")
 
 	prefixLog   = []byte("l/")
 	prefixLock  = []byte("k/")
 	prefixEnded = []byte("q/")
+	// prefixSession and prefixDelay hold the session and delay rows.
+	prefixSession = []byte("e/")
+	prefixDelay   = []byte("d/")
 
 	// Exclusive upper bounds of the ranged namespaces ('/'+1 == '0').
-	endLog   = []byte("l0")
-	endLock  = []byte("k0")
-	endEnded = []byte("q0")
+	endLog     = []byte("l0")
+	endLock    = []byte("k0")
+	endEnded   = []byte("q0")
+	endSession = []byte("e0")
+	endDelay   = []byte("d0")
 )
 
 // logKey is the key of the log row for index i.

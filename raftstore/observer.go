@@ -16,6 +16,11 @@ type Applied struct {
 	// (Granted, Renewed); 0 for every other result. A renewal never
 	// shortens a lease, so for a Renew it may exceed Command.LeaseMS.
 	LeaseMS uint64
+	// Keys are the keys of the locks a CloseSession or ExpireSession
+	// ended (ResultSessionClosed, or ResultSessionExpired with Existed),
+	// in key order: Result.Count of them. An expiry left each of them in
+	// its session's lock-delay when that is not 0.
+	Keys []string
 }
 
 // Observer hears what the node did, in log order, after it is durable.

@@ -22,7 +22,9 @@ type readyApply struct {
 	requestIDs  []uint64 // requestIDs[i] is the proposal events[i] answers
 	leaderReady bool     // this leader's first entry of its term applied
 	touched     touchedRows
-	requests    requestMark  // the request state before the entries (after any snapshot)
+	requests    requestMark // the request state before the entries (after any snapshot)
+	sessions    sessionMark // the session state's header before the entries
+	touchedSess touchedSessions
 	state       *StateChange // what to persist; nil when nothing applied
 }
 
@@ -152,7 +154,7 @@ func (n *Node) applyCommitted(rd raft.Ready) (*readyApply, error) {
 		ra.confState = rd.Snapshot.Metadata.ConfState
 		ra.restored = true
 	}
-	ra.requests = markRequests(n.machine)
+	ra.mark(n.machine)
 	for _, e := range rd.CommittedEntries {
 		if e.Index <= ra.applied {
 			continue
@@ -190,9 +192,8 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 			// it runs a binary that reads it.
 			return &UndecodableEntryError{Index: e.Index, Term: e.Term, Version: e.Data[0], Err: err}
 		}
-		res := n.machine.Apply(ent.Command)
-		ra.touched.add(ent.Command)
-		ev := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res}
+		res, keys := ra.apply(n.machine, ent.Command)
+		ev := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res, Keys: keys}
 		if res.Kind == core.ResultGranted || res.Kind == core.ResultRenewed || res.Kind == core.ResultGrantRepeated {
 			// Read now: observers run after the whole Ready, when a later
 			// entry of it may already have released the lock.
@@ -216,20 +217,10 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 // stateChange is the net change of the state rows after applying: one row
 // per touched key (held now => Put, not held => Delete), the control
 // record when a control command applied, the request rows when the request
-// state changed, the conf state when membership changed.
+// state changed, the session rows when a session or a delayed key changed,
+// the conf state when membership changed.
 func (n *Node) stateChange(ra *readyApply) *StateChange {
-	sc := &StateChange{Index: ra.applied, LastToken: n.machine.LastToken()}
-	for _, key := range ra.touched.keys {
-		if l, ok := n.machine.Get(key); ok {
-			sc.Put = append(sc.Put, l)
-		} else {
-			sc.Delete = append(sc.Delete, key)
-		}
-	}
-	if ra.touched.control {
-		sc.Control = n.machine.ControlSnapshot()
-	}
-	sc.Requests = requestChange(n.machine, ra.requests)
+	sc := ra.rowChange(n.machine)
 	if len(ra.confChanges) > 0 {
 		cs := ra.confState
 		sc.ConfState = &cs
@@ -364,4 +355,81 @@ func decodeConfChange(e raftpb.Entry) (raftpb.ConfChangeV2, error) {
 		return raftpb.ConfChangeV2{}, err
 	}
 	return cc, nil
+}
+
+// mark records where the request and session state stand before a run of
+// commands (after any snapshot).
+func (ra *readyApply) mark(m *core.Machine) {
+	ra.requests = markRequests(m)
+	ra.sessions = markSessions(m)
+}
+
+// apply applies one lock, control or session command to m and records the
+// rows it touched. It returns the result and, for a CloseSession or
+// ExpireSession, the keys of the locks it ended.
+func (ra *readyApply) apply(m *core.Machine, c core.Command) (core.Result, []string) {
+	var ended []core.Lock // the locks a session command may end, read before it applies
+	if c.Kind == core.KindCloseSession || c.Kind == core.KindExpireSession {
+		ended = m.SessionLocks(c.SessionID)
+	}
+	res := m.Apply(c)
+	if c.Kind.IsSession() {
+		return res, ra.touchSession(m, &c, res, ended)
+	}
+	ra.touched.add(c)
+	if res.Kind == core.ResultExpired && res.Existed {
+		ra.touchedSess.addDelay(c.Key) // it may have left a lock-delay
+	}
+	return res, nil
+}
+
+// rowChange is the net change of the lock, control, request and session
+// rows after the run applied (marked by mark) to m: one lock row per
+// touched key (held now => Put, not held => Delete), the control record
+// when a control command applied, the request and session rows when they
+// changed.
+func (ra *readyApply) rowChange(m *core.Machine) *StateChange {
+	sc := &StateChange{Index: ra.applied, LastToken: m.LastToken()}
+	for _, key := range ra.touched.keys {
+		if l, ok := m.Get(key); ok {
+			sc.Put = append(sc.Put, l)
+		} else {
+			sc.Delete = append(sc.Delete, key)
+		}
+	}
+	if ra.touched.control {
+		sc.Control = m.ControlSnapshot()
+	}
+	sc.Requests = requestChange(m, ra.requests)
+	sc.Sessions = sessionChange(m, ra.sessions, &ra.touchedSess)
+	return sc
+}
+
+// touchSession records the rows a session or lock-delay command changed
+// (m has applied c, with result res): the session's row, the lock rows and
+// delay rows of the locks it ended (ended: its locks before it applied),
+// the delay row a ClearDelay removed. It returns the keys of the locks it
+// ended, for the Applied event.
+func (ra *readyApply) touchSession(m *core.Machine, c *core.Command, res core.Result, ended []core.Lock) []string {
+	switch res.Kind {
+	case core.ResultSessionOpened, core.ResultSessionRefreshed:
+		ra.touchedSess.addID(res.Session)
+	case core.ResultSessionClosed, core.ResultSessionExpired:
+		if res.Kind == core.ResultSessionExpired && !res.Existed {
+			return nil
+		}
+		ra.touchedSess.addID(c.SessionID)
+		keys := make([]string, len(ended))
+		for i, l := range ended {
+			keys[i] = l.Key
+			ra.touched.add(core.Command{Key: l.Key})
+			if res.Kind == core.ResultSessionExpired {
+				ra.touchedSess.addDelay(l.Key)
+			}
+		}
+		return keys
+	case core.ResultDelayCleared:
+		ra.touchedSess.addDelay(c.Key)
+	}
+	return nil
 }

@@ -285,14 +285,33 @@ func TestRequestRowsCorrupt(t *testing.T) {
 // from the log, is always the state the reference reached at that commit
 // index, never one that applied an entry twice or skipped one.
 func TestCrashNeverAppliesTwiceNorLoses(t *testing.T) {
+	// At cluster version 3 (request rows) and 4 (the session and delay
+	// rows too, with request ids in the same workload).
+	t.Run("v3", func(t *testing.T) {
+		crashNeverAppliesTwiceNorLoses(t, 3, &requestWorkload{r: rand.New(rand.NewPCG(3, 4))})
+	})
+	t.Run("v4", func(t *testing.T) {
+		w := &sessionWorkload{requestWorkload: requestWorkload{r: rand.New(rand.NewPCG(5, 6))}}
+		crashNeverAppliesTwiceNorLoses(t, 4, w)
+		if w.expired == 0 || w.delaysCleared == 0 {
+			t.Fatalf("the workload expired %d sessions and cleared %d delays: the test did not test", w.expired, w.delaysCleared)
+		}
+	})
+}
+
+// workload makes the next command for a machine, which it does not change.
+type workload interface {
+	next(m *core.Machine) core.Command
+}
+
+func crashNeverAppliesTwiceNorLoses(t *testing.T, version uint64, w workload) {
 	fs := vfs.NewCrashableMem()
 	s, err := Open("/store", StoreOptions{FS: memDisk{fs}, Logger: testkit.QuietLogger(), Disk: DiskOptions{BallastBytes: -1}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer s.Close()
-	r := rand.New(rand.NewPCG(3, 4))
-	w := &requestWorkload{r: r}
+	r := rand.New(rand.NewPCG(version, 4))
 	// scratch applies each entry as it is made: digests[i] is the state
 	// after entry i, the reference every recovery is compared with. ref is
 	// the node's machine, which applies committed entries in runs.
@@ -306,7 +325,7 @@ func TestCrashNeverAppliesTwiceNorLoses(t *testing.T) {
 		for range r.IntN(4) {
 			c := w.next(scratch)
 			if last == 0 {
-				c = core.SetClusterVersion(3)
+				c = core.SetClusterVersion(version)
 			}
 			scratch.Apply(c)
 			last++
@@ -417,6 +436,7 @@ func checkCrashRecovery(t *testing.T, fs *vfs.MemFS, digests map[uint64][32]byte
 	if got := loaded.RequestState(); !reflect.DeepEqual(got, rs) {
 		t.Fatalf("request rows %+v, loaded %+v", rs, got)
 	}
+	checkSessionRows(t, "after a crash", s, loaded)
 }
 
 // Through a real node: request ids proposed at cluster version 3 give the

@@ -22,16 +22,17 @@ import (
 // takes a cheap consistent copy and hands it to one background goroutine:
 //
 //   - The copy is a Pebble snapshot of the store, O(1) to take. The lock
-//     rows, the token counter, the control row and the request rows in
-//     Pebble are exactly the machine's state at the applied index: the
-//     loop writes them in
-//     the same batch as the applied index (persist), it is the only writer
+//     rows, the token counter, the control row, the request rows and the
+//     session rows in Pebble are exactly the machine's state at the
+//     applied index: the loop writes them in the same batch as the
+//     applied index (persist), it is the only writer
 //     of those rows, and it takes the copy after that batch committed and
 //     before it applies anything else. The conf state as of that index
 //     comes from the loop too.
 //   - The goroutine walks the lock rows in key order (byte order, which
 //     is the snapshot's order), then the ended request rows in sequence
-//     order (the FIFO's order), encodes the snapshot with
+//     order (the FIFO's order), then the session rows in ID order and
+//     the delay rows in key order, encodes the snapshot with
 //     core.SnapshotEncoder (the same bytes Machine.Snapshot gives), writes
 //     it to its own file and commits its metadata (Store.CreateSnapshot),
 //     then compacts the log behind it.
@@ -141,6 +142,9 @@ func encodeSnapshot(v *stateView, count, sizeHint int, stop <-chan struct{}) ([]
 			}
 			return enc.AddEnded(e)
 		})
+	}
+	if err == nil {
+		err = encodeSessions(v.snap, enc, stop)
 	}
 	if errors.Is(err, errSnapshotStopped) {
 		return nil, err

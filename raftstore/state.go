@@ -28,6 +28,9 @@ type StateChange struct {
 	// Requests is the change of the request rows (requests.go), non-nil
 	// when the request state changed.
 	Requests *RequestChange
+	// Sessions is the change of the session rows (sessions.go), non-nil
+	// when a session or a delayed key changed.
+	Sessions *SessionChange
 }
 
 // stageState adds a state change and its applied index to b. The caller
@@ -36,7 +39,7 @@ type StateChange struct {
 // relate sc to the persisted state (or its own lists to each other) are
 // checked.
 func stageState(b *pebble.Batch, st *storeState, sc *StateChange) error {
-	noop := len(sc.Put) == 0 && len(sc.Delete) == 0 && sc.ConfState == nil && sc.Control == nil && sc.Requests == nil && sc.LastToken == st.lastToken
+	noop := len(sc.Put) == 0 && len(sc.Delete) == 0 && sc.ConfState == nil && sc.Control == nil && sc.Requests == nil && sc.Sessions == nil && sc.LastToken == st.lastToken
 	switch {
 	case sc.Index == st.applied && noop:
 		// Nothing new was applied, e.g. a snapshot installed by the same
@@ -62,6 +65,11 @@ func stageState(b *pebble.Batch, st *storeState, sc *StateChange) error {
 	}
 	if sc.Requests != nil {
 		if err := stageRequests(b, st, sc.Requests); err != nil {
+			return err
+		}
+	}
+	if sc.Sessions != nil {
+		if err := stageSessions(b, st, sc.Sessions); err != nil {
 			return err
 		}
 	}
@@ -115,27 +123,7 @@ func stageLocks(b *pebble.Batch, sc *StateChange) error {
 
 // checkLock checks the fields of a lock to be written, so that a row
 // LoadMachine would refuse as corrupt is never written in the first place.
-func checkLock(l core.Lock) error {
-	if err := core.ValidateKey(l.Key); err != nil {
-		return err
-	}
-	if err := core.ValidateOwner(l.Owner); err != nil {
-		return err
-	}
-	if err := core.ValidateIdentity(l.Identity); err != nil {
-		return err
-	}
-	if err := core.ValidateRequestID(l.RequestID); err != nil {
-		return err
-	}
-	if err := core.ValidateLeaseMS(l.LeaseMS); err != nil {
-		return err
-	}
-	if l.Token == 0 {
-		return errors.New("token 0")
-	}
-	return nil
-}
+func checkLock(l core.Lock) error { return core.ValidateLock(l) }
 
 // AppliedIndex returns the persisted applied index.
 func (s *Store) AppliedIndex() uint64 {
@@ -146,8 +134,9 @@ func (s *Store) AppliedIndex() uint64 {
 
 // LoadMachine reads back the applied state on restart: the applied index,
 // the lock table with its token counter, the control state, the request
-// records, and the conf state as of that index. Every row is validated,
-// and the request records against the rest.
+// records, the sessions and delayed keys, and the conf state as of that
+// index. Every row is validated, and the request records and sessions
+// against the rest.
 func (s *Store) LoadMachine() (applied uint64, m *core.Machine, cs raftpb.ConfState, err error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -207,6 +196,9 @@ func (s *Store) LoadMachine() (applied uint64, m *core.Machine, cs raftpb.ConfSt
 		}
 	}
 	if err := loadRequests(s.view, m); err != nil {
+		return fail(err)
+	}
+	if err := loadSessions(s.view, m); err != nil {
 		return fail(err)
 	}
 	return applied, m, cs, nil

@@ -414,28 +414,14 @@ func TestStorageCompactSemantics(t *testing.T) {
 // applyRun applies cmds to m and returns the StateChange of the run built
 // the recommended way: net change of the touched keys.
 func applyRun(m *core.Machine, index uint64, cmds ...core.Command) *StateChange {
-	var touched []string
-	mark := markRequests(m)
-	control := false
+	// The node's own bookkeeping (ready.go), so that what a test writes is
+	// what a node would.
+	ra := &readyApply{applied: index}
+	ra.mark(m)
 	for _, c := range cmds {
-		m.Apply(c)
-		if c.Kind != core.KindControl && !slices.Contains(touched, c.Key) {
-			touched = append(touched, c.Key)
-		}
-		control = control || c.Kind == core.KindControl
+		ra.apply(m, c)
 	}
-	as := &StateChange{Index: index, LastToken: m.LastToken(), Requests: requestChange(m, mark)}
-	if control {
-		as.Control = m.ControlSnapshot()
-	}
-	for _, k := range touched {
-		if l, ok := m.Get(k); ok {
-			as.Put = append(as.Put, l)
-		} else {
-			as.Delete = append(as.Delete, k)
-		}
-	}
-	return as
+	return ra.rowChange(m)
 }
 
 func cmdEntries(term, first uint64, cmds ...core.Command) []raftpb.Entry {

@@ -100,6 +100,7 @@ type storeState struct {
 	snapTerm   uint64      // its term
 	tail       logTail     // the newest entries, in memory (tail.go)
 	requests   requestMark // persisted request rows' header (requests.go)
+	sessions   sessionMark // persisted session rows' header (sessions.go)
 }
 
 // Open opens (creating if needed) the store in dir. An empty store behaves
@@ -236,6 +237,9 @@ func loadState(r reader, snaps snapFiles) (storeState, error) {
 		return st, err
 	}
 	if st.requests, err = readRequestsHeader(r); err != nil {
+		return st, err
+	}
+	if st.sessions, err = readSessionsHeader(r); err != nil {
 		return st, err
 	}
 	meta, err := readSnapMeta(r)
