@@ -98,9 +98,17 @@ func (n *Node) handleReady(rd raft.Ready) error {
 func (n *Node) applyAndPersist(rd raft.Ready) (*readyApply, error) {
 	n.machineMu.Lock()
 	defer n.machineMu.Unlock()
+	var rows *SnapshotRows
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		// The store's lock rows are staged from the snapshot's bytes on
+		// another core while applyCommitted restores the machine from
+		// them (batch.go).
+		rows = n.cfg.Store.StageSnapshotRows(rd.Snapshot.Data)
+		defer rows.Discard()
+	}
 	ra, err := n.applyCommitted(rd)
 	if err == nil {
-		err = n.persist(rd, ra)
+		err = n.persist(rd, ra, rows)
 	}
 	return ra, err
 }
@@ -232,11 +240,11 @@ func (n *Node) stateChange(ra *readyApply) *StateChange {
 // with its applied index in one Pebble batch, so a crash keeps an applied
 // entry together with its effect or loses both. The caller holds
 // machineMu for writing.
-func (n *Node) persist(rd raft.Ready, ra *readyApply) error {
+func (n *Node) persist(rd raft.Ready, ra *readyApply, rows *SnapshotRows) error {
 	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
 	// be on disk before messages go out; the state change of entries
 	// already durable in the log may ride without its own fsync.
-	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot,
+	w := ReadyWrite{HardState: rd.HardState, Entries: rd.Entries, Snapshot: rd.Snapshot, Rows: rows,
 		State: ra.state, MaySkipSync: !rd.MustSync}
 	if err := n.cfg.Store.Write(w); err != nil {
 		return fmt.Errorf("persist ready: %w", err)
