@@ -28,7 +28,8 @@
 // leadership over first. Plugin loading from the configured files and the adapter
 // that makes a plugin set the lock service's Grant policy (plugins.go).
 // The node's health, readiness and status views, which read several parts
-// at once; the metrics listener (http.go). The garbage collector's
+// at once; the metrics listener (http.go), its connections bounded in all
+// and per source, the oldest idle one closed to make room. The garbage collector's
 // headroom of a node that owns its process (Options.TuneGC, gc.go).
 // cmd/ticketd parses files, TICKETD_* env and flags into a
 // Config; tests start in-process nodes with Start, directly or through
