@@ -25,7 +25,7 @@ import (
 // DecodeSnapshotState, so a new format is never refused here.
 
 // walkedSnapshotVersion is the latest snapshot version walkSnapshot reads.
-const walkedSnapshotVersion = SnapshotVersion4
+const walkedSnapshotVersion = SnapshotVersion5
 
 // walkSnapshot decodes and validates snapshot b as DecodeSnapshotState
 // does, calling begin with the declared lock count and then each with
@@ -61,6 +61,9 @@ func walkSnapshot(b []byte, begin func(n int), each func(r *rawLock)) (s Snapsho
 	begin(int(n))
 	tokens := make([]uint64, 0, n)
 	var withID map[[32]byte]struct{}
+	lockBytes := d.b // for the second pass over the keys, with delayed keys
+	var perSession map[uint64]int
+	lockFields := 0
 	var prevKey, term []byte
 	var r rawLock // one for the whole walk: each gets a pointer to it
 	for i := uint64(0); i < n; i++ {
@@ -71,11 +74,26 @@ func walkSnapshot(b []byte, begin func(n int), each func(r *rawLock)) (s Snapsho
 			r.identity = d.rawStr(MaxIdentityLen)
 		}
 		// lockTerm's bytes: the fields and the identity (an empty one for
-		// versions 1 and 2), then the request id if there is one. They
-		// are the lock's own bytes but for those cases.
+		// versions 1 and 2), then the request id if there is one, then
+		// (the request id always) the session and lock-delay if either is
+		// set. They are the lock's own bytes but for those cases.
 		withIdentity := len(start) - len(d.b)
 		if version >= SnapshotVersion4 {
 			r.requestID = d.rawStr(MaxRequestIDLen)
+		}
+		withRequest := len(start) - len(d.b)
+		if version >= SnapshotVersion5 {
+			r.sessionID = d.uvarint()
+			r.lockDelayMS = d.uvarint()
+			if r.sessionID != 0 {
+				if perSession == nil {
+					perSession = make(map[uint64]int)
+				}
+				perSession[r.sessionID]++
+			}
+			if r.sessionID != 0 || r.lockDelayMS != 0 {
+				lockFields++
+			}
 		}
 		if d.err != nil {
 			return SnapshotState{}, true, d.err
@@ -84,8 +102,10 @@ func walkSnapshot(b []byte, begin func(n int), each func(r *rawLock)) (s Snapsho
 		case version < SnapshotVersion3:
 			term = append(append(term[:0], fields...), 0)
 			r.term = term
-		case len(r.requestID) > 0:
+		case r.sessionID != 0 || r.lockDelayMS != 0:
 			r.term = start[:len(start)-len(d.b)]
+		case len(r.requestID) > 0:
+			r.term = start[:withRequest]
 		default:
 			r.term = start[:withIdentity]
 		}
@@ -116,9 +136,12 @@ func walkSnapshot(b []byte, begin func(n int), each func(r *rawLock)) (s Snapsho
 		return SnapshotState{}, true, malformedf("token %d appears twice", tok)
 	}
 	if version >= SnapshotVersion2 {
-		cs, err := d.control(ControlStateVersion1 + version - SnapshotVersion2)
+		cs, err := d.control(snapshotControlVersion(version))
 		if err != nil {
 			return SnapshotState{}, true, err
+		}
+		if snapshotVersion(cs) != version {
+			return SnapshotState{}, true, malformedf("snapshot version %d at cluster version %d", version, cs.ClusterVersion)
 		}
 		s.Control = cs
 	}
@@ -139,10 +162,48 @@ func walkSnapshot(b []byte, begin func(n int), each func(r *rawLock)) (s Snapsho
 			return SnapshotState{}, true, err
 		}
 	}
+	if version >= SnapshotVersion5 {
+		s.Sessions = d.sessions()
+		if d.err != nil {
+			return SnapshotState{}, true, d.err
+		}
+		held := heldDelayed(lockBytes, n, s.Sessions.Delays)
+		if err := validateSessions(&s.Sessions, perSession, lockFields, func(key string) bool { _, ok := held[key]; return ok }, s.Control.ClusterVersion); err != nil {
+			return SnapshotState{}, true, err
+		}
+	}
 	if err := d.finish(); err != nil {
 		return SnapshotState{}, true, err
 	}
 	return s, true, nil
+}
+
+// heldDelayed returns which of the delayed keys are held by one of the n
+// locks of a version 5 snapshot's lock section b (already checked): a
+// second pass over the locks, only when there are delayed keys, instead
+// of keeping every key of the first.
+func heldDelayed(b []byte, n uint64, delays []Delay) map[string]struct{} {
+	if len(delays) == 0 {
+		return nil
+	}
+	delayed := make(map[string]struct{}, len(delays))
+	for i := range delays {
+		delayed[delays[i].Key] = struct{}{}
+	}
+	held := make(map[string]struct{})
+	d := decoder{b: b}
+	var r rawLock
+	for i := uint64(0); i < n && d.err == nil; i++ {
+		d.rawFields(&r)
+		d.rawStr(MaxIdentityLen)
+		d.rawStr(MaxRequestIDLen)
+		d.uvarint()
+		d.uvarint()
+		if _, ok := delayed[string(r.key)]; ok {
+			held[string(r.key)] = struct{}{}
+		}
+	}
+	return held
 }
 
 // restoreSnapshot is Restore: the snapshot decoded straight into a new
@@ -220,7 +281,10 @@ func SnapshotRecords(b []byte, each func(key, record []byte) error) (s SnapshotS
 
 // appendRawRecord appends EncodeLockRecord of r to dst.
 func appendRawRecord(dst []byte, r *rawLock) []byte {
+	withSession := r.sessionID != 0 || r.lockDelayMS != 0
 	switch {
+	case withSession:
+		dst = append(dst, LockRecVersion4)
 	case len(r.requestID) > 0:
 		dst = append(dst, LockRecVersion3)
 	case len(r.identity) > 0:
@@ -233,11 +297,15 @@ func appendRawRecord(dst []byte, r *rawLock) []byte {
 	dst = appendRawString(dst, r.owner)
 	dst = binary.AppendUvarint(dst, r.leaseMS)
 	dst = binary.AppendUvarint(dst, r.grantedAtMS)
-	if len(r.identity) > 0 || len(r.requestID) > 0 {
+	if len(r.identity) > 0 || len(r.requestID) > 0 || withSession {
 		dst = appendRawString(dst, r.identity)
 	}
-	if len(r.requestID) > 0 {
+	if len(r.requestID) > 0 || withSession {
 		dst = appendRawString(dst, r.requestID)
+	}
+	if withSession {
+		dst = binary.AppendUvarint(dst, r.sessionID)
+		dst = binary.AppendUvarint(dst, r.lockDelayMS)
 	}
 	return dst
 }
