@@ -109,9 +109,10 @@ func (d *Daemon) identityProblems(own string, opts *natsserver.Options) []string
 	return append(out, d.exportProblems(own)...)
 }
 
-// exportProblems checks account own's exports: the lock subjects exported
-// as a service that some account imports, the forward subjects not
-// exported at all.
+// exportProblems checks account own's exports and imports: the lock
+// subjects exported as a service that some account imports, the forward
+// subjects not exported at all, and no other account's stream imported
+// onto ticketd's subjects.
 func (d *Daemon) exportProblems(own string) []string {
 	az, err := d.ns.Accountz(&natsserver.AccountzOptions{Account: own})
 	if err != nil {
@@ -122,6 +123,22 @@ func (d *Daemon) exportProblems(own string) []string {
 	}
 	lock := d.lockSubjects()
 	var out []string
+	// A stream imported from another account is published inside
+	// ticketd's: onto the forward subjects, that account could write the
+	// identity and the lost-reply mark a follower writes.
+	for _, im := range az.Account.Imports {
+		if im.Type != jwt.Stream {
+			continue
+		}
+		local := string(im.LocalSubject.ToSubject())
+		if local == "" {
+			local = string(im.Subject)
+		}
+		if natsserver.SubjectsCollide(local, ticketdSubjects) {
+			out = append(out, fmt.Sprintf("account %s imports the stream %s of account %s as %s, which reaches %s (that account would publish on the followers' forward subjects, %s): import it under other subjects",
+				own, im.Subject, im.Account, local, ticketdSubjects, forwardSubjects))
+		}
+	}
 	exported := false
 	for _, e := range az.Account.Exports {
 		subj := string(e.Subject)
@@ -146,6 +163,9 @@ func (d *Daemon) exportProblems(own string) []string {
 // forwardSubjects holds every follower's forward subject
 // (protocol.Partition.ForwardSubject), of every group.
 const forwardSubjects = protocol.SubjectPrefix + ".fwd.>"
+
+// ticketdSubjects holds every subject of ticketd's.
+const ticketdSubjects = protocol.SubjectPrefix + ".>"
 
 // lockSubjects are the subjects through which clients reach this node's
 // lock service, as wildcards: its own (ticketd.v1.lock.> or, in a

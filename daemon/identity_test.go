@@ -310,6 +310,15 @@ func TestIdentityAccountsMisconfigured(t *testing.T) {
 		{"clients without credentials land in ticketd's account", "no_auth_user: ticketd\n",
 			ticketd + `, exports = [{ service: "ticketd.v1.lock.>" }]`, imp,
 			"no_auth_user ticketd"},
+		// A tenant's stream imported into ticketd's account publishes
+		// there: on the forward subjects, with the identity and the
+		// lost-reply mark a follower would write.
+		{"a tenant's stream imported into ticketd's account", "",
+			ticketd + `, exports = [{ service: "ticketd.v1.lock.>" }], imports = [{ stream: { account: TENANT_A, subject: ">" } }]`, imp + `, exports = [{ stream: ">" }]`,
+			"imports the stream"},
+		{"a tenant's stream mapped onto the forward subjects", "",
+			ticketd + `, exports = [{ service: "ticketd.v1.lock.>" }], imports = [{ stream: { account: TENANT_A, subject: "fwd.>" }, to: "ticketd.v1.fwd.>" }]`, imp + `, exports = [{ stream: "fwd.>" }]`,
+			"imports the stream"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			listen := testkit.FreeAddr(t)
