@@ -424,3 +424,34 @@ func TestNodeSessionsSurviveRestart(t *testing.T) {
 		t.Fatalf("a session opened after restart = %v, %v: IDs are never reused", a.Result, err)
 	}
 }
+
+// BenchmarkWriteExpireSessionFull is the store's part of the largest
+// ExpireSession: the node's bookkeeping for the run (ready.go) and the one
+// synced batch that deletes MaxLocksPerSession lock rows and writes as
+// many delay rows.
+func BenchmarkWriteExpireSessionFull(b *testing.B) {
+	for b.Loop() {
+		b.StopTimer()
+		s, err := Open(b.TempDir(), StoreOptions{Logger: testkit.QuietLogger(), Disk: DiskOptions{BallastBytes: -1}}) // synced
+		if err != nil {
+			b.Fatal(err)
+		}
+		m := v4Ref(b, s)
+		cmds := []core.Command{core.OpenSession("acct", core.MinSessionTTLMS, 15_000)}
+		for i := range core.MaxLocksPerSession {
+			cmds = append(cmds, core.Grant(fmt.Sprintf("sess/%05d", i), "o", 0, 1).InSession(1))
+		}
+		mustWrite(b, s, ReadyWrite{Entries: cmdEntries(1, 2, cmds...), HardState: raftpb.HardState{Term: 1, Commit: uint64(1 + len(cmds))},
+			State: applyRun(m, uint64(1+len(cmds)), cmds...)})
+		index := uint64(2 + len(cmds))
+		b.StartTimer()
+		sc := applyRun(m, index, core.ExpireSession(1, 1))
+		mustWrite(b, s, ReadyWrite{Entries: cmdEntries(1, index, core.ExpireSession(1, 1)), HardState: raftpb.HardState{Term: 1, Commit: index}, State: sc})
+		b.StopTimer()
+		if len(sc.Delete) != core.MaxLocksPerSession || len(sc.Sessions.PutDelays) != core.MaxLocksPerSession {
+			b.Fatalf("%d lock rows deleted, %d delay rows written", len(sc.Delete), len(sc.Sessions.PutDelays))
+		}
+		_ = s.Close()
+		b.StartTimer()
+	}
+}
