@@ -439,10 +439,16 @@ func TestAnonymousJoinAppendsNothing(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	testkit.Eventually(t, 10*time.Second, "a leader at the newest cluster version", func() bool {
+	// Settled: the leader's own proposals (cluster version, fence key) are
+	// done, so the commit index moves only if a join writes.
+	testkit.Eventually(t, 10*time.Second, "a settled leader", func() bool {
 		var v uint64
-		d.Node().View(func(m *core.Machine) { v = m.ClusterVersion() })
-		return d.Locks().IsLeader() && v == core.MaxClusterVersion
+		var fenced bool
+		d.Node().View(func(m *core.Machine) {
+			v = m.ClusterVersion()
+			_, fenced = m.CurrentFenceKey()
+		})
+		return d.Locks().IsLeader() && v == core.MaxClusterVersion && fenced
 	})
 	before := d.Node().Status().Commit
 	codes := map[string]int{}
