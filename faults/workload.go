@@ -312,11 +312,12 @@ func (wk *worker) acquire(key string, lease, wait time.Duration) *sdk.Lock {
 	l, err := wk.cl.Acquire(ctx, key, sdk.WithLease(lease), sdk.WithWait(wait), sdk.WithOwner(fmt.Sprintf("client-%d", wk.id)))
 	o.Return = h.Now()
 	o.Result, o.Code = classify(OpAcquire, err)
-	if o.Result == OutFail && o.Code == "no_attempt" && wait > 0 {
-		// A waiting acquire abandoned by its context is withdrawn by the
-		// SDK, which releases a grant that raced the withdrawal; the
-		// error carries no code. A grant may have existed meanwhile, as
-		// after a timeout answer: model it as one.
+	if o.Result == OutFail && o.Code == "no_attempt" {
+		// An acquire abandoned by its context is settled by the SDK: a
+		// waiting one withdrawn, and one whose last attempt's outcome was
+		// unknown settled by its request_id (a grant it never received
+		// released); the error carries no code. A grant may have existed
+		// meanwhile, as after a timeout answer: model it as one.
 		o.Result, o.Code = OutTimeout, "gave_up"
 	}
 	if err != nil {

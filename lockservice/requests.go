@@ -248,6 +248,60 @@ func (s *Service) lookupRequest(ctx context.Context, p AcquireParams, identity s
 	return s.repeatedGrant(held), true, nil
 }
 
+// withdrawRequest settles a request its client gave up on, from the
+// replicated request records, for a leader that does not know its wait
+// (a new leader, say): a held grant of key is released (the client never
+// received it: it gave up), an ended one reported, and none reported as
+// not granted. An attempt of it still in progress on this leader, or a
+// record of another key, leaves the outcome unknown (the zero Withdrawal).
+// The client vouches that it never received a grant of this request id:
+// the SDK sends it only for ids of its own making.
+func (s *Service) withdrawRequest(ctx context.Context, key, requestID string) (Withdrawal, error) {
+	identity := IdentityFrom(ctx)
+	if len(requestID) > core.MaxRequestIDLen || s.node.ClusterVersion() < 3 {
+		return Withdrawal{}, nil
+	}
+	inProgress := func() bool {
+		s.lead.mu.Lock()
+		defer s.lead.mu.Unlock()
+		return s.lead.requests[core.RequestKey(identity, requestID)] != nil
+	}
+	for {
+		if inProgress() {
+			return Withdrawal{}, nil
+		}
+		// Never from a deposed leader's table.
+		if err := s.node.ReadIndex(ctx); err != nil {
+			return Withdrawal{}, s.nodeErr(err)
+		}
+		var rec core.RequestRecord
+		s.node.View(func(m *core.Machine) { rec = m.LookupRequest(identity, requestID) })
+		switch {
+		case rec.Status == core.RequestUnknown:
+			if inProgress() {
+				return Withdrawal{}, nil
+			}
+			return Withdrawal{NotGranted: true}, nil
+		case rec.KeyHash != core.RequestKeyHash(key):
+			return Withdrawal{}, nil
+		case rec.Status == core.RequestEnded:
+			return Withdrawal{EndedToken: rec.Token}, nil
+		}
+		// Held: release it, once a delivery or release under way settled.
+		if waited, err := s.awaitSettled(ctx, key, rec.Token); err != nil {
+			return Withdrawal{}, fmt.Errorf("%w: the request's grant is being delivered or released: %w", ErrIndeterminate, err)
+		} else if waited {
+			continue
+		}
+		a, err := s.propose(ctx, core.Release(key, rec.Token))
+		if err != nil {
+			return Withdrawal{}, err
+		}
+		s.log.Info("released the grant of a request its client gave up on", "key", key, "token", rec.Token, "result", a.Result.String())
+		return Withdrawal{ReleasedToken: rec.Token}, nil
+	}
+}
+
 // repeatedGrant answers a request with the grant it holds, l: its lease
 // as it stands on this leader's timer.
 func (s *Service) repeatedGrant(l core.Lock) Grant {

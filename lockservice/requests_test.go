@@ -320,3 +320,84 @@ func TestRequestIDRetryAfterDeliveryWindow(t *testing.T) {
 		t.Fatalf("%d settling marks left", n)
 	}
 }
+
+// A withdrawal with a request id settles the request from the replicated
+// records, on a leader that knows nothing of its wait: a held grant is
+// released, an ended one reported, none reported as not granted; an
+// attempt still in progress here, or another key's record, stays unknown.
+func TestWithdrawByRequestID(t *testing.T) {
+	ctxA := WithIdentity(context.Background(), "A")
+	tests := []struct {
+		name  string
+		setup func(t *testing.T, s *Service) (key string, want func(g Grant) Withdrawal)
+	}{
+		{"held: released", func(t *testing.T, s *Service) (string, func(Grant) Withdrawal) {
+			return "k", func(g Grant) Withdrawal { return Withdrawal{ReleasedToken: g.Token} }
+		}},
+		{"ended: reported", func(t *testing.T, s *Service) (string, func(Grant) Withdrawal) {
+			return "k", func(g Grant) Withdrawal {
+				if err := s.Release(ctxA, "k", g.Token); err != nil {
+					t.Fatal(err)
+				}
+				return Withdrawal{EndedToken: g.Token}
+			}
+		}},
+		{"another key: unknown", func(t *testing.T, s *Service) (string, func(Grant) Withdrawal) {
+			return "k2", func(Grant) Withdrawal { return Withdrawal{} }
+		}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s, _ := newLeaderV3(t, Config{})
+			g, err := acquireReq(context.Background(), s, "A", "k", "r1", 0)
+			if err != nil {
+				t.Fatal(err)
+			}
+			key, want := tc.setup(t, s)
+			w := want(g)
+			s.OnLeaderReady(2) // a new term: the leader-local wait memory is gone
+			got, err := s.Withdraw(ctxA, key, "w-unknown", "r1")
+			if err != nil || got != w {
+				t.Fatalf("withdraw: %+v %v, want %+v", got, err, w)
+			}
+			if l, _ := s.lockOf("k"); w.ReleasedToken != 0 && l.Token != 0 {
+				t.Fatalf("the request's grant is still held: %+v", l)
+			}
+		})
+	}
+	t.Run("never granted", func(t *testing.T) {
+		s, _ := newLeaderV3(t, Config{})
+		got, err := s.Withdraw(ctxA, "k", "", "r9")
+		if err != nil || got != (Withdrawal{NotGranted: true}) {
+			t.Fatalf("withdraw: %+v %v", got, err)
+		}
+		// Another identity's request id names nothing of A's.
+		if _, err := acquireReq(context.Background(), s, "B", "k", "r9", 0); err != nil {
+			t.Fatal(err)
+		}
+		if got, _ := s.Withdraw(ctxA, "k", "", "r9"); got != (Withdrawal{NotGranted: true}) {
+			t.Fatalf("A's withdraw after B's grant: %+v", got)
+		}
+	})
+	t.Run("in progress here: unknown", func(t *testing.T) {
+		s, _ := newLeaderV3(t, Config{})
+		held, err := acquire(s, "H", "k", 0)
+		if err != nil {
+			t.Fatal(err)
+		}
+		first := goAcquireReq(context.Background(), s, "A", "k", "r1", 10*time.Second)
+		testkit.Eventually(t, 5*time.Second, "queued", func() bool {
+			_, busy := s.attempts("A", "r1")
+			return busy
+		})
+		if got, err := s.Withdraw(ctxA, "k", "", "r1"); err != nil || got != (Withdrawal{}) {
+			t.Fatalf("withdraw of an attempt in progress: %+v %v", got, err)
+		}
+		if err := s.Release(WithIdentity(context.Background(), "H"), "k", held.Token); err != nil {
+			t.Fatal(err)
+		}
+		if r := <-first; r.err != nil {
+			t.Fatal(r.err)
+		}
+	})
+}

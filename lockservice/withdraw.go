@@ -17,7 +17,8 @@ import (
 // transport authenticated, so one client cannot withdraw another's wait.
 // All of it is leader state: a withdrawal that reaches a new leader finds
 // nothing (the old leader's queue is gone, and a grant it made expires
-// within its lease).
+// within its lease), unless it names the acquire's request id: the
+// replicated request records then settle it (requests.go).
 
 // Bounds of the recent-grant memory.
 const (
@@ -96,6 +97,12 @@ type Withdrawal struct {
 	// ReleasedToken: the wait had been granted this token, and that grant
 	// is released (or was already gone).
 	ReleasedToken uint64
+	// EndedToken: (request id) the request's grant had this token and
+	// has ended.
+	EndedToken uint64
+	// NotGranted: (request id) the applied state records no grant of the
+	// request and no attempt of it is in progress on this leader.
+	NotGranted bool
 }
 
 // trackWait registers w under ref when the request has a wait id.
@@ -152,9 +159,10 @@ func (s *Service) endWait(w *waiter, g Grant, err error) (Grant, error) {
 
 // Withdraw takes the caller's wait waitID on key out of the queue, or
 // releases its grant if it was granted within RecentGrantTTL. It finds
-// only the caller's own waits (identity from ctx). Neither found: the zero
-// Withdrawal.
-func (s *Service) Withdraw(ctx context.Context, key, waitID string) (Withdrawal, error) {
+// only the caller's own waits (identity from ctx). Neither found: with a
+// request id, what the replicated request records say (withdrawRequest);
+// without, the zero Withdrawal.
+func (s *Service) Withdraw(ctx context.Context, key, waitID, requestID string) (Withdrawal, error) {
 	if err := core.ValidateKey(key); err != nil {
 		return Withdrawal{}, err
 	}
@@ -168,12 +176,15 @@ func (s *Service) Withdraw(ctx context.Context, key, waitID string) (Withdrawal,
 		s.lead.mu.Unlock()
 		return Withdrawal{}, s.notLeader()
 	}
-	if w := s.lead.waits[ref]; w != nil {
+	if w := s.lead.waits[ref]; w != nil && waitID != "" {
 		return s.withdrawWait(ctx, w)
 	}
 	token, recent := s.lead.recent.take(ref, s.cfg.Now())
 	s.lead.mu.Unlock()
-	if !recent {
+	if (!recent || waitID == "") && requestID != "" {
+		return s.withdrawRequest(ctx, key, requestID)
+	}
+	if !recent || waitID == "" {
 		return Withdrawal{}, nil
 	}
 	a, err := s.propose(ctx, core.Release(key, token))

@@ -61,7 +61,7 @@ func TestWithdraw(t *testing.T) {
 				}
 				granted = r.g
 			}
-			wd, err := s.Withdraw(WithIdentity(context.Background(), tc.withdrawAs), "k", "w1")
+			wd, err := s.Withdraw(WithIdentity(context.Background(), tc.withdrawAs), "k", "w1", "")
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -84,7 +84,7 @@ func TestWithdraw(t *testing.T) {
 					t.Fatalf("released grant still held: %+v", l)
 				}
 				// A second withdrawal finds nothing.
-				if wd, _ := s.Withdraw(WithIdentity(context.Background(), "B"), "k", "w1"); wd != (Withdrawal{}) {
+				if wd, _ := s.Withdraw(WithIdentity(context.Background(), "B"), "k", "w1", ""); wd != (Withdrawal{}) {
 					t.Fatalf("second withdrawal: %+v", wd)
 				}
 			default: // another identity withdrew nothing; B still waits

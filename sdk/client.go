@@ -249,6 +249,12 @@ type request struct {
 	// an attempt whose outcome is unknown is sent again as it is: the
 	// server answers a repeat with the first outcome.
 	retrySafe bool
+	// settleID is the current attempt's request_id when the SDK made it
+	// (an abandoned wait's withdrawal may then settle the request by it,
+	// withdraw.go); settleAsked: that withdrawal was answered, without a
+	// definite outcome.
+	settleID    string
+	settleAsked bool
 	// build returns the body of attempt n (0-based), prepared at now, and
 	// how long to wait for its reply; ok is false when the context leaves
 	// no time for another attempt.

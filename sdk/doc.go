@@ -154,8 +154,12 @@
 // was never used: it acquires again with a new id (at most 8 ids per
 // call). Acquire therefore returns ErrIndeterminate only when its context
 // (or, without a deadline, the retry budget) ends while an attempt's
-// outcome is unknown; a definite answer after it (held, timeout, a grant)
-// settles it. With WithRequestID the caller may have used an earlier
+// outcome is unknown and the leader cannot settle it: Acquire then sends
+// a withdraw with the request id (within about 2 s, like the withdrawal of
+// a waiting acquire), which releases a grant of the request it never
+// received or says none was made, and returns the context's error without
+// a code ("gave up"; nothing held). A definite answer before the end (held,
+// timeout, a grant) settles it too. With WithRequestID the caller may have used an earlier
 // grant of that id (an earlier process), so ErrGrantEnded is returned
 // instead, with Error.Token. Against a cluster below version 3 (the
 // server answers unsupported, nothing changed) Acquire sends its request

@@ -242,6 +242,10 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 		if idSince.IsZero() {
 			idSince = c.cfg.clock.Now()
 		}
+		r.settleID, r.settleAsked = "", false
+		if ownID && r.retrySafe {
+			r.settleID = req.RequestID
+		}
 		return body, replyWait, true
 	}
 	for fresh := 1; ; fresh++ {
@@ -255,6 +259,10 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 			// again as a new request.
 			c.cfg.logger.Debug("ticketd: a grant whose reply was lost has ended; acquiring with a new request_id", "key", key, "err", err)
 			req.RequestID, idSince = newRequestID(), time.Time{}
+		case code == protocol.CodeIndeterminate && ownID && r.retrySafe && !r.settleAsked:
+			// The context ended while an attempt's outcome was unknown
+			// (and no withdrawal of its wait asked already).
+			return nil, c.settleRequest(ctx, key, req.WaitID, req.RequestID, err)
 		case code == protocol.CodeUnsupported && ownID && r.retrySafe:
 			// The cluster runs an older version (nothing was proposed):
 			// acquire as before, without the retry safety.
@@ -264,6 +272,38 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 			return nil, err
 		}
 	}
+}
+
+// settleRequest asks the leader, after an Acquire with its own request id
+// ended with an attempt's outcome unknown, to settle the request: withdraw
+// its wait, or release its grant (none of its replies arrived, so nobody
+// used it), or say it was never granted. A definite answer is returned as
+// the reason Acquire gave up (the context's error, no code: nothing is
+// held); otherwise err, indeterminate. It takes at most withdrawTimeout,
+// like the withdrawal of a waiting acquire.
+func (c *Client) settleRequest(ctx context.Context, key, waitID, requestID string, err error) error {
+	wr, werr := c.withdraw(key, waitID, requestID)
+	var what string
+	switch {
+	case werr != nil:
+		return err
+	case wr.Withdrawn:
+		what = "wait withdrawn"
+	case wr.ReleasedToken > 0:
+		what = fmt.Sprintf("its grant (token %d), whose reply never arrived, was released", wr.ReleasedToken)
+	case wr.EndedToken > 0:
+		what = fmt.Sprintf("its grant (token %d), whose reply never arrived, had ended", wr.EndedToken)
+	case wr.NotGranted:
+		what = "the cluster says nothing was granted"
+	default:
+		return err
+	}
+	why := context.Cause(ctx)
+	if why == nil {
+		why = errRetryBudget
+	}
+	c.cfg.logger.Debug("ticketd: an acquire that gave up was settled", "key", key, "outcome", what)
+	return fmt.Errorf("ticketd: acquire %q: gave up; %s: %w", key, what, why)
 }
 
 func (o *acquireOptions) validate(key string, lease time.Duration) error {

@@ -15,7 +15,9 @@ import (
 // same request_id after the leader that granted it is killed: the new
 // leader answers with the same token, not a second grant or held. Once
 // released, the same id gets ErrGrantEnded with that token; Acquire's own
-// ids work end to end.
+// ids work end to end. A withdrawal by request id on the new leader
+// releases a given-up request's grant, then reports it ended, and reports
+// an unused id as never granted.
 func TestRequestIDAcrossLeaderKill(t *testing.T) {
 	c, lead := cluster(t, 3)
 	cl := client(t, c, c.Follower(lead))
@@ -28,6 +30,13 @@ func TestRequestIDAcrossLeaderKill(t *testing.T) {
 	var first protocol.AcquireReply
 	if err := protocol.ParseReply(m.Data, &first); err != nil || first.Token == 0 {
 		t.Fatalf("first acquire: %s %v", m.Data, err)
+	}
+	// A second request whose client will give up on it.
+	body, _ = json.Marshal(protocol.AcquireRequest{Key: "k2", LeaseMS: 30000, RequestID: "given-up"})
+	m, err = cl.Conn().RequestWithContext(ctx, protocol.SubjectAcquire, body)
+	var abandoned protocol.AcquireReply
+	if err != nil || protocol.ParseReply(m.Data, &abandoned) != nil || abandoned.Token == 0 {
+		t.Fatalf("second acquire: %v", err)
 	}
 	if err := c.Stop(lead); err != nil {
 		t.Fatal(err)
@@ -42,6 +51,30 @@ func TestRequestIDAcrossLeaderKill(t *testing.T) {
 	}
 	if first.Fence != "" && l.Fence == "" {
 		t.Fatal("the repeated grant has no fence")
+	}
+	// The new leader settles a given-up request by its id: its grant is
+	// released; an id never used was never granted.
+	withdraw := func(key, id string) protocol.WithdrawReply {
+		t.Helper()
+		body, _ := json.Marshal(protocol.WithdrawRequest{Key: key, RequestID: id})
+		m, err := cl.Conn().RequestWithContext(ctx, protocol.SubjectWithdraw, body)
+		var wr protocol.WithdrawReply
+		if err != nil || protocol.ParseReply(m.Data, &wr) != nil {
+			t.Fatalf("withdraw %s: %v", id, err)
+		}
+		return wr
+	}
+	if wr := withdraw("k2", "given-up"); wr.ReleasedToken != abandoned.Token {
+		t.Fatalf("withdraw by request id: %+v, want token %d released", wr, abandoned.Token)
+	}
+	if h, err := cl.Get(ctx, "k2"); err != nil || h.Held {
+		t.Fatalf("k2 after the withdrawal: %+v %v", h, err)
+	}
+	if wr := withdraw("k2", "given-up"); wr.EndedToken != abandoned.Token {
+		t.Fatalf("withdraw again: %+v, want ended token %d", wr, abandoned.Token)
+	}
+	if wr := withdraw("k2", "never-sent"); !wr.NotGranted {
+		t.Fatalf("withdraw of an unused id: %+v, want not_granted", wr)
 	}
 	if err := l.Release(ctx); err != nil {
 		t.Fatal(err)

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -82,6 +83,56 @@ func TestAcquireRequestIDRetries(t *testing.T) {
 			}
 			if tc.wantIDs == "" && (len(letters) != 1 || len(ids) < 2) {
 				t.Fatalf("attempts' request ids %q, want one id, retried", got)
+			}
+		})
+	}
+}
+
+// An Acquire that ends with an attempt's outcome unknown asks the leader
+// to settle its request (withdraw with the request_id): a definite answer
+// makes it a plain "gave up" (the context's error, no code, nothing held);
+// none keeps it indeterminate.
+func TestAcquireSettledWhenGivingUp(t *testing.T) {
+	tests := []struct {
+		name     string
+		withdraw action
+		settled  string // "" : still indeterminate
+	}{
+		{"released", action{body: []byte(`{"key":"k","withdrawn":false,"released_token":7}`)}, "token 7"},
+		{"ended", action{body: []byte(`{"key":"k","withdrawn":false,"ended_token":7}`)}, "token 7"},
+		{"never granted", action{body: []byte(`{"key":"k","withdrawn":false,"not_granted":true}`)}, "nothing was granted"},
+		{"unknown", action{body: []byte(`{"key":"k","withdrawn":false}`)}, ""},
+		{"no answer", fail(protocol.CodeUnavailable, "x"), ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testkit.NATSServer(t)
+			f := startFake(t, s, func(subject string, _ int, _ []byte) action {
+				if subject == protocol.SubjectWithdraw {
+					return tc.withdraw
+				}
+				return action{swallow: true}
+			})
+			c, nc := newClient(t, s, WithRequestTimeout(100*time.Millisecond))
+			ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+			defer cancel()
+			_, err := c.Acquire(ctx, "k")
+			if tc.settled == "" {
+				if !IsIndeterminate(err) {
+					t.Fatalf("err = %v, want indeterminate", err)
+				}
+			} else if CodeOf(err) != "" || !errors.Is(err, context.DeadlineExceeded) || !strings.Contains(err.Error(), tc.settled) {
+				t.Fatalf("err = %v, want the context's error, no code, saying %q", err, tc.settled)
+			}
+			f.settle(nc)
+			ids := requestIDs(t, f)
+			w := f.requests(protocol.SubjectWithdraw)
+			if len(w) == 0 || (len(w) != 1 && tc.name != "no answer") { // unavailable is retried
+				t.Fatalf("%d withdrawals, want 1", len(w))
+			}
+			var wr protocol.WithdrawRequest
+			if err := json.Unmarshal(w[0].data, &wr); err != nil || wr.RequestID != ids[0] || wr.Key != "k" {
+				t.Fatalf("withdrawal %s, want the request id %q", w[0].data, ids[0])
 			}
 		})
 	}

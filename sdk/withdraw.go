@@ -148,7 +148,7 @@ func (w *waiter) abandon(ctx context.Context, sub *nats.Subscription) (*nats.Msg
 	}
 	// Withdraw while still subscribed: a grant sent meanwhile reaches
 	// handle, which releases it.
-	wr, werr := w.c.withdraw(w.r.key, w.waitID)
+	wr, werr := w.c.withdraw(w.r.key, w.waitID, w.r.settleID)
 	if werr == nil && wr.ReleasedToken > 0 {
 		w.mu.Lock()
 		w.releasedToken = wr.ReleasedToken
@@ -187,9 +187,14 @@ func (w *waiter) abandon(ctx context.Context, sub *nats.Subscription) (*nats.Msg
 		return nil, gaveUp("wait withdrawn")
 	case werr == nil && wr.ReleasedToken > 0:
 		return nil, gaveUp(fmt.Sprintf("its grant (token %d) was released", wr.ReleasedToken))
+	case werr == nil && wr.EndedToken > 0:
+		return nil, gaveUp(fmt.Sprintf("its grant (token %d), whose reply never arrived, had ended", wr.EndedToken))
+	case werr == nil && wr.NotGranted:
+		return nil, gaveUp("the cluster says nothing was granted")
 	case werr != nil:
 		return nil, fmt.Errorf("%w (withdraw failed: %v)", why, werr)
 	}
+	w.r.settleAsked = w.r.settleID != ""
 	return nil, fmt.Errorf("%w (the wait was not found to withdraw; a grant may still be on its way)", why)
 }
 
@@ -232,12 +237,12 @@ func (w *waiter) releaseStray(m *nats.Msg) bool {
 	return err == nil || errors.Is(err, ErrNotFound)
 }
 
-// withdraw takes the wait waitID out of key's queue, within
-// withdrawTimeout.
-func (c *Client) withdraw(key, waitID string) (protocol.WithdrawReply, error) {
+// withdraw takes the wait waitID out of key's queue (or, with requestID,
+// settles that request: lock.go), within withdrawTimeout.
+func (c *Client) withdraw(key, waitID, requestID string) (protocol.WithdrawReply, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), withdrawTimeout)
 	defer cancel()
-	body, err := json.Marshal(protocol.WithdrawRequest{Key: key, WaitID: waitID})
+	body, err := json.Marshal(protocol.WithdrawRequest{Key: key, WaitID: waitID, RequestID: requestID})
 	if err != nil {
 		panic(err)
 	}

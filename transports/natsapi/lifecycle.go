@@ -91,10 +91,10 @@ func (s *Service) withdraw(req *request) {
 	}
 	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
 	defer cancel()
-	w, err := s.cfg.Locks.Withdraw(ctx, wr.Key, wr.WaitID)
+	w, err := s.cfg.Locks.Withdraw(ctx, wr.Key, wr.WaitID, wr.RequestID)
 	if err != nil {
 		s.replyErr(req, toProtocolError(err))
 		return
 	}
-	s.reply(req, protocol.WithdrawReply{Key: wr.Key, Withdrawn: w.Withdrawn, ReleasedToken: w.ReleasedToken})
+	s.reply(req, protocol.WithdrawReply{Key: wr.Key, Withdrawn: w.Withdrawn, ReleasedToken: w.ReleasedToken, EndedToken: w.EndedToken, NotGranted: w.NotGranted})
 }

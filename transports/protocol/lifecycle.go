@@ -73,10 +73,14 @@ type ListReply struct {
 
 // WithdrawRequest takes a waiting acquire out of its key's queue. WaitID
 // is the wait_id of the acquire. If the wait was already granted, the
-// grant is released with its exact token.
+// grant is released with its exact token. RequestID, the acquire's
+// request_id, lets a leader that does not know the wait (a new one) settle
+// the request from the replicated request records: its grant, if held, is
+// released; at least one of the two is required.
 type WithdrawRequest struct {
-	Key    string `json:"key"`
-	WaitID string `json:"wait_id"`
+	Key       string `json:"key"`
+	WaitID    string `json:"wait_id,omitempty"`
+	RequestID string `json:"request_id,omitempty"`
 }
 
 // WithdrawReply reports what a withdrawal found: Withdrawn when the wait
@@ -86,6 +90,12 @@ type WithdrawReply struct {
 	Key           string `json:"key"`
 	Withdrawn     bool   `json:"withdrawn"`
 	ReleasedToken uint64 `json:"released_token,omitempty"`
+	// EndedToken: (request_id) the request's grant had this token and has
+	// ended; nothing is held.
+	EndedToken uint64 `json:"ended_token,omitempty"`
+	// NotGranted: (request_id) the cluster has no grant of the request
+	// and no attempt of it is in progress on the leader.
+	NotGranted bool `json:"not_granted,omitempty"`
 }
 
 // Watch event types.
@@ -187,7 +197,10 @@ func (r *WithdrawRequest) Validate() error {
 	if err := core.ValidateKey(r.Key); err != nil {
 		return fromCore(err)
 	}
-	return ValidateWaitID(r.WaitID, true)
+	if err := ValidateRequestID(r.RequestID); err != nil {
+		return err
+	}
+	return ValidateWaitID(r.WaitID, r.RequestID == "")
 }
 
 // ValidateWaitID checks a wait id: at most MaxWaitIDLen printable ASCII

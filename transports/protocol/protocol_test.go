@@ -172,7 +172,7 @@ func FuzzDecodeRequests(f *testing.F) {
 				t.Fatalf("accepted bad list %+v", r)
 			}
 		}
-		if r, err := DecodeWithdraw(data); err == nil && (r.Key == "" || r.WaitID == "" || len(r.WaitID) > MaxWaitIDLen) {
+		if r, err := DecodeWithdraw(data); err == nil && (r.Key == "" || (r.WaitID == "" && r.RequestID == "") || len(r.WaitID) > MaxWaitIDLen || len(r.RequestID) > MaxRequestIDLen) {
 			t.Fatalf("accepted bad withdraw %+v", r)
 		}
 		// docs/protocol.md §2's rules beyond encoding/json, checked on
@@ -267,6 +267,8 @@ func TestDecodeLifecycle(t *testing.T) {
 		{"withdraw", func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a","wait_id":"w1"}`, ""},
 		{"withdraw no id", func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a"}`, CodeInvalidArgument},
 		{"withdraw long id", func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a","wait_id":"` + strings.Repeat("w", MaxWaitIDLen+1) + `"}`, CodeInvalidArgument},
+		{"withdraw by request id", func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a","request_id":"r1"}`, ""},
+		{"withdraw bad request id", func(b []byte) error { _, err := DecodeWithdraw(b); return err }, `{"key":"a","request_id":"r 1"}`, CodeInvalidArgument},
 		{"acquire wait id space", func(b []byte) error { _, err := DecodeAcquire(b); return err }, `{"key":"a","lease_ms":100,"wait_id":"a b"}`, CodeInvalidArgument},
 		{"acquire wait id", func(b []byte) error { _, err := DecodeAcquire(b); return err }, `{"key":"a","lease_ms":100,"wait_id":"c1-7"}`, ""},
 	}
