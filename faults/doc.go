@@ -144,10 +144,14 @@
 // model); indeterminate, internal, unknown codes and codes an operation
 // does not document (a release or renew answered "timeout") are unknown:
 // the operation may take effect at any time after its call (porcupine:
-// return time infinity). A failed get is left out. A waiting acquire
-// abandoned by its context ends without a code after the SDK withdrew it
-// and released any grant that raced the withdrawal; it is modelled as a
-// timeout (a grant may have existed meanwhile), code gave_up.
+// return time infinity). A failed get is left out. An acquire abandoned by
+// its context ends without a code when the SDK settled it: a waiting one
+// withdrawn (any grant that raced the withdrawal released), or one whose
+// last attempt's outcome was unknown settled by its request_id (a grant it
+// never received released, or none made); it is modelled as a timeout (a
+// grant may have existed meanwhile), code gave_up. The SDK retries an
+// acquire whose reply was lost with the same request_id, so the history
+// holds one operation per Acquire call, whatever its attempts.
 //
 // Renewals: a confirmed renewal promises the holder the lock until its
 // new deadline (the renew request's send time plus the lease in the
