@@ -252,6 +252,11 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 		rep, err := c.do(ctx, r)
 		switch code := CodeOf(err); {
 		case err == nil:
+			if !ownID {
+				// The caller's id may have been sent by an earlier
+				// process: this call's first send bounds nothing.
+				idSince = time.Time{}
+			}
 			return c.lockFromReply(r, rep, lease, o.owner, req.RequestID, idSince)
 		case code == protocol.CodeGrantEnded && ownID && fresh < maxFreshRequests:
 			// Our own id: every attempt with it was this call's, and none
@@ -329,7 +334,8 @@ func (o *acquireOptions) validate(key string, lease time.Duration) error {
 }
 
 // lockFromReply checks a grant reply and builds its Lock. idSince is when
-// the first attempt with requestID was sent.
+// the first attempt with requestID was sent (zero: unknown, the id is the
+// caller's).
 func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owner, requestID string, idSince time.Time) (*Lock, error) {
 	var ar protocol.AcquireReply
 	if err := json.Unmarshal(rep.data, &ar); err != nil || ar.Token == 0 || (ar.Key != "" && ar.Key != r.key) {
@@ -351,12 +357,15 @@ func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owne
 	}
 	// The lease started when the grant applied: after the send of the
 	// attempt that made it, so for a repeat after the first attempt with
-	// this id; and it ends no earlier than the remaining lease the leader
-	// reported, counted from this attempt's send.
+	// this id, when this call sent it (idSince); and it ends no earlier
+	// than the remaining lease the leader reported, counted from this
+	// attempt's send. A repeat of a caller's id (idSince zero) may be of
+	// a grant an earlier process took: only the remaining lease counts.
 	since := rep.sent
 	if ar.Repeated {
 		since = idSince
-		if d := time.Duration(ar.RemainingMS) * time.Millisecond; rep.sent.Add(d).After(since.Add(granted)) {
+		d := min(time.Duration(ar.RemainingMS)*time.Millisecond, granted)
+		if idSince.IsZero() || rep.sent.Add(d).After(since.Add(granted)) {
 			since = rep.sent.Add(d - granted)
 		}
 	}
