@@ -190,8 +190,11 @@
 //
 // Acquire records the time just before it sends the request that
 // succeeds; Lock.Deadline is that time plus the granted lease, on the
-// monotonic clock. The server's lease cannot have started before that
-// send, so until Deadline the lock is still yours (only a committed Expire
+// monotonic clock. (A repeated grant, made for an earlier attempt with the
+// same request id, counts from that request id's first attempt, or from
+// the lease the leader says is left, whichever is later.) The server's
+// lease cannot have started before that send, so until Deadline the lock
+// is still yours (only a committed Expire
 // or Release removes a lock, and the leader never expires a lock before
 // its lease has passed on its own clock). A confirmed renewal moves
 // Deadline the same way: its send time plus the lease it returned.

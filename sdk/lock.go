@@ -116,7 +116,9 @@ type Lock struct {
 
 // Deadline is the local moment after which the holder must assume it has
 // lost the lock: the time the successful request was sent plus the lease,
-// on the monotonic clock. The server's lease started no earlier than that
+// on the monotonic clock (for a Repeated grant, the send of the first
+// attempt with its request id, or the reply's send plus the lease the
+// leader reports left, whichever is later). The server's lease started no earlier than that
 // send, so the lock cannot have expired before Deadline (apart from clock
 // rate drift, which is tiny against any sane lease). Time spent queued
 // with WithWait counts against it. A successful Renew moves it to the
