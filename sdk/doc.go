@@ -146,7 +146,8 @@
 // whose reply did not arrive is sent again with the same id, to whichever
 // node leads, until the context ends: a repeat is answered with the grant
 // it made (the same token and fence; Lock.Repeated, Deadline counted from
-// the first attempt with the id), never a second grant. An attempt still
+// this call's first attempt with its own id, or from the lease the leader
+// reports left for WithRequestID's), never a second grant. An attempt still
 // waiting in the key's queue on the leader is taken over by its retry. If
 // the repeat finds that grant ended (released or expired: the SDK, or the
 // leader's lost-reply rule, released a grant nobody received),

@@ -98,8 +98,10 @@ type Lock struct {
 	RequestID string
 	// Repeated: the grant was produced by an earlier attempt of the same
 	// request (its reply was lost, or an earlier Acquire with the same
-	// WithRequestID); Index is then 0, and Deadline counts from the first
-	// attempt this Acquire sent.
+	// WithRequestID); Index is then 0. Deadline is the later of the first
+	// attempt this Acquire sent plus the lease and the repeat's send plus
+	// the lease the leader reported left; with WithRequestID's id, which
+	// an earlier process may have used, only the latter.
 	Repeated bool
 
 	client *Client
