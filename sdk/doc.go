@@ -193,7 +193,9 @@
 // succeeds; Lock.Deadline is that time plus the granted lease, on the
 // monotonic clock. (A repeated grant, made for an earlier attempt with the
 // same request id, counts from that request id's first attempt, or from
-// the lease the leader says is left, whichever is later.) The server's
+// the lease the leader says is left, whichever is later; with
+// WithRequestID's id, which an earlier process may have sent, only from
+// the lease left.) The server's
 // lease cannot have started before that send, so until Deadline the lock
 // is still yours (only a committed Expire
 // or Release removes a lock, and the leader never expires a lock before

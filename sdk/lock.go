@@ -120,7 +120,8 @@ type Lock struct {
 // lost the lock: the time the successful request was sent plus the lease,
 // on the monotonic clock (for a Repeated grant, the send of the first
 // attempt with its request id, or the reply's send plus the lease the
-// leader reports left, whichever is later). The server's lease started no earlier than that
+// leader reports left, whichever is later; only the latter for
+// WithRequestID's id, which an earlier process may have sent). The server's lease started no earlier than that
 // send, so the lock cannot have expired before Deadline (apart from clock
 // rate drift, which is tiny against any sane lease). Time spent queued
 // with WithWait counts against it. A successful Renew moves it to the
