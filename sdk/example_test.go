@@ -35,9 +35,10 @@ func ExampleClient_Acquire() {
 		log.Printf("busy, try later: %v", err) // nothing was granted
 		return
 	case sdk.IsIndeterminate(err):
-		// The reply was lost: a grant may exist and expires within its
-		// lease. Do not assume you hold it; do not re-acquire with the
-		// same owner expecting the same lock.
+		// The context ended while an attempt's outcome was unknown, and
+		// no leader could settle it (the SDK retried with the acquire's
+		// request_id until then): a grant may exist and expires within
+		// its lease. Do not assume you hold it.
 		log.Printf("unknown outcome: %v", err)
 		return
 	case err != nil:
@@ -74,4 +75,35 @@ func ExampleClient_Get() {
 	if h.Held {
 		log.Printf("%s is held by %q with token %d, %v left", h.Key, h.Owner, h.Token, h.Remaining)
 	}
+}
+
+// A job that may be restarted names each run in its request id: a restart
+// whose first acquire's reply was lost (the process died meanwhile) gets
+// the grant that acquire made, the same token, instead of queueing behind
+// its own lock until the lease ends. (Not run: it needs a cluster.)
+func ExampleWithRequestID() {
+	c, err := sdk.Connect("nats://127.0.0.1:4222")
+	if err != nil {
+		log.Fatal(err)
+	}
+	defer c.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	lock, err := c.Acquire(ctx, "jobs/nightly", sdk.WithLease(time.Minute), sdk.WithRequestID("nightly-2026-12-04"))
+	var e *sdk.Error
+	switch {
+	case errors.As(err, &e) && errors.Is(err, sdk.ErrGrantEnded):
+		// This run's grant (token e.Token) was released or expired: the
+		// run that held it is over.
+		log.Printf("already ran: token %d ended", e.Token)
+		return
+	case err != nil:
+		log.Fatal(err)
+	}
+	if lock.Repeated {
+		log.Printf("resuming with token %d, %v left", lock.Token, lock.Remaining())
+	}
+	_ = writeWithToken(lock.Token)
+	_ = lock.Release(ctx)
 }
