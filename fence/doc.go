@@ -25,6 +25,9 @@
 // (several during a key rotation). Verify checks, in order: the shape
 // (ErrMalformed, ErrUnsupportedVersion), the key ID (ErrUnknownKey), the
 // signature (ErrForged), the cluster (ErrWrongCluster). Then the resource
+// checks that the fence's Key is the lock key that guards what it is asked
+// to touch (a fence of any other lock of the cluster verifies too; refuse
+// one for another key with CodeWrongKey, as fencehttp.WithKey does), and
 // applies the highest-token rule through a Store: a lower token than the
 // highest accepted for the key is refused with ErrStale, an equal one is
 // accepted (the same holder writing again).

@@ -14,6 +14,10 @@
 //   - otherwise the token advances the Store and the handler runs, the
 //     verified fence in the request's context (FromContext).
 //
+// Pass WithKey unless every fence of the cluster may write everything
+// the middleware guards: a fence proves its own key's grant, so without
+// it the holder of any lock (one taken just for this) passes.
+//
 // Every refusal has a JSON body {"code","message"} (plus "key", "token"
 // and "current" for fence_stale) with the stable codes of package fence;
 // the handler is not called.
