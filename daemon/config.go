@@ -38,12 +38,16 @@ type Config struct {
 	NATSConfig string `koanf:"nats-config"`
 	// The node's own NATS connection authenticates like any client
 	// (natsclient.Auth). NATSPassword has no flag: it comes from
-	// TICKETD_NATS_PASSWORD or NATSPasswordFile.
+	// TICKETD_NATS_PASSWORD or NATSPasswordFile; NATSToken (a server's
+	// authorization token) likewise from TICKETD_NATS_TOKEN or
+	// NATSTokenFile.
 	NATSCreds        string `koanf:"nats-creds"`
 	NATSNKey         string `koanf:"nats-nkey"`
 	NATSUser         string `koanf:"nats-user"`
 	NATSPassword     string `koanf:"nats-password"`
 	NATSPasswordFile string `koanf:"nats-password-file"`
+	NATSToken        string `koanf:"nats-token"`
+	NATSTokenFile    string `koanf:"nats-token-file"`
 	NATSTLSCA        string `koanf:"nats-tls-ca"`
 	NATSTLSCert      string `koanf:"nats-tls-cert"`
 	NATSTLSKey       string `koanf:"nats-tls-key"`
@@ -426,8 +430,8 @@ func (c Config) validateShares() error {
 
 func (c Config) validateNATS() error {
 	switch {
-	case natsclient.HasPassword(c.NATSURL):
-		return configErr("nats-url carries a password (user:password@), which ps, logs and config dumps would show: set nats-user and the password with nats-password-file, TICKETD_NATS_PASSWORD_FILE or %s", natsclient.PasswordEnv)
+	case natsclient.HasSecret(c.NATSURL):
+		return configErr("nats-url carries a password or token (user:password@ or token@), which ps, logs and config dumps would show: set nats-user and the password with nats-password-file, TICKETD_NATS_PASSWORD_FILE or %s; a token with nats-token-file, TICKETD_NATS_TOKEN_FILE or %s", natsclient.PasswordEnv, natsclient.TokenEnv)
 	case c.NATSConfig != "" && c.NATSURL != "":
 		return configErr("nats-config configures the embedded server; nats-url uses another one: choose one")
 	case c.NATSConfig != "" && (c.NATSClusterListen != "" || c.NATSRoutes != ""):
@@ -537,7 +541,7 @@ func (c Config) validateControl() error {
 // NATSAuth is how the node's own NATS connection authenticates.
 func (c Config) NATSAuth() natsclient.Auth {
 	return natsclient.Auth{
-		CredsFile: c.NATSCreds, NKeyFile: c.NATSNKey, User: c.NATSUser, Password: c.NATSPassword,
+		CredsFile: c.NATSCreds, NKeyFile: c.NATSNKey, User: c.NATSUser, Password: c.NATSPassword, Token: c.NATSToken,
 		TLSCA: c.NATSTLSCA, TLSCert: c.NATSTLSCert, TLSKey: c.NATSTLSKey, InboxPrefix: c.NATSInboxPrefix,
 	}
 }
@@ -556,6 +560,7 @@ func (c Config) LoadSecretFiles() (Config, error) {
 		{"bootstrap-credential", c.BootstrapCredentialFile, &c.BootstrapCredential},
 		{"join-credential", c.JoinCredentialFile, &c.JoinCredential},
 		{"nats-password", c.NATSPasswordFile, &c.NATSPassword},
+		{"nats-token", c.NATSTokenFile, &c.NATSToken},
 	} {
 		if s.file == "" {
 			continue

@@ -39,7 +39,7 @@ func addClientFlags(cmd *cobra.Command) *clientFlags {
 	fs.BoolVar(&cf.partitioned, "partitioned", false, "the nodes are groups of a partitioned deployment (docs/scaling.md): send each key's requests on its hashed subject, list across every group")
 	cf.auth = natsclient.Flags(fs, os.Getenv)
 	cmd.PreRunE = func(*cobra.Command, []string) error {
-		if natsclient.HasPassword(cf.url) {
+		if natsclient.HasSecret(cf.url) {
 			return natsURLPasswordRefusal("nats")
 		}
 		return nil

@@ -59,6 +59,8 @@ func TestLoadConfigRejects(t *testing.T) {
 		{"duplicate member", []string{"--initial-cluster", "1=127.0.0.1:1,1=127.0.0.1:2", "--peer-listen", "127.0.0.1:1"}, []string{"TICKETD_PEER_SECRET=0123456789abcdef"}},
 		{"password in nats-url", []string{"--nats-url", "nats://u:p4ss@127.0.0.1:4222"}, nil},
 		{"password in TICKETD_NATS_URL", nil, []string{"TICKETD_NATS_URL=nats://u:p4ss@127.0.0.1:4222"}},
+		{"token in nats-url", []string{"--nats-url", "nats://t0ken@127.0.0.1:4222"}, nil},
+		{"token and user", []string{"--nats-url", "nats://127.0.0.1:4222", "--nats-user", "u"}, []string{"TICKETD_NATS_TOKEN=t0ken", "TICKETD_NATS_PASSWORD=p"}},
 		{"pprof off loopback", []string{"--pprof", "--metrics-listen", "0.0.0.0:9090"}, nil},
 		{"stray argument", []string{"extra"}, nil},
 		{"control off loopback without TLS", []string{"--control-listen", "0.0.0.0:7100"}, nil},

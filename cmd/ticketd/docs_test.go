@@ -14,9 +14,9 @@ import (
 // docs, example configs, scripts and the Taskfile use a --...-file flag or
 // a TICKETD_... variable instead.
 func TestExamplesKeepSecretsOffArgv(t *testing.T) {
-	flag := regexp.MustCompile(`--(peer-secret|control-credential|bootstrap-credential|join-credential|credential|nats-password)[ =]`)
-	key := regexp.MustCompile(`(?m)^\s*(peer-secret|control-credential|bootstrap-credential|join-credential|nats-password)\s*:`)
-	url := regexp.MustCompile(`nats://[^/\s:@]+:[^@\s]+@`)
+	flag := regexp.MustCompile(`--(peer-secret|control-credential|bootstrap-credential|join-credential|credential|nats-password|nats-token)[ =]`)
+	key := regexp.MustCompile(`(?m)^\s*(peer-secret|control-credential|bootstrap-credential|join-credential|nats-password|nats-token)\s*:`)
+	url := regexp.MustCompile(`nats://[^/\s@]+@`)
 	root := filepath.Join("..", "..")
 	checked := 0
 	err := filepath.WalkDir(root, func(path string, d fs.DirEntry, err error) error {

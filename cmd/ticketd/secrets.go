@@ -42,11 +42,13 @@ func (s *secretFlag) value() (string, error) {
 func refusedSecretFlag(flag string) string {
 	name := flag
 	switch flag {
-	case "peer-secret", "control-credential", "bootstrap-credential", "join-credential", "nats-password":
+	case "peer-secret", "control-credential", "bootstrap-credential", "join-credential", "nats-password", "nats-token":
 	case "credential":
 		name = "control-credential" // the old name on admin and snapshot save
 	case "password":
 		name = "nats-password"
+	case "token":
+		name = "nats-token"
 	default:
 		return ""
 	}
@@ -56,8 +58,8 @@ func refusedSecretFlag(flag string) string {
 }
 
 // natsURLPasswordRefusal refuses a NATS URL (of --flag) that carries a
-// password.
+// password or a token.
 func natsURLPasswordRefusal(flag string) *refusal {
-	return &refusal{fmt.Sprintf("--%s carries a password (user:password@), which ps and logs would show: give the user with --nats-user and the password with --nats-password-file FILE, %s_FILE or %s",
-		flag, natsclient.PasswordEnv, natsclient.PasswordEnv)}
+	return &refusal{fmt.Sprintf("--%s carries a password or token (user:password@ or token@), which ps and logs would show: give the user with --nats-user and the password with --nats-password-file FILE, %s_FILE or %s; a token with --nats-token-file FILE, %s_FILE or %s",
+		flag, natsclient.PasswordEnv, natsclient.PasswordEnv, natsclient.TokenEnv, natsclient.TokenEnv)}
 }

@@ -41,10 +41,17 @@ func TestSecretValueFlagsRefused(t *testing.T) {
 	}
 }
 
-// A password inside a NATS URL is refused at start on every command that
-// takes one, pointing at --nats-user and the password's file or variable.
+// A password or a token inside a NATS URL is refused at start on every
+// command that takes one, pointing at --nats-user and the password's file
+// or variable, and at the token's.
 func TestNATSURLPasswordRefusedByEveryCommand(t *testing.T) {
-	const url = "nats://alice:hunter2@127.0.0.1:1"
+	for _, url := range []string{"nats://alice:hunter2@127.0.0.1:1", "nats://hunter2@127.0.0.1:1"} {
+		testNATSURLRefused(t, url)
+	}
+}
+
+func testNATSURLRefused(t *testing.T, url string) {
+	t.Helper()
 	for _, args := range [][]string{
 		{"lock", "acquire", "k", "--nats", url},
 		{"lock", "release", "k", "--token", "1", "--nats", url},
@@ -58,7 +65,7 @@ func TestNATSURLPasswordRefusedByEveryCommand(t *testing.T) {
 		{"serve", "--nats-url", url},
 	} {
 		code, out, errOut := runInProcess(args...)
-		if code != exitUsage || out != "" || !strings.Contains(errOut, "password") || !strings.Contains(errOut, "TICKETD_NATS_PASSWORD") ||
+		if code != exitUsage || out != "" || !strings.Contains(errOut, "password") || !strings.Contains(errOut, "TICKETD_NATS_PASSWORD") || !strings.Contains(errOut, "TICKETD_NATS_TOKEN") ||
 			strings.Contains(errOut, "hunter2") {
 			t.Errorf("ticketd %s: exit %d, stderr:\n%s", strings.Join(args, " "), code, errOut)
 		}

@@ -8,8 +8,8 @@
 // meaning on `ticketd serve` (for the node's own connection, embedded or
 // --nats-url), on every client command and in the SDK (sdk.Auth is this
 // type). Redact: a URL (or comma-separated list of URLs) with any
-// user:password replaced, for logs and errors; HasPassword: whether one
-// carries a password (refused everywhere). Flags: the one helper that
+// user:password replaced, for logs and errors; HasSecret: whether one
+// carries a password or a token (refused everywhere). Flags: the one helper that
 // adds the NATS client flags to a command's flag set. ResolveSecret: how
 // every command reads a secret (--NAME-file, TICKETD_NAME_FILE,
 // TICKETD_NAME). DialRecorder: keeps the OS error of a dial that nats.go

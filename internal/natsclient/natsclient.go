@@ -17,12 +17,16 @@ import (
 // shows them to every user of the machine.
 const PasswordEnv = "TICKETD_NATS_PASSWORD"
 
+// TokenEnv is the environment variable the NATS authorization token comes
+// from when no file names it.
+const TokenEnv = "TICKETD_NATS_TOKEN"
+
 // MaxSecretFileBytes bounds a file read for one secret.
 const MaxSecretFileBytes = 64 << 10
 
 // Auth is how a client authenticates to NATS and verifies it. The zero
 // value is an anonymous, plain connection (a development NATS). At most
-// one of CredsFile, NKeyFile and User may be set.
+// one of CredsFile, NKeyFile, User and Token may be set.
 type Auth struct {
 	// CredsFile is a NATS credentials file (a user JWT and its nkey seed,
 	// as `nsc` writes them).
@@ -32,6 +36,10 @@ type Auth struct {
 	// User and Password authenticate with a user name and password.
 	User     string
 	Password string
+	// Token authenticates with a server's authorization token (what a
+	// URL's bare user info, nats://TOKEN@host, would carry in plain
+	// sight).
+	Token string
 	// TLSCA is a PEM file of the CAs that sign the server's certificate;
 	// setting it requires TLS. TLSCert and TLSKey are this client's own
 	// certificate and key (servers that verify clients).
@@ -50,14 +58,14 @@ var ErrAuth = errors.New("natsclient: invalid NATS client settings")
 // Validate checks that the settings go together.
 func (a Auth) Validate() error {
 	n := 0
-	for _, set := range []bool{a.CredsFile != "", a.NKeyFile != "", a.User != ""} {
+	for _, set := range []bool{a.CredsFile != "", a.NKeyFile != "", a.User != "", a.Token != ""} {
 		if set {
 			n++
 		}
 	}
 	switch {
 	case n > 1:
-		return fmt.Errorf("%w: choose one of nats-creds, nats-nkey and nats-user", ErrAuth)
+		return fmt.Errorf("%w: choose one of nats-creds, nats-nkey, nats-user and a token (nats-token-file)", ErrAuth)
 	case a.Password != "" && a.User == "":
 		return fmt.Errorf("%w: a NATS password needs nats-user", ErrAuth)
 	case (a.TLSCert == "") != (a.TLSKey == ""):
@@ -86,6 +94,8 @@ func (a Auth) Options() ([]nats.Option, error) {
 		opts = append(opts, o)
 	case a.User != "":
 		opts = append(opts, nats.UserInfo(a.User, a.Password))
+	case a.Token != "":
+		opts = append(opts, nats.Token(a.Token))
 	}
 	if a.TLSCA != "" {
 		opts = append(opts, nats.RootCAs(a.TLSCA))
@@ -168,6 +178,7 @@ func Flags(fs *pflag.FlagSet, getenv func(string) string) func() (Auth, error) {
 	nkey := fs.String("nats-nkey", "", "NATS user nkey seed file (or "+EnvName("nats-nkey")+")")
 	user := fs.String("nats-user", "", "NATS user name; the password comes from --nats-password-file, "+EnvName("nats-password-file")+" or "+PasswordEnv)
 	pwFile := fs.String("nats-password-file", "", "file holding the NATS password (or "+EnvName("nats-password-file")+")")
+	tokenFile := fs.String("nats-token-file", "", "file holding the NATS server's authorization token, instead of a user (or "+EnvName("nats-token-file")+", "+TokenEnv+")")
 	ca := fs.String("nats-tls-ca", "", "CA certificates (PEM) that sign the NATS server's certificate; requires TLS")
 	cert := fs.String("nats-tls-cert", "", "client certificate (PEM) for NATS servers that verify clients")
 	key := fs.String("nats-tls-key", "", "client key (PEM) of --nats-tls-cert")
@@ -184,34 +195,31 @@ func Flags(fs *pflag.FlagSet, getenv func(string) string) func() (Auth, error) {
 			}
 			a.Password = pw
 		}
+		// A token is the method when nothing else is chosen, or when its
+		// file flag is given (Validate then refuses a second method).
+		if fs.Changed("nats-token-file") || (a.CredsFile == "" && a.NKeyFile == "" && a.User == "") {
+			tok, err := ResolveSecret("nats-token", *tokenFile, getenv)
+			if err != nil {
+				return Auth{}, fmt.Errorf("%w: %w", ErrAuth, err)
+			}
+			a.Token = tok
+		}
 		return a, a.Validate()
 	}
 }
 
-// HasPassword reports whether any of urls (one URL or a comma-separated
-// list) carries a password (user:password@): a secret that ps, shell
-// history and configuration dumps would show.
-func HasPassword(urls string) bool {
+// HasSecret reports whether any of urls (one URL or a comma-separated
+// list) carries user info: a password (user:password@) or, since nats.go
+// takes a bare user info as the server's token, a token (TOKEN@). Either
+// is a secret that ps, shell history and configuration dumps would show.
+func HasSecret(urls string) bool {
 	for _, raw := range strings.Split(urls, ",") {
 		raw = strings.TrimSpace(raw)
-		if u, err := url.Parse(raw); err == nil && u.User != nil {
-			if _, ok := u.User.Password(); ok {
-				return true
-			}
-			continue
-		}
-		// Unparsable: a ':' before the last '@' may be a password.
-		if at := strings.LastIndexByte(raw, '@'); at >= 0 && strings.Contains(strings.TrimPrefix(raw[:at], schemeOf(raw)), ":") {
+		// A host name has no '@': one that does not parse as user info
+		// (no scheme, a stray '%') may still hold a secret before it.
+		if u, err := url.Parse(raw); (err == nil && u.User != nil) || strings.Contains(raw, "@") {
 			return true
 		}
 	}
 	return false
-}
-
-// schemeOf is raw's "scheme://", or "".
-func schemeOf(raw string) string {
-	if i := strings.Index(raw, "://"); i >= 0 {
-		return raw[:i+3]
-	}
-	return ""
 }

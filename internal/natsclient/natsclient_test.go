@@ -185,10 +185,10 @@ func TestFlagsEnvironment(t *testing.T) {
 	}
 }
 
-func TestHasPassword(t *testing.T) {
+func TestHasSecret(t *testing.T) {
 	for in, want := range map[string]bool{
 		"nats://127.0.0.1:4222":                       false,
-		"nats://alice@127.0.0.1:4222":                 false, // a user (or token) without a password
+		"nats://alice@127.0.0.1:4222":                 true, // nats.go sends a bare user info as the token
 		"nats://alice:s3cret@127.0.0.1:4222":          true,
 		"nats://127.0.0.1:4222, tls://a:b@h:1":        true,
 		"nats://a:%zz@h:1":                            true, // does not parse
@@ -196,8 +196,52 @@ func TestHasPassword(t *testing.T) {
 		"nats://u:p@ss@h:1":                           true,
 		"nats://127.0.0.1:4222,nats://127.0.0.2:4222": false,
 	} {
-		if got := HasPassword(in); got != want {
-			t.Errorf("HasPassword(%q) = %v, want %v", in, got, want)
+		if got := HasSecret(in); got != want {
+			t.Errorf("HasSecret(%q) = %v, want %v", in, got, want)
 		}
+	}
+}
+
+// A server's token comes from its file or variable, never a flag value,
+// and is the method only when no other is chosen.
+func TestFlagsToken(t *testing.T) {
+	dir := t.TempDir()
+	tok := filepath.Join(dir, "token")
+	_ = os.WriteFile(tok, []byte("tok-from-file\n"), 0o600)
+	for _, tc := range []struct {
+		args  []string
+		env   map[string]string
+		token string
+		user  string
+		bad   bool
+	}{
+		{nil, map[string]string{TokenEnv: "tok-env"}, "tok-env", "", false},
+		{[]string{"--nats-token-file", tok}, nil, "tok-from-file", "", false},
+		{nil, map[string]string{TokenEnv + "_FILE": tok}, "tok-from-file", "", false},
+		// Another method chosen: the variable is not read.
+		{[]string{"--nats-user", "alice"}, map[string]string{TokenEnv: "tok-env", PasswordEnv: "pw"}, "", "alice", false},
+		// Both chosen on the command line: refused.
+		{[]string{"--nats-user", "alice", "--nats-token-file", tok}, map[string]string{PasswordEnv: "pw"}, "", "", true},
+		// A file and the variable that differ: refused.
+		{[]string{"--nats-token-file", tok}, map[string]string{TokenEnv: "other"}, "", "", true},
+	} {
+		fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+		build := Flags(fs, func(k string) string { return tc.env[k] })
+		if err := fs.Parse(tc.args); err != nil {
+			t.Fatal(err)
+		}
+		a, err := build()
+		if (err != nil) != tc.bad || (!tc.bad && (a.Token != tc.token || a.User != tc.user)) {
+			t.Errorf("%v %v: token %q user %q, %v", tc.args, tc.env, a.Token, a.User, err)
+		}
+		if err != nil && strings.Contains(err.Error(), "tok-") {
+			t.Errorf("%v: the error shows the token: %v", tc.args, err)
+		}
+	}
+	if opts, err := (Auth{Token: "t"}).Options(); err != nil || len(opts) != 1 {
+		t.Fatalf("token Options = %d, %v", len(opts), err)
+	}
+	if _, err := (Auth{Token: "t", NKeyFile: "k"}).Options(); !errors.Is(err, ErrAuth) {
+		t.Fatalf("token and nkey: %v, want ErrAuth", err)
 	}
 }
