@@ -53,7 +53,9 @@
 //  2. applyCommitted: restore a received snapshot and apply the committed
 //     entries to the in-memory core.Machine, collecting the net change of
 //     the state rows (StateChange: lock rows, control row, request rows,
-//     session rows).
+//     session rows). A received snapshot's lock rows are staged into the
+//     batch of step 3 by another goroutine meanwhile (StageSnapshotRows,
+//     batch.go).
 //  3. persist: write the new entries, the HardState, any received snapshot
 //     and the state change with its applied index in one Pebble batch,
 //     committed with Sync (without, when it carries only the state change
