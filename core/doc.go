@@ -3,9 +3,11 @@
 // # What it owns
 //
 // The replicated commands of SPEC §2 (Grant, Renew, Release, Expire,
-// Control, and the session and lock-delay commands of cluster version 4), their results (SPEC §3), the lock table (table.go: fixed
-// records, a string arena and an index, nothing for the collector to scan;
-// load.go: its bulk load from stored records), the fencing-token
+// Control, and the session and lock-delay commands of cluster version
+// 4), their results (SPEC §3), the lock table (table.go: fixed records, a
+// string arena and an index, nothing for the collector to scan; load.go:
+// its bulk load from stored records; load_snapshot.go: from a snapshot's
+// bytes, and a snapshot's locks as stored records), the fencing-token
 // counter, the request records that make an acquire retry-safe
 // (requests.go), sessions and lock-delays (sessions.go), the fence
 // signing keys (fence.go), the replicated control
