@@ -168,6 +168,16 @@ func (a *ACL) Allows(identity string, op Op, key string) bool {
 	return false
 }
 
+// allowsSome reports whether identity may perform op on some key.
+func (a *ACL) allowsSome(identity string, op Op) bool {
+	for _, r := range a.entry(identity) {
+		if slices.Contains(r.ops, op) {
+			return true
+		}
+	}
+	return false
+}
+
 // authorize is the one access check of the lock service: every operation
 // calls it first, with its own Op and key. Without an access list
 // (Config.ACL nil) everything is allowed, as in development; requests a

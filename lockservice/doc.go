@@ -74,6 +74,23 @@
 //     resource_exhausted when the records are full.
 //   - Expiry (expiry.go): one loop and a fixed pool of workers propose
 //     the Expires of leases that ran out; no goroutine per lease.
+//   - Sessions (sessions.go, sesstimers.go; cluster version 4): open,
+//     keepalive and close of a session, one liveness for many locks. The
+//     leader times each session on its monotonic clock and proposes
+//     ExpireSession{id, epoch} when it runs out; a keepalive restarts the
+//     timer without writing the log, after a ReadIndex, and is logged as
+//     RefreshSession while an expiry of the session is in flight
+//     (KeepAlive says why that is safe across leader changes; core's
+//     sessions.go has the argument). A session lock has a lease timer
+//     that never comes due (it counts as held for queues and quotas).
+//     Only the opening identity uses, keeps alive or closes a session;
+//     --max-sessions, a per-identity quota and locks per session bound
+//     them (*LimitError).
+//   - Lock-delay (delay.go): a key freed by a failure stays busy until
+//     the leader's ClearDelay; a try gets ErrHeld as a *DelayedError with
+//     the delay left on the leader's timer, waiters wait. A new leader
+//     re-arms every session and delayed key with its full TTL or delay at
+//     LeaderReady: never shorter.
 //
 // # What it does not own
 //

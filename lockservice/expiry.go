@@ -39,8 +39,9 @@ func (s *Service) signalTimersChanged() {
 
 // startExpiry starts the expiry loop and its workers.
 func (s *Service) startExpiry() {
-	s.wg.Add(1 + s.cfg.ExpireWorkers)
+	s.wg.Add(2 + s.cfg.ExpireWorkers)
 	go s.expiryLoop()
+	go s.sessionLoop()
 	for i := 0; i < s.cfg.ExpireWorkers; i++ {
 		go s.expireWorker()
 	}

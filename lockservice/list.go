@@ -3,7 +3,6 @@ package lockservice
 import (
 	"context"
 	"fmt"
-	"time"
 
 	"github.com/ticketd/ticketd/core"
 )
@@ -44,11 +43,7 @@ func (s *Service) List(ctx context.Context, prefix, after string, limit int) (Pa
 	now := s.cfg.Now()
 	s.lead.mu.Lock()
 	for i, l := range p.Locks {
-		h := Holder{Lock: l, Held: true, Remaining: time.Duration(l.LeaseMS) * time.Millisecond}
-		if it, ok := s.lead.leases.get(l.Key); ok && it.token == l.Token {
-			h.Remaining = max(0, it.deadline.Sub(now))
-		}
-		out.Locks[i] = h
+		out.Locks[i] = Holder{Lock: l, Held: true, Remaining: s.remainingOf(l, now)}
 	}
 	s.lead.mu.Unlock()
 	return out, nil

@@ -14,6 +14,7 @@ import (
 // and frees keys for waiters; followers keep no state.
 func (s *Service) OnApplied(a raftstore.Applied) {
 	s.countApplied(a.Result)
+	freed := s.failureDelays(a) // before lead.mu: it reads the machine
 	s.lead.mu.Lock()
 	defer s.lead.mu.Unlock()
 	if !s.lead.ready && !s.lead.rearming {
@@ -23,7 +24,7 @@ func (s *Service) OnApplied(a raftstore.Applied) {
 	switch a.Result.Kind {
 	case core.ResultGranted:
 		s.dropReservation(key)
-		s.lead.leases.arm(key, a.Result.Token, a.Command.Identity, time.Duration(a.Command.LeaseMS)*time.Millisecond, s.cfg.Now())
+		s.lead.leases.arm(key, a.Result.Token, a.Command.Identity, holdOf(core.Lock{LeaseMS: a.Command.LeaseMS, SessionID: a.Command.SessionID}), s.cfg.Now())
 		s.signalTimersChanged()
 	case core.ResultGrantRejected:
 		s.dropReservation(key)
@@ -42,8 +43,14 @@ func (s *Service) OnApplied(a raftstore.Applied) {
 	case core.ResultExpired:
 		if a.Result.Existed {
 			s.lead.leases.remove(key, a.Command.Token)
+			for _, d := range freed {
+				s.lead.sess.armDelay(d.Key, d.Seq, ms(d.DelayMS), s.cfg.Now())
+				s.signalSessions()
+			}
 			s.handOff(key)
 		}
+	default:
+		s.appliedSession(a, freed)
 	}
 }
 
@@ -63,6 +70,8 @@ func (s *Service) countApplied(r core.Result) {
 		if r.Existed {
 			m.HeldLocks.Dec()
 		}
+	case core.ResultSessionClosed, core.ResultSessionExpired:
+		m.HeldLocks.Sub(float64(r.Count))
 	}
 }
 
@@ -85,8 +94,10 @@ func (s *Service) OnLeaderReady(term uint64) {
 	start, now := time.Now(), s.cfg.Now()
 	held := 0
 	s.node.View(func(m *core.Machine) { held = m.Len() })
+	sess := s.rearmSessions(now)
 	s.lead.mu.Lock()
 	s.lead.leases = newLeaseTableFor(held)
+	s.lead.sess = sess
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
 	s.resetWaits()
@@ -142,7 +153,7 @@ func (s *Service) rearm(term, epoch uint64, start, now time.Time) {
 				return
 			}
 			next, done = m.ForEachLockFrom(next, s.cfg.RearmChunk, func(l core.Lock) {
-				s.lead.leases.arm(l.Key, l.Token, l.Identity, time.Duration(l.LeaseMS)*time.Millisecond, now)
+				s.lead.leases.arm(l.Key, l.Token, l.Identity, holdOf(l), now)
 				armed++
 			})
 		})
@@ -159,6 +170,7 @@ func (s *Service) rearm(term, epoch uint64, start, now time.Time) {
 	s.lead.rearming = false
 	s.lead.ready = true
 	s.signalTimersChanged()
+	s.signalSessions()
 	s.lead.mu.Unlock()
 	s.cfg.Metrics.HeldLocks.Set(float64(held))
 	s.cfg.Metrics.LeaderChanges.Inc()
@@ -193,6 +205,7 @@ func (s *Service) OnLeadershipLost() {
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
 	s.lead.leases.reset()
+	s.lead.sess = newSessionTimers()
 	if was {
 		s.cfg.Metrics.LeaderChanges.Inc()
 		s.cfg.Metrics.IsLeader.Set(0)

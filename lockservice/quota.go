@@ -62,6 +62,15 @@ type Limits struct {
 	// MaxInflightPerIdentity bounds one identity's requests in progress on
 	// this node (BeginRequest).
 	MaxInflightPerIdentity int
+	// MaxSessions bounds the open sessions (default
+	// core.DefaultMaxSessions, at most core.MaxSessions);
+	// MaxSessionsPerIdentity those of one identity (0: no per-identity
+	// limit). See sessions.go.
+	MaxSessions            int
+	MaxSessionsPerIdentity int
+	// MaxLocksPerSession bounds the locks of one session (default and
+	// at most core.MaxLocksPerSession, which Apply enforces).
+	MaxLocksPerSession int
 }
 
 func (l *Limits) withDefaults() {
@@ -80,6 +89,14 @@ func (l *Limits) withDefaults() {
 	if l.MaxInflightPerIdentity <= 0 {
 		l.MaxInflightPerIdentity = MaxInflightPerIdentityDefault
 	}
+	if l.MaxSessions <= 0 {
+		l.MaxSessions = core.DefaultMaxSessions
+	}
+	l.MaxSessions = min(l.MaxSessions, core.MaxSessions)
+	if l.MaxLocksPerSession <= 0 {
+		l.MaxLocksPerSession = core.MaxLocksPerSession
+	}
+	l.MaxLocksPerSession = min(l.MaxLocksPerSession, core.MaxLocksPerSession)
 }
 
 // Resources a LimitError names. They are stable: they appear in messages

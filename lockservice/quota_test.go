@@ -40,7 +40,16 @@ func (f *fakeNode) Propose(ctx context.Context, cmd core.Command) (raftstore.App
 	f.proposals.Add(1)
 	f.mu.Lock()
 	f.index++
+	var ending []core.Lock // the locks a session command may end, as raftstore names them
+	if cmd.Kind == core.KindCloseSession || cmd.Kind == core.KindExpireSession {
+		ending = f.m.SessionLocks(cmd.SessionID)
+	}
 	a := raftstore.Applied{Index: f.index, Term: 1, Command: cmd, Result: f.m.Apply(cmd)}
+	if a.Result.Count > 0 {
+		for _, l := range ending {
+			a.Keys = append(a.Keys, l.Key)
+		}
+	}
 	if a.Result.Kind == core.ResultGranted || a.Result.Kind == core.ResultRenewed {
 		l, _ := f.m.Get(cmd.Key)
 		a.LeaseMS = l.LeaseMS

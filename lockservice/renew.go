@@ -149,6 +149,9 @@ func (s *Service) checkRenewal(ctx context.Context, key string, token uint64, le
 	if !ok || held.Token != token {
 		return nil
 	}
+	if held.SessionID != 0 {
+		return &core.Error{Code: core.CodeInvalidArgument, Detail: errRenewSessionLock.Error()}
+	}
 	if id := IdentityFrom(ctx); held.Identity != "" && held.Identity != id && !nodeAuthority(ctx) {
 		s.cfg.Metrics.PermissionDenied.WithLabelValues(string(OpAcquire)).Inc()
 		return &PermissionError{Identity: id, Op: "renew the lock of another identity on", Key: key}

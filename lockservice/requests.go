@@ -306,11 +306,8 @@ func (s *Service) withdrawRequest(ctx context.Context, key, requestID string) (W
 // as it stands on this leader's timer.
 func (s *Service) repeatedGrant(l core.Lock) Grant {
 	g := Grant{Key: l.Key, Token: l.Token, Lease: time.Duration(l.LeaseMS) * time.Millisecond, Repeated: true}
-	g.Remaining = g.Lease
 	s.lead.mu.Lock()
-	if it, ok := s.lead.leases.get(l.Key); ok && it.token == l.Token {
-		g.Remaining = max(0, it.deadline.Sub(s.cfg.Now()))
-	}
+	g.Remaining = s.remainingOf(l, s.cfg.Now())
 	s.lead.mu.Unlock()
 	g.Fence = s.fence(l.Key, l.Token)
 	return g

@@ -114,6 +114,11 @@ type AcquireParams struct {
 	// client's id for it, scoped to the caller's identity (cluster
 	// version 3).
 	RequestID string
+	// Session, if not 0, binds the lock to that session of the caller
+	// instead of a lease (Lease is then 0); LockDelay is a plain lock's
+	// lock-delay (cluster version 4, sessions.go and delay.go).
+	Session   uint64
+	LockDelay time.Duration
 
 	// attempt is the request's attempt in progress (requests.go).
 	attempt *reqAttempt
@@ -160,8 +165,9 @@ type Service struct {
 	cancel context.CancelFunc
 	wg     sync.WaitGroup // the expiry loop, its workers and background proposals
 	// timersChanged wakes the expiry loop when the earliest deadline may
-	// have moved.
+	// have moved; sessChanged the session loop (delay.go).
 	timersChanged chan struct{}
+	sessChanged   chan struct{}
 	// expireq carries due leases from the expiry loop to its workers.
 	expireq chan leaseItem
 
@@ -180,6 +186,8 @@ type leaderState struct {
 	// meanwhile.
 	rearming bool
 	leases   *leaseTable
+	// sess are the session and lock-delay timers (sesstimers.go).
+	sess *sessionTimers
 	// epoch counts leadership changes; reserved maps a key with a Grant in
 	// flight to the epoch that proposed it (and the identity it counts
 	// against), so work left over from an earlier leadership never clears
@@ -249,10 +257,12 @@ func New(cfg Config) *Service {
 		ctx:           ctx,
 		cancel:        cancel,
 		timersChanged: make(chan struct{}, 1),
+		sessChanged:   make(chan struct{}, 1),
 		expireq:       make(chan leaseItem, expireBatch),
 		inflight:      inflight{by: make(map[string]int)},
 		lead: leaderState{
 			leases:     newLeaseTable(),
+			sess:       newSessionTimers(),
 			reserved:   make(map[string]reservation),
 			reservedBy: make(map[string]int),
 			queues:     make(map[string]*waitQueue),
@@ -311,6 +321,10 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		cmd.Identity = identity
 	}
 	cmd.RequestID = p.RequestID
+	if p.Session != 0 {
+		cmd = cmd.InSession(p.Session)
+	}
+	cmd = cmd.WithLockDelay(uint64(p.LockDelay / time.Millisecond))
 	if err := cmd.Validate(); err != nil {
 		return Grant{}, err
 	}
@@ -321,13 +335,21 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 		return Grant{}, s.notLeader()
 	}
 	if need := core.CommandVersion(cmd); version < need {
-		return Grant{}, fmt.Errorf("%w: request_id needs cluster version %d, the cluster runs version %d (a member runs an older binary, or the new leader has not raised it yet); send the acquire without request_id, or retry later",
-			ErrUnsupported, need, version)
+		return Grant{}, fmt.Errorf("%w: %s needs cluster version %d, the cluster runs version %d (a member runs an older binary, or the new leader has not raised it yet); send the acquire without it, or retry later",
+			ErrUnsupported, acquireFeature(cmd), need, version)
+	}
+	policyLease := cmd.LeaseMS
+	if p.Session != 0 {
+		ttl, err := s.checkSessionAcquire(ctx, p.Session)
+		if err != nil {
+			return Grant{}, err
+		}
+		policyLease = ttl
 	}
 	if p.RequestID != "" {
 		return s.acquireRequest(ctx, p, cmd, deadline, identity)
 	}
-	if err := s.checkPolicy(ctx, p, cmd.LeaseMS); err != nil {
+	if err := s.checkPolicy(ctx, p, policyLease); err != nil {
 		return Grant{}, err
 	}
 	return s.acquireLoop(ctx, p, cmd, deadline, identity)
@@ -380,8 +402,9 @@ func (s *Service) acquireOnce(ctx context.Context, p AcquireParams, cmd core.Com
 		return g, false, err
 	}
 	if p.Wait <= 0 {
+		err := s.heldErr(p.Key)
 		s.lead.mu.Unlock()
-		return Grant{}, !confirmed, fmt.Errorf("%w: %q", ErrHeld, p.Key)
+		return Grant{}, !confirmed, err
 	}
 	if err := s.admitWaiter(p.Key, identity); err != nil {
 		s.lead.mu.Unlock()
@@ -463,6 +486,9 @@ func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, e
 		return Grant{Key: p.Key, Token: a.Result.Token, Lease: p.Lease, Index: a.Index, Fence: s.fence(p.Key, a.Result.Token)}, nil
 	case core.ResultGrantRejected:
 		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
+	}
+	if err, ok := s.sessionGrantErr(p, a.Result); ok {
+		return Grant{}, err
 	}
 	return s.appliedRequest(p, a.Result)
 }
@@ -586,11 +612,8 @@ func (s *Service) Get(ctx context.Context, key string) (Holder, error) {
 	if !h.Held {
 		return h, nil
 	}
-	h.Remaining = time.Duration(h.Lock.LeaseMS) * time.Millisecond
 	s.lead.mu.Lock()
-	if it, ok := s.lead.leases.get(key); ok && it.token == h.Lock.Token {
-		h.Remaining = max(0, it.deadline.Sub(s.cfg.Now()))
-	}
+	h.Remaining = s.remainingOf(h.Lock, s.cfg.Now())
 	s.lead.mu.Unlock()
 	return h, nil
 }

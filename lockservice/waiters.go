@@ -130,14 +130,18 @@ func (s *Service) await(ctx context.Context, p AcquireParams, w *waiter, deadlin
 	return cause
 }
 
-// busy reports whether key is held or reserved for a Grant in flight.
+// busy reports whether key is held, reserved for a Grant in flight, or
+// in its lock-delay (delay.go).
 // s.lead.mu held.
 func (s *Service) busy(key string) bool {
 	if _, ok := s.lead.reserved[key]; ok {
 		return true
 	}
-	_, held := s.lead.leases.get(key)
-	return held
+	if _, held := s.lead.leases.get(key); held {
+		return true
+	}
+	_, delayed := s.lead.sess.delays[key]
+	return delayed
 }
 
 // unreserve drops key's reservation if epoch made it, and hands the key
