@@ -41,6 +41,7 @@ func toProtocolError(err error) *protocol.Error {
 		nl *lockservice.NotLeaderError
 		de *lockservice.DeniedError
 		ge *lockservice.GrantEndedError
+		dl *lockservice.DelayedError
 		ce *core.Error
 	)
 	switch {
@@ -55,6 +56,10 @@ func toProtocolError(err error) *protocol.Error {
 	case errors.As(err, &ge):
 		e := protocol.Errorf(protocol.CodeGrantEnded, "%v", err)
 		e.Token = ge.Token
+		return e
+	case errors.As(err, &dl):
+		e := protocol.Errorf(protocol.CodeHeld, "%v", err)
+		e.DelayMS = max(1, dl.Remaining.Milliseconds())
 		return e
 	}
 	for _, m := range codeOfError {

@@ -133,6 +133,9 @@ func TestMicroStatsCountWhatTheServiceDid(t *testing.T) {
 	expect(protocol.SubjectWithdraw, `{"key":"b","wait_id":"w1"}`, "")
 	expect(protocol.SubjectCheck, `{"key":"b","token":1}`, "")
 	expect(protocol.SubjectFenceKeys, `{}`, "")
+	expect(protocol.SubjectSessionOpen, `{"ttl_ms":60000}`, "")
+	expect(protocol.SubjectSessionKeepAlive, `{"session":"999999"}`, "not_found")
+	expect(protocol.SubjectSessionClose, `{"session":"x"}`, "invalid_argument")
 	expect(protocol.SubjectStatus, `{}`, "")
 	expect(protocol.SubjectPrefix+".control.bootstrap", `{}`, "control_refused")
 	// A publish without a reply subject asks nothing; micro counts it as
@@ -143,6 +146,7 @@ func TestMicroStatsCountWhatTheServiceDid(t *testing.T) {
 
 	want := map[string][2]int{ // requests, errors
 		"acquire": {6, 4}, "release": {2, 1}, "get": {1, 0}, "renew": {1, 1}, "list": {1, 0}, "withdraw": {1, 0}, "check": {1, 0}, "fence_keys": {1, 0}, "status": {1, 0}, "control_refused": {1, 1},
+		"session_open": {1, 0}, "session_keepalive": {1, 1}, "session_close": {1, 1},
 	} // node_status also serves the leader's version probes
 	var got map[string]*micro.EndpointStats
 	// A reply reaches the client just before its figures are recorded.

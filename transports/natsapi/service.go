@@ -190,6 +190,11 @@ func Start(cfg Config) (*Service, error) {
 		// Subscribed only while this node is the ready leader (leadersubs.go).
 		s.addLockEndpoint(op, cfg.Partition.LockSubject(op), protocol.QueueGroup, s.microHandler(op))
 	}
+	if !cfg.Partition.Partitioned() {
+		for _, op := range sessionOps {
+			s.addLockEndpoint(op, protocol.SessionSubject(op), protocol.QueueGroup, s.microHandler(op))
+		}
+	}
 	if err := s.svc.addEndpoint("status", protocol.SubjectStatus, protocol.QueueGroup, s.microHandler("status")); err != nil {
 		return fail(err)
 	}
@@ -443,6 +448,8 @@ func (s *Service) handle(req *request, forwarded bool) {
 		s.check(req)
 	case "fence_keys":
 		s.fenceKeys(req)
+	case protocol.SessionOpOpen, protocol.SessionOpKeepAlive, protocol.SessionOpClose:
+		s.session(req)
 	default:
 		s.replyErr(req, protocol.Errorf(protocol.CodeInvalidArgument, "unknown operation %q", req.op))
 	}
@@ -473,12 +480,17 @@ func (s *Service) acquire(req *request) {
 		return
 	}
 	lease, wait, timeout, _ := ar.Validate()
+	if ar.Session != "" && s.cfg.Partition.Partitioned() {
+		s.replyErr(req, s.sessionsRefused())
+		return
+	}
 	ctx, cancel := context.WithDeadline(req.context(s.ctx), req.received.Add(timeout))
 	defer cancel()
 	unpark := func() {}
 	defer func() { unpark() }()
 	g, err := s.cfg.Locks.Acquire(ctx, lockservice.AcquireParams{
 		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout, WaitID: ar.WaitID, RequestID: ar.RequestID,
+		Session: ar.SessionID(), LockDelay: time.Duration(ar.LockDelayMS) * time.Millisecond,
 		// Called on this goroutine, inside Acquire.
 		Parked: func() {
 			if req.leave != nil {
@@ -564,6 +576,9 @@ func holderReply(key string, h lockservice.Holder) protocol.GetReply {
 		out.LeaseMS = int64(h.Lock.LeaseMS)
 		out.RemainingMS = h.Remaining.Milliseconds()
 		out.GrantedAtMS = int64(h.Lock.GrantedAtMS)
+		if h.Lock.SessionID != 0 {
+			out.Session = protocol.FormatSessionID(h.Lock.SessionID)
+		}
 	}
 	return out
 }

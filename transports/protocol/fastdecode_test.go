@@ -80,6 +80,29 @@ func checkFastMatchesStrict(t *testing.T, data []byte) {
 	c, cerr := DecodeCheck(data)
 	sc, scerr := strictCheck(data)
 	sameOutcome(t, "check", data, c, sc, cerr, scerr)
+	o, oerr := DecodeSessionOpen(data)
+	so, soerr := strictSessionOpen(data)
+	sameOutcome(t, "session open", data, o, so, oerr, soerr)
+	k, _, kerr := DecodeSession(data)
+	sk, skerr := strictSession(data)
+	sameOutcome(t, "session", data, k, sk, kerr, skerr)
+}
+
+func strictSessionOpen(data []byte) (SessionOpenRequest, error) {
+	var r SessionOpenRequest
+	if err := Decode(data, &r); err != nil {
+		return SessionOpenRequest{}, err
+	}
+	return r, r.Validate()
+}
+
+func strictSession(data []byte) (SessionRequest, error) {
+	var r SessionRequest
+	if err := Decode(data, &r); err != nil {
+		return SessionRequest{}, err
+	}
+	_, err := r.Validate()
+	return r, err
 }
 
 // fastCases are inputs at the edges of the fast path's subset.
@@ -103,6 +126,10 @@ var fastCases = []string{
 	`{"key":"a","wait_id":"x\ty"}`, `{"key":"a","lease_ms":100,"wait_ms":600000}`,
 	`{"key":"a","lease_ms":100,"request_id":"r-1"}`, `{"key":"a","lease_ms":100,"request_id":"r 1"}`,
 	`{"key":"a","lease_ms":100,"request_id":"` + strings.Repeat("r", MaxRequestIDLen+1) + `"}`, "{\"key\":\"a\",\"lease_ms\":100,\"request_id\":\"\xc3\xa9\"}",
+	`{"key":"a","session":"7"}`, `{"key":"a","session":"07"}`, `{"key":"a","session":"0"}`, `{"key":"a","session":"7","lease_ms":100}`,
+	`{"key":"a","session":"18446744073709551616"}`, `{"key":"a","session":7}`, `{"key":"a","lease_ms":100,"lock_delay_ms":60001}`,
+	`{"key":"a","session":"7","lock_delay_ms":5}`, `{"ttl_ms":1000}`, `{"ttl_ms":999}`, `{"ttl_ms":1000,"lock_delay_ms":60000}`,
+	`{"ttl_ms":1000,"lock_delay_ms":-1}`, `{"session":"12"}`, `{"session":"1 2"}`, `{"session":""}`,
 }
 
 func TestFastDecodeMatchesStrict(t *testing.T) {
@@ -122,11 +149,13 @@ func TestFastDecodeIsUsed(t *testing.T) {
 		v    any
 		dec  func([]byte) bool
 	}{
-		{`{"key":"a","owner":"o","lease_ms":100,"wait_ms":5,"timeout_ms":9,"wait_id":"w","request_id":"r"}`, AcquireRequest{Key: "a", Owner: "o", LeaseMS: 100, WaitMS: 5, TimeoutMS: 9, WaitID: "w", RequestID: "r"},
+		{`{"key":"a","owner":"o","lease_ms":100,"wait_ms":5,"timeout_ms":9,"wait_id":"w","request_id":"r","session":"","lock_delay_ms":3}`, AcquireRequest{Key: "a", Owner: "o", LeaseMS: 100, WaitMS: 5, TimeoutMS: 9, WaitID: "w", RequestID: "r", LockDelayMS: 3},
 			func(b []byte) bool { var r AcquireRequest; return decodeFlat(b, acquireFields(&r)) }},
 		{`{"key":"a","token":7}`, ReleaseRequest{Key: "a", Token: 7}, func(b []byte) bool { var r ReleaseRequest; return decodeFlat(b, releaseFields(&r)) }},
 		{`{"key":"a"}`, GetRequest{Key: "a"}, func(b []byte) bool { var r GetRequest; return decodeFlat(b, getFields(&r)) }},
 		{`{"key":"a","token":7}`, CheckRequest{Key: "a", Token: 7}, func(b []byte) bool { var r CheckRequest; return decodeFlat(b, checkFields(&r)) }},
+		{`{"ttl_ms":1000,"lock_delay_ms":5}`, SessionOpenRequest{TTLMS: 1000, LockDelayMS: 5}, func(b []byte) bool { var r SessionOpenRequest; return decodeFlat(b, sessionOpenFields(&r)) }},
+		{`{"session":"9"}`, SessionRequest{Session: "9"}, func(b []byte) bool { var r SessionRequest; return decodeFlat(b, sessionFields(&r)) }},
 	} {
 		if !tc.dec([]byte(tc.body)) {
 			t.Errorf("%s: not on the fast path", tc.body)

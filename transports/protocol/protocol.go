@@ -118,6 +118,9 @@ type Error struct {
 	Leader uint64 `json:"leader,omitempty"`
 	// Token is the token of the ended grant (grant_ended).
 	Token uint64 `json:"token,omitempty"`
+	// DelayMS is what is left of the key's lock-delay on the leader's
+	// clock (held, when the key is free but in its lock-delay).
+	DelayMS int64 `json:"delay_ms,omitempty"`
 }
 
 func (e *Error) Error() string { return fmt.Sprintf("%s: %s", e.Code, e.Message) }
@@ -164,6 +167,14 @@ type AcquireRequest struct {
 	// a while after it ended, and never granted twice (docs/protocol.md
 	// §5). It needs cluster version 3 (unsupported before).
 	RequestID string `json:"request_id,omitempty"`
+	// Session, instead of LeaseMS, binds the lock to a session of the
+	// caller's identity (session.go): it is held until released or the
+	// session ends. LockDelayMS is a leased lock's lock-delay
+	// (0..MaxLockDelayMS): how long its key stays unavailable after the
+	// lock was freed by its lease running out. Both need cluster version
+	// 4 (unsupported before).
+	Session     string `json:"session,omitempty"`
+	LockDelayMS int64  `json:"lock_delay_ms,omitempty"`
 }
 
 // MaxRequestIDLen bounds an acquire's request_id (core.MaxRequestIDLen).
@@ -220,6 +231,9 @@ type GetReply struct {
 	LeaseMS     int64  `json:"lease_ms,omitempty"`
 	RemainingMS int64  `json:"remaining_ms,omitempty"`
 	GrantedAtMS int64  `json:"granted_at_ms,omitempty"`
+	// Session is the session that holds the lock (then LeaseMS is absent
+	// and RemainingMS is the session's time left).
+	Session string `json:"session,omitempty"`
 }
 
 // StatusReply is one node's view of the cluster.
@@ -284,11 +298,8 @@ func (r *AcquireRequest) Validate() (lease, wait, timeout time.Duration, err err
 	if err := core.ValidateOwner(r.Owner); err != nil {
 		return 0, 0, 0, fromCore(err)
 	}
-	if r.LeaseMS <= 0 {
-		return 0, 0, 0, Errorf(CodeInvalidArgument, "lease_ms must be positive, got %d", r.LeaseMS)
-	}
-	if err := core.ValidateLeaseMS(uint64(r.LeaseMS)); err != nil {
-		return 0, 0, 0, fromCore(err)
+	if err := r.validateHold(); err != nil {
+		return 0, 0, 0, err
 	}
 	if r.WaitMS < 0 || time.Duration(r.WaitMS) > MaxWait/time.Millisecond {
 		return 0, 0, 0, Errorf(CodeInvalidArgument, "wait_ms %d is outside [0, %d]", r.WaitMS, MaxWait.Milliseconds())

@@ -143,13 +143,18 @@ func FuzzDecodeRequests(f *testing.F) {
 		`{"prefix":"a/","after":"a/1","limit":1000}`,
 		`{"key":"a","wait_id":"w-1"}`,
 		`{"key":"a","lease_ms":100,"wait_ms":50,"wait_id":"w-1"}`,
+		`{"key":"a","session":"3"}`, `{"key":"a","lease_ms":100,"lock_delay_ms":15000}`, `{"ttl_ms":10000,"lock_delay_ms":15000}`, `{"session":"3"}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if r, err := DecodeAcquire(data); err == nil {
 			lease, wait, timeout, err := r.Validate()
-			if err != nil || lease < 100*time.Millisecond || lease > 24*time.Hour || wait < 0 || wait > MaxWait || timeout < wait || timeout > MaxTimeout+DefaultReplyMargin {
+			if r.Session != "" {
+				if err != nil || lease != 0 || r.LockDelayMS != 0 || r.SessionID() == 0 {
+					t.Fatalf("accepted bad session acquire %+v", r)
+				}
+			} else if err != nil || lease < 100*time.Millisecond || lease > 24*time.Hour || r.LockDelayMS < 0 || r.LockDelayMS > MaxLockDelayMS || wait < 0 || wait > MaxWait || timeout < wait || timeout > MaxTimeout+DefaultReplyMargin {
 				t.Fatalf("accepted out-of-limit acquire %+v", r)
 			}
 		} else {
@@ -175,6 +180,12 @@ func FuzzDecodeRequests(f *testing.F) {
 		if r, err := DecodeWithdraw(data); err == nil && (r.Key == "" || (r.WaitID == "" && r.RequestID == "") || len(r.WaitID) > MaxWaitIDLen || len(r.RequestID) > MaxRequestIDLen) {
 			t.Fatalf("accepted bad withdraw %+v", r)
 		}
+		if r, err := DecodeSessionOpen(data); err == nil && (r.TTLMS < MinSessionTTLMS || r.TTLMS > MaxSessionTTLMS || r.LockDelayMS < 0 || r.LockDelayMS > MaxLockDelayMS) {
+			t.Fatalf("accepted bad session open %+v", r)
+		}
+		if r, id, err := DecodeSession(data); err == nil && (id == 0 || FormatSessionID(id) != r.Session) {
+			t.Fatalf("accepted bad session %+v", r)
+		}
 		// docs/protocol.md §2's rules beyond encoding/json, checked on
 		// every accepted body by an independent reading.
 		for _, d := range []struct {
@@ -184,6 +195,7 @@ func FuzzDecodeRequests(f *testing.F) {
 			{&AcquireRequest{}, second(DecodeAcquire(data))}, {&ReleaseRequest{}, second(DecodeRelease(data))},
 			{&GetRequest{}, second(DecodeGet(data))}, {&RenewRequest{}, second(DecodeRenew(data))},
 			{&ListRequest{}, second(DecodeList(data))}, {&WithdrawRequest{}, second(DecodeWithdraw(data))},
+			{&SessionOpenRequest{}, second(DecodeSessionOpen(data))}, {&SessionRequest{}, third(DecodeSession(data))},
 		} {
 			if d.err == nil {
 				checkStrictRules(t, data, d.v)
@@ -193,6 +205,8 @@ func FuzzDecodeRequests(f *testing.F) {
 }
 
 func second[T any](_ T, err error) error { return err }
+
+func third[T, U any](_ T, _ U, err error) error { return err }
 
 // checkStrictRules fails t unless data, accepted as a request of v's type,
 // is valid UTF-8 without a lone surrogate escape and is one object whose
