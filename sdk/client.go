@@ -471,7 +471,8 @@ func (c *Client) indeterminate(r *request, msg string, cause error) *Error {
 }
 
 func (c *Client) fromProtocol(r *request, pe *protocol.Error) *Error {
-	return &Error{Code: pe.Code, Message: pe.Message, Op: r.op, Key: r.key, Leader: pe.Leader, Token: pe.Token}
+	return &Error{Code: pe.Code, Message: pe.Message, Op: r.op, Key: r.key, Leader: pe.Leader, Token: pe.Token,
+		Delay: time.Duration(pe.DelayMS) * time.Millisecond}
 }
 
 func (c *Client) hook(op string, n int, err *Error) {

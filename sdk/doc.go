@@ -7,8 +7,8 @@
 // Acquire (try once, or wait in the key's FIFO queue), Release, Renew,
 // Get (the current holder), List, Watch and Status, typed errors with the
 // protocol's stable codes, and the retry rules below; on top of them the
-// lock lifecycle (keepalive.go: KeepAlive, WithAutoRenew, Lost, Context)
-// and leader election (election.go). It renews a lease only when asked
+// lock lifecycle (keepalive.go: KeepAlive, WithAutoRenew, Lost, Context),
+// sessions (session.go) and leader election (election.go). It renews a lease only when asked
 // to (Renew, KeepAlive, WithAutoRenew), and holds no lock state beyond
 // each Lock's own deadline.
 //
@@ -31,6 +31,25 @@
 // margin (WithSafetyMargin; default a tenth of the lease within
 // [20ms, 1s]), Lost is closed and Context cancelled, always before
 // Deadline. A lost lock stays lost. Release stops the keepalive.
+//
+// # Sessions: one keepalive for many locks
+//
+//	s, err := sdk.NewSession(ctx, c, sdk.WithSessionTTL(10*time.Second), sdk.WithSessionLockDelay(15*time.Second))
+//	defer s.Close(context.WithoutCancel(ctx)) // releases every lock of it at once
+//	a, err := s.Acquire(ctx, "orders/42")
+//	b, err := s.Acquire(ctx, "orders/43", sdk.WithWait(time.Minute))
+//	// ... stop when s.Done() closes (or a.Lost(), which follows it) ...
+//
+// NewSession (session.go; cluster version 4, not with WithPartitioned)
+// keeps the session alive in the background with WithAutoRenew's
+// guarantee: every (TTL - margin)/3 a keepalive; Deadline is the send of
+// the last acknowledged one plus the TTL; Done closes before Deadline
+// when none gets through by Deadline minus the margin, at once when one is
+// answered not_found. Locks acquired in a session have no lease (Lease 0,
+// Renew and KeepAlive refuse): their Deadline is the session's and their
+// Lost and Context end with it. If the session expires, its locks' keys
+// stay unavailable for its lock-delay (WithSessionLockDelay; WithLockDelay
+// for a leased lock): a try gets ErrHeld with Error.Delay.
 //
 // # Waiting and giving up
 //

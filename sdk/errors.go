@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"strings"
+	"time"
 
 	"github.com/ticketd/ticketd/transports/protocol"
 )
@@ -30,6 +31,10 @@ type Error struct {
 	Leader uint64
 	// Token is the token of the ended grant (ErrGrantEnded).
 	Token uint64
+	// Delay is what is left of the key's lock-delay on the leader's clock
+	// (ErrHeld of a key freed by a failed holder, docs/protocol.md §11);
+	// 0 otherwise.
+	Delay time.Duration
 	// Err is the cause, if any.
 	Err error
 }

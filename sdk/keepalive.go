@@ -137,6 +137,9 @@ func (l *Lock) KeepAlive(ctx context.Context, opts ...KeepAliveOption) error {
 	if l.client == nil {
 		return &Error{Code: protocol.CodeInvalidArgument, Message: "lock has no client", Op: "renew", Key: l.Key}
 	}
+	if l.session != nil {
+		return errSessionLock(l.Key)
+	}
 	l.mu.Lock()
 	lease := l.lease
 	l.mu.Unlock()
@@ -264,13 +267,17 @@ func (l *Lock) initLocked() {
 		l.life.cancel(l.life.err)
 		return
 	}
+	if l.session != nil {
+		go l.followSession(l.life.lost) // session.go: the session's keepalive is the watchdog
+		return
+	}
 	l.rearmLocked()
 }
 
 // rearmLocked sets the watchdog to Deadline minus the margin; l.mu is
 // held. It does nothing before Context, Lost or KeepAlive armed it.
 func (l *Lock) rearmLocked() {
-	if l.life.lost == nil || l.life.err != nil {
+	if l.life.lost == nil || l.life.err != nil || l.session != nil {
 		return
 	}
 	d := l.deadline.Add(-l.life.margin).Sub(l.now())

@@ -149,6 +149,7 @@ func holderOf(key string, gr protocol.GetReply) Holder {
 		Owner:     gr.Owner,
 		Lease:     time.Duration(gr.LeaseMS) * time.Millisecond,
 		Remaining: time.Duration(gr.RemainingMS) * time.Millisecond,
+		Session:   gr.Session,
 	}
 	if gr.GrantedAtMS > 0 {
 		h.GrantedAt = time.UnixMilli(gr.GrantedAtMS)

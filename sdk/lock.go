@@ -26,6 +26,9 @@ type acquireOptions struct {
 	autoRenew bool
 	keepAlive []KeepAliveOption
 	requestID string
+	lockDelay time.Duration
+	// session is set by Session.Acquire (session.go).
+	session *Session
 }
 
 // WithLease sets the lease (default DefaultLease), between core.MinLease
@@ -58,6 +61,15 @@ func WithWait(d time.Duration) AcquireOption {
 // each acquire: anonymous clients share one scope.
 func WithRequestID(id string) AcquireOption {
 	return func(o *acquireOptions) { o.requestID = id }
+}
+
+// WithLockDelay sets the lock's lock-delay (default 0, at most
+// core.MaxLockDelay; docs/protocol.md §11): if its lease runs out (the
+// holder failed), the key is not granted again for d, so that work the
+// failed holder left in flight drains first. A release frees it at once.
+// It needs cluster version 4 (ErrUnsupported before).
+func WithLockDelay(d time.Duration) AcquireOption {
+	return func(o *acquireOptions) { o.lockDelay = d }
 }
 
 // maxFreshRequests bounds the request ids one Acquire uses: it takes a new
@@ -105,6 +117,9 @@ type Lock struct {
 	Repeated bool
 
 	client *Client
+	// session is the session that holds the lock (Session.Acquire); nil
+	// for a leased lock.
+	session *Session
 
 	// mu guards deadline, renewedAt, lease and the lifecycle state of
 	// keepalive.go; Renew and the keepalive goroutine write them while the
@@ -128,6 +143,9 @@ type Lock struct {
 // renew request's send time plus the lease in its reply; nothing else
 // moves it, and it never moves back.
 func (l *Lock) Deadline() time.Time {
+	if l.session != nil {
+		return l.session.Deadline()
+	}
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.deadline
@@ -214,7 +232,10 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 // outcome is known (retry-safe: client.go), a fresh one after a grant it
 // never received ended, and none once the cluster refuses them.
 func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o acquireOptions) (*Lock, error) {
-	req := protocol.AcquireRequest{Key: key, Owner: o.owner, LeaseMS: lease.Milliseconds(), RequestID: o.requestID}
+	req := protocol.AcquireRequest{Key: key, Owner: o.owner, LeaseMS: lease.Milliseconds(), RequestID: o.requestID, LockDelayMS: o.lockDelay.Milliseconds()}
+	if o.session != nil {
+		req.Session, req.LeaseMS, req.LockDelayMS = o.session.ID, 0, 0
+	}
 	ownID := req.RequestID == ""
 	if ownID {
 		req.RequestID = newRequestID()
@@ -335,6 +356,9 @@ func (o *acquireOptions) validate(key string, lease time.Duration) error {
 	if err := protocol.ValidateRequestID(o.requestID); err != nil {
 		return bad("%s", err.(*protocol.Error).Message)
 	}
+	if o.lockDelay < 0 || o.lockDelay > core.MaxLockDelay {
+		return bad("lock delay %v is outside [0, %v]", o.lockDelay, core.MaxLockDelay)
+	}
 	return nil
 }
 
@@ -449,6 +473,9 @@ type Holder struct {
 	// Group is the group of a partitioned deployment whose list showed
 	// the lock (List with WithPartitioned); nil otherwise.
 	Group *uint32
+	// Session is the session that holds the lock ("" for a leased lock;
+	// then Lease is 0 and Remaining is the session's time left).
+	Session string
 }
 
 // Get returns the current holder of key (Held is false if none). It is

@@ -84,6 +84,9 @@ func (l *Lock) Renew(ctx context.Context) error {
 	if err := l.Err(); err != nil {
 		return err
 	}
+	if l.session != nil {
+		return errSessionLock(l.Key)
+	}
 	rn, err := l.client.Renew(ctx, l.Key, l.Token, 0)
 	if err != nil {
 		return err
