@@ -505,7 +505,7 @@ func (d *Daemon) newPeers(members []Member) error {
 			return err
 		}
 	} else if !control.IsLoopback(d.cfg.PeerListen) {
-		d.log.Warn("the peer port is not loopback and has no TLS: raft traffic (keys, owners, tokens) crosses the network in clear; use --peer-tls-cert, --peer-tls-key and --peer-tls-ca",
+		d.log.Warn("the peer port is not loopback and has no TLS: raft traffic (keys, owners, tokens, and the fence signing keys, with which anyone on the path can forge fences) crosses the network in clear; use --peer-tls-cert, --peer-tls-key and --peer-tls-ca",
 			"peer_listen", d.cfg.PeerListen)
 	}
 	t, err := peer.New(peer.Config{

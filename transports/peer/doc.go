@@ -90,7 +90,9 @@
 // nonces on both sides make a recorded handshake useless on a new
 // connection; the labels keep a listener's proof from serving as a
 // dialer's. Without TLS the traffic is authenticated but not encrypted:
-// anyone on the path reads every lock key, owner and token. A peer network
+// anyone on the path reads every lock key, owner and token, and the
+// cluster's fence signing seeds (in raft entries and snapshots), with
+// which it can sign fences every resource accepts. A peer network
 // that is not loopback should therefore use mutual TLS (Config.TLS with
 // client certificates required; ticketd serve --peer-tls-cert, --peer-tls-key,
 // --peer-tls-ca), which the daemon warns about when it is missing.
