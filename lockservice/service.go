@@ -141,9 +141,11 @@ type Grant struct {
 	// Repeated: an earlier attempt with the same request id produced this
 	// grant (requests.go); Remaining is its lease left on this leader's
 	// timer. Such a grant is never released on a lost reply: the earlier
-	// attempt may have received it.
+	// attempt may have received it. Owner is then the lock's owner (the
+	// first attempt's, which a repeat may not share).
 	Repeated  bool
 	Remaining time.Duration
+	Owner     string
 }
 
 // Holder is the current holder of a key.

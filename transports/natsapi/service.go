@@ -505,7 +505,7 @@ func (s *Service) acquire(req *request) {
 	}
 	rep := protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index, Group: s.group(), Fence: g.Fence}
 	if g.Repeated {
-		rep.Repeated, rep.RemainingMS = true, max(1, g.Remaining.Milliseconds())
+		rep.Repeated, rep.RemainingMS, rep.Owner = true, max(1, g.Remaining.Milliseconds()), g.Owner
 	}
 	body, _ := json.Marshal(rep)
 	if g.Queued {
