@@ -126,7 +126,9 @@
 //     (raft tolerates loss); so is everything queued while a peer is
 //     unreachable.
 //   - Reconnects back off from BackoffMin (50ms) to BackoffMax (2s) with
-//     jitter; DialTimeout, WriteTimeout and SnapshotTimeout bound the rest.
+//     jitter; an authenticated inbound connection from the member ends the
+//     wait (it is up now: wakePeer). DialTimeout, WriteTimeout and
+//     SnapshotTimeout bound the rest.
 //
 // # Failure reporting
 //

@@ -95,6 +95,7 @@ func (t *Transport) serveConn(pc *pendingConn, source string, e *connlimit.Entry
 		return
 	}
 	t.learnSource(s.peer, source)
+	t.wakePeer(s.peer)
 	s.stop = stop
 	defer s.close()
 	log := t.log.With("peer", s.peer, "kind", s.kind.String(), "remote", remote)

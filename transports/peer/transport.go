@@ -246,6 +246,8 @@ type peer struct {
 	addr  string
 	queue chan raftpb.Message
 	snaps chan raftpb.Message
+	// wake cuts a reconnect backoff short (wakePeer, outbound.go).
+	wake chan struct{}
 
 	// Under Transport.mu: hostIP is addr's host when it is an IP; resolved
 	// the addresses its host name resolves to; learned the addresses the
@@ -351,6 +353,7 @@ func (t *Transport) newPeer(id uint64, addr string) *peer {
 		addr:   addr,
 		queue:  make(chan raftpb.Message, t.cfg.QueueSize),
 		snaps:  make(chan raftpb.Message, snapQueueSize),
+		wake:   make(chan struct{}, 1),
 		hostIP: hostIP(addr),
 	}
 }

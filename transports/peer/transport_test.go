@@ -971,3 +971,26 @@ func BenchmarkSendReceive(b *testing.B) {
 		})
 	}
 }
+
+// TestInboundCutsReconnectBackoff: a member that comes up and connects to
+// us ends our writer's reconnect backoff to it, so we connect back at
+// once, not at the end of a wait that here is at least 5 s.
+func TestInboundCutsReconnectBackoff(t *testing.T) {
+	checkGoroutines(t)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr2 := ln.Addr().String()
+	_ = ln.Close() // nothing listens there until node 2 starts
+	n1 := startNode(t, 1, map[uint64]string{2: addr2}, func(c *Config) { c.BackoffMin, c.BackoffMax = 10*time.Second, 10*time.Second })
+	testkit.Eventually(t, waitFor, "node 1's first dial to node 2 fails", func() bool { return n1.rep.unreachableCount(2) > 0 })
+	start := time.Now()
+	n2 := startNode(t, 2, map[uint64]string{1: n1.addr()}, func(c *Config) { c.Listen = addr2 })
+	testkit.Eventually(t, 4*time.Second, "node 1 connected to node 2 before its backoff ended", connected(n1, 2))
+	if took := time.Since(start); took >= 5*time.Second {
+		t.Fatalf("node 1 connected after %v: the backoff ran out", took)
+	}
+	n1.tr.Send([]raftpb.Message{heartbeat(1, 2, 1)})
+	testkit.Eventually(t, waitFor, "delivery to node 2", func() bool { return n2.in.len() == 1 })
+}
