@@ -58,7 +58,10 @@ func WithWait(d time.Duration) AcquireOption {
 // restarts: the same id from the same identity is answered with the grant
 // it produced while that grant is held (Lock.Repeated), and with
 // ErrGrantEnded (Error.Token) for a while after it ended. Use a new id for
-// each acquire: anonymous clients share one scope.
+// each acquire, unique to it (random): never one that competing clients
+// can derive alike (a job name, a date). Two clients that send the same id
+// from the same identity (anonymous clients share one) are both answered
+// with the one grant, and both hold the lock.
 func WithRequestID(id string) AcquireOption {
 	return func(o *acquireOptions) { o.requestID = id }
 }

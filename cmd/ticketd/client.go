@@ -139,10 +139,14 @@ so one whose reply was lost is retried safely until --timeout: the cluster
 answers a repeat with the grant it already made. Running the command again
 with the same --request-id (after exit status 3, say) prints that same
 grant ("repeated": true) while it is held, and fails with grant_ended (and
-its token) once it ended (docs/protocol.md §5.1).`,
+its token) once it ended (docs/protocol.md §5.1). The id names one run's
+attempt, not the job: make it unique to the run (random, kept for that
+run's re-runs). Two clients that send the same id from the same identity
+(every anonymous client is one) both get the one grant, and both hold
+the lock.`,
 		Example: `  ticketd lock acquire orders/42 --lease 30s
   ticketd lock acquire orders/42 --lease 30s --wait 10s --owner billing-1
-  ticketd lock acquire orders/42 --lease 30s --request-id nightly-2026-12-04`,
+  ticketd lock acquire orders/42 --lease 30s --request-id "$RUN_ID"   # RUN_ID=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n'), kept for re-runs`,
 		Args: exactArgs("KEY"),
 	}
 	o := &acquireOptions{cf: addClientFlags(cmd)}
@@ -150,7 +154,7 @@ its token) once it ended (docs/protocol.md §5.1).`,
 	fs.DurationVar(&o.lease, "lease", sdk.DefaultLease, "lease length")
 	fs.StringVar(&o.owner, "owner", "", ownerFlagHelp)
 	fs.DurationVar(&o.wait, "wait", 0, "wait this long in the key's queue (0: try once)")
-	fs.StringVar(&o.requestID, "request-id", "", "the acquire's request_id (at most 64 bytes of printable ASCII, new for each acquire): a run with the same id gets the grant it already produced; default: random")
+	fs.StringVar(&o.requestID, "request-id", "", "the acquire's request_id (at most 64 bytes of printable ASCII, unique to this run, never shared with a competing client): a run with the same id gets the grant it already produced; default: random")
 	cmd.RunE = bind(o, lockAcquire)
 	return cmd
 }
