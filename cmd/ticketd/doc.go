@@ -7,7 +7,9 @@
 //	ticketd lock renew KEY TOKEN [--lease 30s]
 //	ticketd lock ls PREFIX [--limit 100]       every held lock under PREFIX, one JSON line each
 //	ticketd lock watch KEY                    one JSON line per event until interrupted
-//	ticketd lock exec KEY [--lease 10s] [--wait 30s] [--grace 5s] -- CMD ARGS...
+//	ticketd lock exec KEY [--lease 10s] [--wait 30s] [--grace 5s] [--lock-delay 0] -- CMD ARGS...
+//	ticketd lock exec KEY [KEY...] --session-ttl 10s [--wait 30s] [--grace 5s] [--lock-delay 0] -- CMD ARGS...
+//	                                          several keys in one session (docs/protocol.md §11)
 //	ticketd lock check KEY TOKEN              exit 0 when TOKEN is KEY's current token, 1 when not
 //	ticketd fence pubkey [--json]             the public keys that verify the cluster's fences
 //	ticketd status [--watch [--interval 1s]]   one view, or a live view of every member

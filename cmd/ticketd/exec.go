@@ -60,23 +60,42 @@ type execOptions struct {
 	cf                 *clientFlags
 	lease, wait, grace time.Duration
 	owner              string
+	// sessionTTL, when set, holds the keys in one session (sessionexec.go);
+	// lockDelay is the lock-delay of the lock, or of the session's locks.
+	sessionTTL, lockDelay time.Duration
 }
 
 func lockExecCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "exec KEY [flags] -- COMMAND [ARGS...]",
+		Use:   "exec KEY [KEY...] [flags] -- COMMAND [ARGS...]",
 		Short: "Run a command while holding a lock",
 		Long: `Take the lock KEY (waiting up to --wait), run COMMAND with TICKETD_KEY and
 TICKETD_TOKEN in its environment while the lease is renewed, and release the
 lock when it ends. If the lock is lost, the command's process group gets
 SIGTERM, then SIGKILL --grace later, before the lease can end. lock exec
 exits with the command's status (126: cannot run, 127: not found, 128+N:
-killed by signal N).`,
+killed by signal N).
+
+With --session-ttl, the keys (one or more, at most 100) are held in one
+session kept alive every third of its TTL instead of a lease each: they are
+taken in sorted order (so two lock execs never wait on each other in a
+cycle), each waiting up to --wait, and released together in one command
+when the command ends. The command gets TICKETD_KEY_<i> and
+TICKETD_TOKEN_<i> (i from 1, in sorted order) besides TICKETD_KEY and
+TICKETD_TOKEN of the first key. Needs cluster version 4.`,
 		Example: `  ticketd lock exec nightly/report --lease 30s -- ./report.sh --full
-  ticketd lock exec db/migrate --wait 5m -- sh -c 'make migrate'`,
+  ticketd lock exec db/migrate --wait 5m -- sh -c 'make migrate'
+  ticketd lock exec db/a db/b --session-ttl 10s --wait 1m -- ./move.sh a b`,
 		Args: func(cmd *cobra.Command, args []string) error {
-			if cmd.ArgsLenAtDash() != 1 || len(args) < 2 {
-				return fmt.Errorf("%q needs KEY -- COMMAND [ARGS...] (the command after \"--\")", cmd.CommandPath())
+			n := cmd.ArgsLenAtDash()
+			if n < 1 || len(args) <= n {
+				return fmt.Errorf("%q needs KEY [KEY...] -- COMMAND [ARGS...] (the command after \"--\")", cmd.CommandPath())
+			}
+			if n > 1 && !cmd.Flags().Changed("session-ttl") {
+				return fmt.Errorf("%q takes several keys only with --session-ttl (they are held in one session)", cmd.CommandPath())
+			}
+			if n > maxExecKeys {
+				return fmt.Errorf("%q takes at most %d keys", cmd.CommandPath(), maxExecKeys)
 			}
 			return nil
 		},
@@ -87,7 +106,15 @@ killed by signal N).`,
 	fs.DurationVar(&o.wait, "wait", 30*time.Second, "wait this long in the key's queue (0: try once)")
 	fs.DurationVar(&o.grace, "grace", defaultExecGrace, "between SIGTERM and SIGKILL when the lock is lost (default: 5s, or a quarter of --lease if less)")
 	fs.StringVar(&o.owner, "owner", "", ownerFlagHelp)
-	cmd.RunE = bind(o, lockExec)
+	fs.DurationVar(&o.sessionTTL, "session-ttl", 0, "hold the keys in one session with this TTL instead of a lease each (not with --lease)")
+	fs.DurationVar(&o.lockDelay, "lock-delay", 0, "if this process dies and its lease or session runs out, the keys stay unavailable this long more (at most 60s; cluster version 4)")
+	cmd.RunE = bind(o, func(ctx context.Context, o *execOptions, args []string, stdout, stderr io.Writer) int {
+		if o.cf.fs.Changed("session-ttl") {
+			n := o.cf.fs.ArgsLenAtDash() // Args checked it: 1..maxExecKeys keys
+			return sessionExec(ctx, o, args[:n], args[n:], stdout, stderr)
+		}
+		return lockExec(ctx, o, args, stdout, stderr)
+	})
 	return cmd
 }
 
@@ -120,7 +147,7 @@ func lockExec(ctx context.Context, o *execOptions, args []string, stdout, stderr
 	defer cl.Close()
 	actx, cancel := context.WithTimeout(ctx, o.wait+cf.timeout)
 	l, err := cl.Acquire(actx, key, sdk.WithLease(o.lease), sdk.WithWait(o.wait), sdk.WithOwner(o.owner),
-		sdk.WithAutoRenew(sdk.WithSafetyMargin(margin)))
+		sdk.WithLockDelay(o.lockDelay), sdk.WithAutoRenew(sdk.WithSafetyMargin(margin)))
 	cancel()
 	if err != nil {
 		return fail(stderr, err)
@@ -143,8 +170,13 @@ func lockExec(ctx context.Context, o *execOptions, args []string, stdout, stderr
 
 // runLocked runs argv while l is held and returns its exit status.
 func runLocked(l *sdk.Lock, argv []string, stdout, stderr io.Writer) int {
+	return runLockedEnv(l, argv, nil, stdout, stderr)
+}
+
+// runLockedEnv is runLocked with extra environment variables.
+func runLockedEnv(l *sdk.Lock, argv, extra []string, stdout, stderr io.Writer) int {
 	cmd := guardedCommand(argv)
-	cmd.Env = append(environ(), "TICKETD_KEY="+l.Key, "TICKETD_TOKEN="+strconv.FormatUint(l.Token, 10))
+	cmd.Env = append(append(environ(), "TICKETD_KEY="+l.Key, "TICKETD_TOKEN="+strconv.FormatUint(l.Token, 10)), extra...)
 	cmd.Stdin, cmd.Stdout, cmd.Stderr = os.Stdin, stdout, stderr
 	// Registered before the start, so no signal falls between. SIGHUP (a
 	// closed terminal) is forwarded too, so the command can end and the
