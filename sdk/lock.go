@@ -5,6 +5,7 @@ import (
 	"crypto/rand"
 	"encoding/hex"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"sync"
 	"time"
@@ -333,7 +334,11 @@ func (c *Client) settleRequest(ctx context.Context, key, waitID, requestID strin
 		return err
 	}
 	why := context.Cause(ctx)
-	if why == nil {
+	switch {
+	case why != nil:
+	case errors.Is(err, context.DeadlineExceeded):
+		why = context.DeadlineExceeded // the deadline left no time for another attempt
+	default:
 		why = errRetryBudget
 	}
 	c.cfg.logger.Debug("ticketd: an acquire that gave up was settled", "key", key, "outcome", what)
