@@ -88,7 +88,7 @@ func TestHelpShowsArgumentsAndOnlyOwnFlags(t *testing.T) {
 	}{
 		{[]string{"lock", "renew"}, []string{"ticketd lock renew KEY TOKEN [flags]", "--lease"}, []string{"--token"}},
 		{[]string{"lock", "release"}, []string{"ticketd lock release KEY --token N [flags]", "--token"}, nil},
-		{[]string{"lock", "exec"}, []string{"ticketd lock exec KEY [flags] -- COMMAND [ARGS...]", "--grace"}, nil},
+		{[]string{"lock", "exec"}, []string{"ticketd lock exec KEY [KEY...] [flags] -- COMMAND [ARGS...]", "--grace", "--session-ttl"}, nil},
 		{[]string{"snapshot", "status"}, []string{"ticketd snapshot status FILE", "Verify", "--control-credential-file"}, []string{"--control string"}},
 		{[]string{"admin", "members"}, []string{"--control", "--timeout"}, []string{"--old", "--node", "--bootstrap-credential-file"}},
 		{[]string{"admin", "retire"}, []string{"--node", "--incarnation"}, []string{"--old", "--new "}},
