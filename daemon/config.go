@@ -131,6 +131,10 @@ type Config struct {
 	MaxLocksPerIdentity int `koanf:"max-locks-per-identity"`
 	MaxWaitersPerKey    int `koanf:"max-waiters-per-key"`
 	MaxWaiters          int `koanf:"max-waiters"`
+	// Sessions (issue 24, lockservice sessions.go): open sessions in
+	// total (at most core.MaxSessions) and per identity (0: no limit).
+	MaxSessions            int `koanf:"max-sessions"`
+	MaxSessionsPerIdentity int `koanf:"max-sessions-per-identity"`
 	// Fair shares (issue 21, lockservice fair.go): waiters and requests in
 	// progress of one identity (anonymous requests share one), the
 	// node's budget of requests in progress (acquires and the rest apart,
@@ -191,6 +195,7 @@ func Defaults() Config {
 		LogLevel:         "info",
 		LogFormat:        "text",
 		MaxLocks:         core.DefaultMaxLocks,
+		MaxSessions:      core.DefaultMaxSessions,
 		MaxWaitersPerKey: lockservice.MaxWaitersPerKeyDefault,
 		MaxWaiters:       lockservice.MaxWaitersDefault,
 
@@ -379,6 +384,9 @@ func (c Config) Validate() error {
 	if c.MaxLocksPerIdentity < 0 || c.MaxLocksPerIdentity > c.MaxLocks {
 		return configErr("max-locks-per-identity %d is outside [0, max-locks %d] (0: no per-identity limit)", c.MaxLocksPerIdentity, c.MaxLocks)
 	}
+	if c.MaxSessions < 1 || c.MaxSessions > core.MaxSessions || c.MaxSessionsPerIdentity < 0 || c.MaxSessionsPerIdentity > c.MaxSessions {
+		return configErr("max-sessions %d must be in [1, %d] and max-sessions-per-identity %d in [0, max-sessions] (0: no per-identity limit)", c.MaxSessions, core.MaxSessions, c.MaxSessionsPerIdentity)
+	}
 	if c.MaxWaitersPerKey < 1 || c.MaxWaiters < 1 || c.MaxWaitersPerKey > c.MaxWaiters {
 		return configErr("max-waiters-per-key %d and max-waiters %d must be positive, per key at most per node", c.MaxWaitersPerKey, c.MaxWaiters)
 	}
@@ -462,6 +470,9 @@ func (c Config) IdentitySettings() []string {
 	}
 	if c.MaxLocksPerIdentity > 0 {
 		out = append(out, "max-locks-per-identity")
+	}
+	if c.MaxSessionsPerIdentity > 0 {
+		out = append(out, "max-sessions-per-identity")
 	}
 	return out
 }

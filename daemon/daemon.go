@@ -393,6 +393,9 @@ func (d *Daemon) newLockService(ctx context.Context, opts Options) error {
 			// Fair shares (issue 21).
 			MaxWaitersPerIdentity:  d.cfg.MaxWaitersPerIdentity,
 			MaxInflightPerIdentity: d.cfg.MaxInflightPerIdentity,
+			// Sessions (issue 24).
+			MaxSessions:            d.cfg.MaxSessions,
+			MaxSessionsPerIdentity: d.cfg.MaxSessionsPerIdentity,
 		},
 	}
 	var err error

@@ -114,6 +114,8 @@ func serveFlags() *pflag.FlagSet {
 	fs.String("audit-store-dir", "", "directory of the embedded JetStream store (default DATA/jetstream; another disk keeps audit apart from the raft store)")
 	fs.Int("max-locks", d.MaxLocks, "most locks held at once; a grant beyond is refused with resource_exhausted (at most 1048576)")
 	fs.Int("max-locks-per-identity", 0, "most locks one authenticated identity holds (anonymous requests share one quota); 0: no limit")
+	fs.Int("max-sessions", d.MaxSessions, "most sessions open at once; an open beyond is refused with resource_exhausted (at most 131072)")
+	fs.Int("max-sessions-per-identity", 0, "most sessions one authenticated identity has open (anonymous requests share one quota); 0: no limit")
 	fs.Int("max-waiters-per-key", d.MaxWaitersPerKey, "most acquires waiting for one key")
 	fs.Int("max-waiters", d.MaxWaiters, "most acquires waiting on this node")
 	fs.Int("max-waiters-per-identity", d.MaxWaitersPerIdentity, "most acquires of one identity waiting on this node (anonymous requests share one identity)")
