@@ -189,14 +189,14 @@ func (l *Lock) String() string {
 // Acquire takes the lock on key. It returns the Lock, or an error
 // matching one of the sentinels: ErrHeld (try-only, the key is held),
 // ErrTimeout (the wait ran out), ErrDenied (a policy plugin said no),
-// ErrInvalidArgument, ErrIndeterminate (the context ended while an
-// attempt's outcome was unknown: a grant may exist, and it expires within
-// its lease), ErrUnavailable (no leader within the context or retry
+// ErrInvalidArgument, ErrIndeterminate (the context, or without a
+// deadline the retry budget, ended while an attempt's outcome was
+// unknown: a grant may exist, and it expires within its lease), ErrUnavailable (no leader within the context or retry
 // budget; nothing was granted), ErrGrantEnded (WithRequestID only), and
 // others. The acquire carries a request_id, so not_leader, unavailable,
 // shutting_down, "no responders" and not-connected failures, and also a
-// lost or indeterminate reply, are retried with it until the context ends
-// (the package documentation, "Retry semantics").
+// lost or indeterminate reply, are retried with it until the context (or
+// the retry budget) ends (the package documentation, "Retry semantics").
 //
 // A waiting acquire (WithWait) that is abandoned (the context ends, or
 // no reply came in time) is withdrawn from the key's queue, and a grant
