@@ -1,7 +1,9 @@
 package core
 
 import (
+	"maps"
 	"math"
+	"slices"
 	"sort"
 )
 
@@ -479,7 +481,10 @@ func validateSessions(ss *SessionState, perSession map[uint64]int, lockFields in
 		}
 		open[x.ID] = struct{}{}
 	}
-	for id, n := range perSession {
+	// In id order, so the error names the same session on every replica
+	// and every run (map order must not leak, even into an error).
+	for _, id := range slices.Sorted(maps.Keys(perSession)) {
+		n := perSession[id]
 		if _, ok := open[id]; !ok {
 			return malformedf("%d locks of session %d, which is not open", n, id)
 		}
