@@ -94,12 +94,14 @@ func (s *Service) forwardTo(req *request, notFrom uint64) {
 }
 
 // releaseUndelivered asks the leader to release a grant whose reply this
-// follower could not relay: nobody can hold that token (SPEC §4.4). It is
+// follower could not relay: nobody can hold that token (SPEC §4.4), unless
+// it is a repeated grant, which an earlier attempt of its request id may
+// have received: that one is left to its lease, as the leader does. It is
 // the cluster's own request (HeaderLostReply): the requester's access list
 // entry may allow acquire and not release, and the grant must go anyway.
 func (s *Service) releaseUndelivered(leader uint64, identity string, reply []byte) {
 	var ar protocol.AcquireReply
-	if protocol.ParseReply(reply, &ar) != nil || ar.Token == 0 {
+	if protocol.ParseReply(reply, &ar) != nil || ar.Token == 0 || ar.Repeated {
 		return
 	}
 	body, _ := json.Marshal(protocol.ReleaseRequest{Key: ar.Key, Token: ar.Token})
