@@ -50,6 +50,8 @@
 // Lost and Context end with it. If the session expires, its locks' keys
 // stay unavailable for its lock-delay (WithSessionLockDelay; WithLockDelay
 // for a leased lock): a try gets ErrHeld with Error.Delay.
+// Session.NewElection runs an election whose terms are locks of the
+// session.
 //
 // # Waiting and giving up
 //

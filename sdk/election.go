@@ -30,6 +30,8 @@ type Election struct {
 	key, id   string
 	lease     time.Duration
 	keepAlive []KeepAliveOption
+	// session, if set, holds the terms (Session.NewElection).
+	session *Session
 
 	// mu guards lock: Campaign and Resign write it, the getters read it.
 	mu   sync.Mutex
@@ -76,8 +78,17 @@ func (e *Election) Campaign(ctx context.Context) error {
 		return fmt.Errorf("ticketd: campaign %q: already the leader", e.key)
 	}
 	for n := 0; ; n++ {
-		l, err := e.c.Acquire(ctx, e.key, WithWait(protocol.MaxWait), WithLease(e.lease),
-			WithOwner(e.id), WithAutoRenew(e.keepAlive...))
+		var l *Lock
+		var err error
+		if e.session != nil {
+			l, err = e.session.Acquire(ctx, e.key, WithWait(protocol.MaxWait), WithOwner(e.id))
+			if errors.Is(err, ErrNotFound) {
+				return fmt.Errorf("ticketd: campaign %q: the session has ended: %w", e.key, err)
+			}
+		} else {
+			l, err = e.c.Acquire(ctx, e.key, WithWait(protocol.MaxWait), WithLease(e.lease),
+				WithOwner(e.id), WithAutoRenew(e.keepAlive...))
+		}
 		if err == nil {
 			e.mu.Lock()
 			e.lock = l
@@ -223,12 +234,21 @@ func (o *observer) run(events <-chan WatchEvent) {
 
 // apply follows one event; it reports false when ctx ended.
 func (o *observer) apply(ev WatchEvent) bool {
+	if ev.Token == 0 && ev.Session != "" {
+		// A session's close or expiry ended the lock (token 0, the
+		// session named): the current holder's end if it is that
+		// session's, otherwise read the key.
+		if o.known && o.cur.Held && o.cur.Session == ev.Session {
+			return o.emit(Holder{Key: ev.Key, Token: o.cur.Token})
+		}
+		return o.resync()
+	}
 	if o.known && ev.Token < o.cur.Token {
 		return true // older than what we know
 	}
 	switch ev.Type {
 	case protocol.EventGrant:
-		return o.emit(Holder{Key: ev.Key, Held: true, Token: ev.Token, Owner: ev.Owner, Lease: eventLease(ev)})
+		return o.emit(Holder{Key: ev.Key, Held: true, Token: ev.Token, Owner: ev.Owner, Lease: eventLease(ev), Session: ev.Session})
 	case protocol.EventRelease, protocol.EventExpire:
 		if o.known && o.cur.Held && o.cur.Token == ev.Token {
 			return o.emit(Holder{Key: ev.Key, Token: ev.Token})

@@ -324,3 +324,17 @@ func (l *Lock) followSession(lost <-chan struct{}) {
 func errSessionLock(key string) error {
 	return &Error{Code: protocol.CodeInvalidArgument, Op: "renew", Key: key, Message: "a lock in a session has no lease of its own: its session's keepalive holds it"}
 }
+
+// NewElection prepares candidate id for the election on key (as
+// NewElection) with its terms held in the session: the leader's lock is
+// kept by the session's keepalive, with the session's other locks, and a
+// leader whose session ends loses its term (Lost, Context). Campaign
+// returns once the session has ended.
+func (s *Session) NewElection(key, id string) (*Election, error) {
+	e, err := NewElection(s.client, key, id, core.MinLease)
+	if err != nil {
+		return nil, err
+	}
+	e.session = s
+	return e, nil
+}

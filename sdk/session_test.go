@@ -118,3 +118,70 @@ func TestSessionLostBeforeDeadline(t *testing.T) {
 		t.Fatalf("wait through the lock-delay: %v", err)
 	}
 }
+
+// TestSessionElection: a term held in a session ends when the session
+// expires (its holder's keepalive stopped); an observer sees that end
+// although the expiry's watch event carries no token (it names the
+// session), and the next candidate is elected.
+func TestSessionElection(t *testing.T) {
+	c, lead := cluster(t, 3)
+	holder := client(t, c, c.Follower(lead))
+	other := client(t, c, lead)
+	ctx := t.Context()
+	s, err := sdk.NewSession(ctx, holder, sdk.WithSessionTTL(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	a, err := s.NewElection("leader", "a")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := a.Campaign(ctx); err != nil {
+		t.Fatal(err)
+	}
+	// A 30 s lease: the observer re-reads the key only every 30 s, so it
+	// must learn a's end from the expiry's event.
+	b, err := sdk.NewElection(other, "leader", "b", 30*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	octx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	leaders, err := b.Observe(octx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	testkit.Eventually(t, 5*time.Second, "the observer sees a", func() bool {
+		select {
+		case h := <-leaders:
+			return h.Held && h.Owner == "a" && h.Session == s.ID
+		default:
+			return false
+		}
+	})
+	_ = holder.Close() // a's process "dies": its session expires
+	select {
+	case <-a.Lost():
+	case <-time.After(5 * time.Second):
+		t.Fatal("a's term did not end with its session")
+	}
+	select {
+	case h := <-leaders:
+		if h.Held {
+			t.Fatalf("observer: %+v, want no leader", h)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the observer did not see a's term end from the session's expiry")
+	}
+	elected := make(chan error, 1)
+	go func() { elected <- b.Campaign(ctx) }()
+	select {
+	case err := <-elected:
+		if err != nil || b.Token() <= a.Token() {
+			t.Fatalf("b's campaign: %v, token %d after a's %d", err, b.Token(), a.Token())
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("b was not elected after a's session expired")
+	}
+	_ = b.Resign(ctx)
+}

@@ -13,8 +13,10 @@ import (
 )
 
 // WatchEvent is one applied change of a key: Type is protocol.EventGrant,
-// EventRelease, EventExpire or EventRenew (a newer server may add types),
-// with the lock's token and the raft log index of the change.
+// EventRelease, EventExpire, EventRenew or EventDelayEnd (a newer server
+// may add types), with the lock's token and the raft log index of the
+// change. A release or expire made by a session's close or expiry has
+// Token 0 and names the Session.
 type WatchEvent = protocol.WatchEvent
 
 // Watch bounds.

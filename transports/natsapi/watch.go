@@ -15,7 +15,9 @@ import (
 
 // Watch events (docs/protocol.md, watch): every node publishes a
 // protocol.WatchEvent on protocol.WatchSubject(key) for each Grant,
-// Release, Expire that removed a lock, and Renew it applies, after the
+// Release, Expire that removed a lock, and Renew it applies, for each lock
+// a session's close or expiry ended, and for each key whose lock-delay
+// ended (ClearDelay), after the
 // apply, with the entry's index and the lock's token. A watcher therefore
 // sees each event up to once per node and drops repeats by index.
 //
@@ -98,10 +100,27 @@ func (w *WatchPublisher) Observer() raftstore.Observer {
 // offer queues a's event, if it has one, without blocking (called
 // serially, from the raft loop).
 func (w *WatchPublisher) offer(a raftstore.Applied) {
-	ev, ok := watchEvent(a)
-	if !ok {
+	if ev, ok := watchEvent(a); ok {
+		w.offerOne(ev)
 		return
 	}
+	// A session's close or expiry ends every lock of it in one command:
+	// one event per key (a.Keys), each with the session and token 0.
+	typ := ""
+	switch {
+	case a.Result.Kind == core.ResultSessionClosed:
+		typ = protocol.EventRelease
+	case a.Result.Kind == core.ResultSessionExpired && a.Result.Existed:
+		typ = protocol.EventExpire
+	default:
+		return
+	}
+	for _, k := range a.Keys {
+		w.offerOne(protocol.WatchEvent{Key: k, Type: typ, Session: protocol.FormatSessionID(a.Command.SessionID), Index: a.Index})
+	}
+}
+
+func (w *WatchPublisher) offerOne(ev protocol.WatchEvent) {
 	ev.Node = w.node
 	select {
 	case w.events <- ev:
@@ -118,6 +137,11 @@ func watchEvent(a raftstore.Applied) (protocol.WatchEvent, bool) {
 	switch a.Result.Kind {
 	case core.ResultGranted:
 		ev.Type, ev.Token, ev.Owner, ev.LeaseMS = protocol.EventGrant, a.Result.Token, c.Owner, int64(a.LeaseMS)
+		if c.SessionID != 0 {
+			ev.Session = protocol.FormatSessionID(c.SessionID)
+		}
+	case core.ResultDelayCleared:
+		ev.Type = protocol.EventDelayEnd
 	case core.ResultRenewed:
 		ev.Type, ev.LeaseMS = protocol.EventRenew, int64(a.LeaseMS)
 	case core.ResultReleased:

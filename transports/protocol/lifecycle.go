@@ -104,6 +104,9 @@ const (
 	EventRelease = "release"
 	EventExpire  = "expire"
 	EventRenew   = "renew"
+	// EventDelayEnd: the key's lock-delay ended (docs/protocol.md §11):
+	// it may be granted again. Token is 0.
+	EventDelayEnd = "delay_end"
 )
 
 // WatchEvent is one applied change of a key, published on
@@ -118,6 +121,11 @@ type WatchEvent struct {
 	Token   uint64 `json:"token"`
 	Owner   string `json:"owner,omitempty"`
 	LeaseMS int64  `json:"lease_ms,omitempty"`
+	// Session is the session that holds (grant) or held (release,
+	// expire) the lock (docs/protocol.md §11). A release or expire
+	// because its session was closed or expired carries the session and
+	// token 0: one command ended every lock of the session.
+	Session string `json:"session,omitempty"`
 	Index   uint64 `json:"index"`
 	// Node is the raft id of the node that published the event.
 	Node uint64 `json:"node"`
