@@ -149,7 +149,7 @@ func TestUsageErrorsNameTheMistake(t *testing.T) {
 		{[]string{"lock", "release", "orders/42"}, `required flag(s) "token" not set`, "ticketd lock release KEY"},
 		{[]string{"lock", "release", "orders/42", "--token", "-1"}, `invalid argument "-1" for "--token"`, "ticketd lock release KEY"},
 		{append([]string{"lock", "ls", "a/", "--limit", "0"}, nowhere...), "--limit 0 is outside", "ticketd lock ls PREFIX"},
-		{[]string{"lock", "exec", "k", "true"}, `needs KEY -- COMMAND`, "ticketd lock exec KEY"},
+		{[]string{"lock", "exec", "k", "true"}, `needs KEY [KEY...] -- COMMAND`, "ticketd lock exec KEY"},
 		{append([]string{"lock", "exec", "k", "--lease", "1s", "--grace", "1s", "--", "true"}, nowhere...), "--lease 1s is too short for --grace 1s", "ticketd lock exec KEY"},
 		{[]string{"status", "extra"}, `takes no arguments, got ["extra"]`, "ticketd status [flags]"},
 		{append([]string{"status", "--watch", "--interval", "0s"}, nowhere...), "--interval must be positive", "ticketd status [flags]"},

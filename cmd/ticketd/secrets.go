@@ -47,8 +47,6 @@ func refusedSecretFlag(flag string) string {
 		name = "control-credential" // the old name on admin and snapshot save
 	case "password":
 		name = "nats-password"
-	case "token":
-		name = "nats-token"
 	default:
 		return ""
 	}
