@@ -1,7 +1,7 @@
 // Takes, waits for, renews and releases a ticketd lock, printing one JSON
 // line per step:  node demo.mjs [nats://127.0.0.1:4222] [--renew] [--key K]
 import { connect } from "nats";
-import { acquire, get, TicketdError } from "./lock.mjs";
+import { acquire, get, openSession, TicketdError } from "./lock.mjs";
 
 const args = process.argv.slice(2);
 const flag = (name) => args.includes(name);
@@ -60,6 +60,22 @@ try {
   const after = await get(nc, key);
   expect(!after.held, `get after release says ${JSON.stringify(after)}`);
   print("done", { held: after.held });
+
+  // A session: two locks, one keepalive, released together by the close.
+  let lost = false;
+  const s = await openSession(nc, { ttlMs: 2000, onLost: () => (lost = true) });
+  const k1 = await s.acquire(`${key}/s1`, { owner: "js-s" });
+  const k2 = await s.acquire(`${key}/s2`, { owner: "js-s" });
+  const hs = await get(nc, k1.key);
+  expect(hs.held && hs.session === s.id && !hs.lease_ms, `get of a session lock says ${JSON.stringify(hs)}`);
+  print("session", { session: s.id, tokens: [k1.token, k2.token] });
+  await new Promise((r) => setTimeout(r, 3000)); // longer than the TTL: only the keepalive holds them
+  expect(!lost && s.keepalives >= 2, `session lost ${lost} after ${s.keepalives} keepalives`);
+  expect((await get(nc, k2.key)).token === k2.token, "a kept-alive session lost its lock");
+  const released = await s.close();
+  expect(released === 2, `close released ${released}`);
+  expect(!(await get(nc, k1.key)).held, "a lock of the closed session is still held");
+  print("session_closed", { released, keepalives: s.keepalives });
 } catch (err) {
   print("error", { message: String(err), code: err.code });
   process.exitCode = 1;

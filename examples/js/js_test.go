@@ -90,7 +90,7 @@ func TestJavaScriptClient(t *testing.T) {
 		steps[name] = v
 		order = append(order, name)
 	}
-	want := []string{"acquired", "held", "get", "renewed", "released", "waited", "done"}
+	want := []string{"acquired", "held", "get", "renewed", "released", "waited", "done", "session", "session_closed"}
 	if strings.Join(order, ",") != strings.Join(want, ",") {
 		t.Fatalf("steps %v, want %v", order, want)
 	}

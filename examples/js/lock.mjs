@@ -170,3 +170,109 @@ export class Lock {
     return true;
   }
 }
+
+/**
+ * A session (§11): one keepalive for many locks. `openSession` opens it
+ * and keeps it alive every third of its TTL; `session.deadline` is the
+ * send of the last acknowledged keepalive + ttl_ms (performance.now()
+ * scale), and `session.lost` is set (and `onLost` called) a margin before
+ * it when keepalives stop getting through, or at once on not_found (the
+ * session ended: its locks are gone). Locks taken with `session.acquire`
+ * have no lease: they last until released or until the session ends.
+ */
+export async function openSession(nc, { ttlMs = 10000, lockDelayMs = 0, onLost = () => {} } = {}) {
+  const { reply, sent } = await withRetry(async () => {
+    try {
+      return await request(nc, "ticketd.v1.session.open", { ttl_ms: ttlMs, lock_delay_ms: lockDelayMs }, 2000);
+    } catch (err) {
+      if (isTimeout(err)) {
+        // A session may have been opened; nobody keeps it alive, so it
+        // expires after its TTL.
+        throw new TicketdError("indeterminate", "no reply to session open");
+      }
+      throw err;
+    }
+  }, performance.now() + 5000);
+  return new Session(nc, reply.session, reply.ttl_ms, sent + reply.ttl_ms, onLost);
+}
+
+export class Session {
+  constructor(nc, id, ttlMs, deadline, onLost) {
+    this.nc = nc;
+    this.id = id;
+    this.ttlMs = ttlMs;
+    this.deadline = deadline;
+    this.lost = false;
+    this.onLost = onLost;
+    this.marginMs = Math.min(Math.max(ttlMs / 10, 20), 1000);
+    this.keepalives = 0;
+    this.timer = setTimeout(() => this.#tick(), (ttlMs - this.marginMs) / 3);
+  }
+
+  #end() {
+    if (!this.lost) {
+      this.lost = true;
+      clearTimeout(this.timer);
+      this.onLost();
+    }
+  }
+
+  async #tick() {
+    if (this.lost) {
+      return;
+    }
+    if (performance.now() >= this.deadline - this.marginMs) {
+      this.#end(); // no keepalive got through in time
+      return;
+    }
+    let next = (this.ttlMs - this.marginMs) / 3;
+    try {
+      await this.keepalive();
+    } catch (err) {
+      if (err instanceof TicketdError && err.code === "not_found") {
+        this.#end();
+        return;
+      }
+      next = BACKOFF_MAX_MS / 4; // not now: try again soon, until the margin
+    }
+    if (!this.lost) {
+      this.timer = setTimeout(() => this.#tick(), Math.max(0, Math.min(next, this.deadline - this.marginMs - performance.now())));
+    }
+  }
+
+  /** One keepalive (§11); it never writes the raft log. */
+  async keepalive() {
+    const { reply, sent } = await request(this.nc, "ticketd.v1.session.keepalive", { session: this.id }, 2000);
+    this.deadline = Math.max(this.deadline, sent + reply.ttl_ms);
+    this.keepalives++;
+    return this;
+  }
+
+  /** Take key in the session (§11): no lease, `lock.deadline` is the session's at the grant. */
+  async acquire(key, { owner = "", waitMs = 0, retryForMs = 5000 } = {}) {
+    const clientWaitMs = waitMs + 3000;
+    const body = { key, owner, session: this.id, wait_ms: waitMs, timeout_ms: clientWaitMs - REPLY_SLACK_MS };
+    const { reply } = await withRetry(async () => {
+      try {
+        return await request(this.nc, "ticketd.v1.lock.acquire", body, clientWaitMs);
+      } catch (err) {
+        if (isTimeout(err)) {
+          throw new TicketdError("indeterminate", "no reply: a lock may exist and ends with the session");
+        }
+        throw err;
+      }
+    }, performance.now() + retryForMs);
+    return new Lock(this.nc, reply.key, reply.token, reply.owner ?? "", this.deadline);
+  }
+
+  /** Close the session: every lock of it is released in one command; resolves to how many. */
+  async close() {
+    this.lost = true;
+    clearTimeout(this.timer);
+    const { reply } = await withRetry(
+      () => request(this.nc, "ticketd.v1.session.close", { session: this.id }, 2000),
+      performance.now() + 5000,
+    );
+    return reply.released;
+  }
+}
