@@ -245,6 +245,9 @@ func runPage(t *testing.T, page, shims string) {
 				stopped = fmt.Sprintf("%s needs %s, not found on PATH: neither it nor the rest of the page runs", b.Where(), tool)
 			}
 		}
+		if b.Unprivileged && os.Geteuid() == 0 && stopped == "" {
+			stopped = fmt.Sprintf("%s cannot run as root (what it starts refuses root): neither it nor the rest of the page runs", b.Where())
+		}
 		if stopped != "" {
 			t.Logf("%s: not run (%s)", b.Where(), stopped)
 			continue

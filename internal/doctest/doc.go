@@ -13,6 +13,8 @@
 //	<!-- doctest: skip (REASON) -->   not run (its ticketd lines are still parsed)
 //	<!-- doctest: needs TOOL... -->   run only when every TOOL is on PATH; else
 //	                                  this block and the rest of the page are not run
+//	<!-- doctest: unprivileged -->    run only when not root (postgres refuses
+//	                                  root); else, the same
 //	<!-- doctest: before COMMAND -->  run COMMAND first: what the prose asks
 //	                                  for ("start a cluster") or a stand-in file
 //	<!-- doctest: nodes N -->         the block starts N nodes (default 1)

@@ -21,7 +21,7 @@ func needBash(t *testing.T) {
 const page = "# Title\n\n```sh\necho one\n```\n\n" +
 	"<!-- doctest: skip (needs three machines) -->\n```sh\nssh 10.0.0.1\n```\n\n" +
 	"```go\nx := 1\n```\n" +
-	"<!-- doctest: needs openssl jq -->\n\n<!-- doctest: before printf x > f -->\n<!-- doctest: nodes 3 -->\n<!-- doctest: output elected token= -->\n" +
+	"<!-- doctest: needs openssl jq -->\n\n<!-- doctest: before printf x > f -->\n<!-- doctest: nodes 3 -->\n<!-- doctest: output elected token= -->\n<!-- doctest: unprivileged -->\n" +
 	"```bash\ncat f\n```\n" +
 	"````sh\n```\nnot a fence\n````\n"
 
@@ -33,9 +33,9 @@ func TestParse(t *testing.T) {
 	want := []Block{
 		{File: "p.md", Line: 3, Text: "echo one"},
 		{File: "p.md", Line: 8, Text: "ssh 10.0.0.1", Directives: Directives{Skip: "needs three machines"}},
-		{File: "p.md", Line: 20, Text: "cat f", Directives: Directives{
-			Needs: []string{"openssl", "jq"}, Before: []string{"printf x > f"}, Nodes: 3, Output: []string{"elected token="}}},
-		{File: "p.md", Line: 23, Text: "```\nnot a fence"},
+		{File: "p.md", Line: 21, Text: "cat f", Directives: Directives{
+			Needs: []string{"openssl", "jq"}, Unprivileged: true, Before: []string{"printf x > f"}, Nodes: 3, Output: []string{"elected token="}}},
+		{File: "p.md", Line: 24, Text: "```\nnot a fence"},
 	}
 	if !reflect.DeepEqual(blocks, want) {
 		t.Fatalf("blocks\n%+v\nwant\n%+v", blocks, want)

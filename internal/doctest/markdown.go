@@ -18,11 +18,14 @@ type Block struct {
 
 // Directives are what the doctest comments above a block say.
 type Directives struct {
-	Skip   string   // why the block is not run; "" when it is
-	Needs  []string // tools that must be on PATH
-	Before []string // commands run before the block's own
-	Nodes  int      // nodes the block starts (0: one)
-	Output []string // texts the block's output must show
+	Skip  string   // why the block is not run; "" when it is
+	Needs []string // tools that must be on PATH
+	// Unprivileged: the block cannot run as root (initdb and postgres
+	// refuse to).
+	Unprivileged bool
+	Before       []string // commands run before the block's own
+	Nodes        int      // nodes the block starts (0: one)
+	Output       []string // texts the block's output must show
 }
 
 // Where names the block in messages (file:line).
@@ -130,6 +133,11 @@ func (d *Directives) add(s string) error {
 			return fmt.Errorf("doctest: needs names the tools: <!-- doctest: needs TOOL... -->")
 		}
 		d.Needs = append(d.Needs, strings.Fields(arg)...)
+	case "unprivileged":
+		if arg != "" {
+			return fmt.Errorf("doctest: unprivileged takes no argument")
+		}
+		d.Unprivileged = true
 	case "before":
 		if arg == "" {
 			return fmt.Errorf("doctest: before needs a command")
@@ -147,7 +155,7 @@ func (d *Directives) add(s string) error {
 		}
 		d.Output = append(d.Output, arg)
 	default:
-		return fmt.Errorf("doctest: unknown directive %q (skip, needs, before, nodes, output)", verb)
+		return fmt.Errorf("doctest: unknown directive %q (skip, needs, unprivileged, before, nodes, output)", verb)
 	}
 	return nil
 }
