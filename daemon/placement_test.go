@@ -103,7 +103,7 @@ func TestLeadershipFollowsClients(t *testing.T) {
 
 			var load plainLoad
 			stop := make(chan struct{})
-			wait := load.run(nc, 4, stop)
+			wait := load.run(nc, 16, stop) // well above PlacementMinRequests a window on a loaded machine
 			stopped := false
 			stopLoad := func() {
 				if !stopped {
