@@ -75,7 +75,17 @@
 // answer tells the node for certain that the requester is gone; it then
 // releases that grant with its exact token (on a follower: asks the
 // leader to). watch.go publishes every applied lock change on its key's
-// watch subject from a bounded buffer the raft loop never waits for.
+// watch subject from a bounded buffer the raft loop never waits for (a
+// session's close or expiry: one event per lock it ended).
+//
+// # Sessions
+//
+// session.go serves ticketd.v1.session.open, .keepalive and .close
+// (lockservice sessions.go), leader-only and forwarded like the lock
+// endpoints; an acquire carries its session and lock_delay_ms to the lock
+// service, and a held answer in a key's lock-delay its delay_ms. A
+// partitioned node does not subscribe to the session subjects and refuses
+// an acquire in a session with unsupported (docs/scaling.md).
 //
 // # Identity
 //

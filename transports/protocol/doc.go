@@ -12,6 +12,13 @@
 // subjects (WatchSubject). See docs/protocol.md for the full description
 // written for client authors in any language.
 //
+// # Sessions
+//
+// session.go (cluster version 4) names the session subjects (open,
+// keepalive, close), their bodies and the decimal session ID, and the
+// acquire's session and lock_delay_ms fields; a held reply in a key's
+// lock-delay carries delay_ms (Error.DelayMS).
+//
 // # Partitions
 //
 // partition.go names the subjects of a partitioned deployment
@@ -28,8 +35,8 @@
 // matched case and all), a field given twice or as null, strings that are
 // not valid UTF-8 (raw or as a lone surrogate escape; strict.go), trailing
 // data, wrong JSON types and values outside the limits of package core,
-// each with an *Error carrying a stable Code. Acquire, release and get
-// bodies in plain JSON take a fast path (fastdecode.go) that accepts
+// each with an *Error carrying a stable Code. Acquire, release, get, check
+// and session bodies in plain JSON take a fast path (fastdecode.go) that accepts
 // exactly what the strict decoder accepts, with the same values, and
 // hands everything else to it.
 package protocol
