@@ -41,7 +41,14 @@ const (
 // ErrSessionNotFound: the session named does not exist (never opened,
 // closed, or expired). It matches ErrNotFound, whose code it is on the
 // wire.
-var ErrSessionNotFound = fmt.Errorf("%w: no such session", ErrNotFound)
+var ErrSessionNotFound error = sessionNotFoundError{}
+
+type sessionNotFoundError struct{}
+
+func (sessionNotFoundError) Error() string { return "lockservice: no such session" }
+
+// Is makes errors.Is(err, ErrNotFound) hold.
+func (sessionNotFoundError) Is(target error) bool { return target == ErrNotFound }
 
 // SessionInfo is an open session as the leader knows it.
 type SessionInfo struct {
