@@ -54,6 +54,12 @@
 //     progress on a node (BeginRequest, which the transport calls; a
 //     waiting acquire leaves it once queued, AcquireParams.Parked), and of
 //     a policy plugin's time (the plugin's refusal becomes a *LimitError).
+//   - Fair admission of proposals (admission.go): while more than one
+//     identity proposes, at most MaxProposingDefault proposals are in raft
+//     at once; the rest wait, unproposed, in one FIFO per identity served
+//     round robin, so one identity's flood of releases or renewals does
+//     not fill every Ready another identity's entry lands in. The
+//     cluster's own proposals are counted but never wait.
 //   - Release and renew are tied to the identity a lock was granted to:
 //     another identity's release or renew, even with the right token, is
 //     ErrPermissionDenied and nothing is proposed; a release of a token

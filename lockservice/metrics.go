@@ -26,6 +26,9 @@ type Metrics struct {
 	LeaderChanges    prometheus.Counter
 	IsLeader         prometheus.Gauge
 	ProposeTime      *prometheus.HistogramVec
+	// ProposalQueue is the proposals waiting for a place in raft
+	// (admission.go).
+	ProposalQueue prometheus.Gauge
 	// quota exports use and limit of the bounded resources (quotametrics.go).
 	quota *quotaCollector
 
@@ -52,12 +55,13 @@ func NewMetrics(reg prometheus.Registerer) *Metrics {
 		LeaderChanges:    prometheus.NewCounter(prometheus.CounterOpts{Name: "ticketd_leader_changes_total", Help: "Times this node became or stopped being leader."}),
 		IsLeader:         prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_is_leader", Help: "1 when this node is the ready leader."}),
 		ProposeTime:      prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "ticketd_propose_seconds", Help: "Time from proposal to applied result.", Buckets: latency}, []string{"kind"}),
+		ProposalQueue:    prometheus.NewGauge(prometheus.GaugeOpts{Name: "ticketd_proposal_queue", Help: "Proposals waiting for their identity's turn to enter raft."}),
 	}
 	m.quota = newQuotaCollector(m.HeldLocks, m.Waiters)
 	if reg != nil {
 		reg.MustRegister(m.quota)
 		reg.MustRegister(m.Proposals, m.ProposalFails, m.Grants, m.Releases, m.Renewals, m.Expiries, m.Denied, m.PermissionDenied, m.Exhausted, m.Abandoned,
-			m.Waiters, m.HeldLocks, m.LeaderChanges, m.IsLeader, m.ProposeTime)
+			m.Waiters, m.HeldLocks, m.LeaderChanges, m.IsLeader, m.ProposeTime, m.ProposalQueue)
 	}
 	return m
 }

@@ -90,6 +90,13 @@ type Config struct {
 	// SettleWindow is how long a grant handed out to a requester that
 	// waited counts as settling (settle.go; default SettleWindowDefault).
 	SettleWindow time.Duration
+	// MaxProposing bounds the proposals in raft at once while more than
+	// one identity proposes; more wait their identity's turn
+	// (admission.go; default MaxProposingDefault). ContentionWindow is
+	// how long after the last change of proposing identity the bound
+	// holds (ContentionWindowDefault).
+	MaxProposing     int
+	ContentionWindow time.Duration
 }
 
 // AcquireParams is one acquire request.
@@ -176,6 +183,9 @@ type Service struct {
 	lead leaderState
 	// inflight counts each identity's requests in progress (fair.go).
 	inflight inflight
+	// admission bounds the proposals in raft and queues the rest by
+	// identity (admission.go).
+	admission *admission
 }
 
 // leaderState is valid only while this node is the ready leader; it is
@@ -248,6 +258,12 @@ func New(cfg Config) *Service {
 	if cfg.ExpireWorkers <= 0 {
 		cfg.ExpireWorkers = ExpireWorkersDefault
 	}
+	if cfg.MaxProposing <= 0 {
+		cfg.MaxProposing = MaxProposingDefault
+	}
+	if cfg.ContentionWindow <= 0 {
+		cfg.ContentionWindow = ContentionWindowDefault
+	}
 	cfg.Limits.withDefaults()
 	if cfg.Metrics.quota != nil {
 		cfg.Metrics.quota.setLimits(cfg.Limits)
@@ -262,6 +278,7 @@ func New(cfg Config) *Service {
 		sessChanged:   make(chan struct{}, 1),
 		expireq:       make(chan leaseItem, expireBatch),
 		inflight:      inflight{by: make(map[string]int)},
+		admission:     newAdmission(cfg.MaxProposing, cfg.ContentionWindow),
 		lead: leaderState{
 			leases:     newLeaseTable(),
 			sess:       newSessionTimers(),
@@ -399,7 +416,7 @@ func (s *Service) acquireOnce(ctx context.Context, p AcquireParams, cmd core.Com
 		s.reserve(p.Key, epoch, identity)
 		w := s.trackWait(ref, &waiter{handedOff: true, epoch: epoch, identity: identity})
 		s.lead.mu.Unlock()
-		g, err := s.grant(p, cmd, deadline, epoch)
+		g, err := s.grant(p, cmd, deadline, epoch, identity)
 		g, err = s.endWait(w, g, err)
 		return g, false, err
 	}
@@ -428,7 +445,7 @@ func (s *Service) acquireOnce(ctx context.Context, p AcquireParams, cmd core.Com
 		g, err := s.endWait(w, Grant{}, err)
 		return g, false, err
 	}
-	g, err := s.grant(p, cmd, deadline, w.epoch)
+	g, err := s.grant(p, cmd, deadline, w.epoch, identity)
 	g.Queued = err == nil
 	g, err = s.endWait(w, g, err)
 	return g, false, err
@@ -456,9 +473,10 @@ func (s *Service) checkPolicy(ctx context.Context, p AcquireParams, leaseMS uint
 	return &DeniedError{Reason: reason}
 }
 
-// grant proposes the Grant for a key already reserved in epoch and applies
-// the lost-reply rule to its outcome.
-func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, epoch uint64) (Grant, error) {
+// grant proposes the Grant for a key already reserved in epoch, once
+// identity's turn admits it (admission.go) before the deadline, and
+// applies the lost-reply rule to its outcome.
+func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, epoch uint64, identity string) (Grant, error) {
 	cmd.GrantedAtMS = s.cfg.WallClockMS()
 	s.lead.mu.Lock()
 	current := s.lead.ready && s.lead.epoch == epoch
@@ -471,8 +489,9 @@ func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, e
 	// The proposal is not bound to the request's context: if the entry
 	// applies after the requester gave up we must still learn its token to
 	// release it. Node.Propose returns when it applies, or indeterminate
-	// when leadership is lost.
-	a, err := s.propose(s.ctx, cmd)
+	// when leadership is lost. Only the wait for a place in raft, before
+	// anything is proposed, ends at the requester's deadline.
+	a, err := s.proposeGrant(cmd, deadline, identity)
 	if err != nil {
 		s.lead.mu.Lock()
 		s.unreserve(p.Key, epoch)
@@ -620,7 +639,20 @@ func (s *Service) Get(ctx context.Context, key string) (Holder, error) {
 	return h, nil
 }
 
+// propose proposes cmd once its turn admits it (admission.go: the
+// client identity in ctx, or the cluster's own) and waits for its result.
 func (s *Service) propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error) {
+	leave, err := s.admitProposal(ctx)
+	if err != nil {
+		return raftstore.Applied{}, err
+	}
+	defer leave()
+	return s.proposeAdmitted(ctx, cmd)
+}
+
+// proposeAdmitted hands an admitted cmd to the node and waits for its
+// result.
+func (s *Service) proposeAdmitted(ctx context.Context, cmd core.Command) (raftstore.Applied, error) {
 	km := s.cfg.Metrics.forKind(cmd.Kind)
 	km.proposals.Inc()
 	start := time.Now()
