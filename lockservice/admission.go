@@ -75,9 +75,10 @@ import (
 // once while more than one identity proposes (Config.MaxProposing). A
 // Ready then carries at most about this many entries, which bounds how
 // long one identity's proposal waits behind another's. Measured on a
-// shared 2-core box with fsync on (daemon TestProposalFloodIsolated): at
-// 32, another identity's p99 was 0.2-0.3 of the flooding identity's mean
-// latency (at 64: 0.5-1, unbounded: 3-4).
+// shared 2-core box with fsync on (daemon TestProposalFloodIsolated,
+// docs/benchmarks.md): at 32, another identity's p50 was 3-5 ms against
+// the flooding identity's 50-250 ms, its p99 0.2-0.3 of the flooder's mean
+// latency on a loaded box (at 64: 0.5-1; unbounded: 3-4).
 const MaxProposingDefault = 32
 
 // ContentionWindowDefault is how long MaxProposing holds after the
