@@ -202,22 +202,12 @@ func (s *Service) sessionLoop() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		s.lead.mu.Lock()
-		next, ok := s.lead.sess.next()
-		leader := s.lead.ready
-		s.lead.mu.Unlock()
-		wait := time.Hour
-		if ok && leader {
-			wait = max(0, next.Sub(s.cfg.Now()))
-		}
-		timer.Reset(wait)
-		select {
-		case <-s.ctx.Done():
+		fired, running := s.waitDue(timer, s.sessChanged, func() (time.Time, bool) { return s.lead.sess.next() })
+		if !running {
 			return
-		case <-s.sessChanged:
-			timer.Stop()
+		}
+		if !fired {
 			continue
-		case <-timer.C:
 		}
 		var sessions []sessionDue
 		var delays []delayDue

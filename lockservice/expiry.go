@@ -47,6 +47,33 @@ func (s *Service) startExpiry() {
 	}
 }
 
+// waitDue waits, on timer, until the earliest deadline next reports
+// (called under lead.mu; waited for only while this node is the ready
+// leader) has passed: fired. A signal on changed (the earliest deadline
+// may have moved) ends the wait early, not fired; running is false once
+// the service stops.
+func (s *Service) waitDue(timer *time.Timer, changed <-chan struct{}, next func() (time.Time, bool)) (fired, running bool) {
+	s.lead.mu.Lock()
+	at, ok := next()
+	leader := s.lead.ready
+	s.lead.mu.Unlock()
+	wait := time.Hour
+	if ok && leader {
+		wait = max(0, at.Sub(s.cfg.Now()))
+	}
+	timer.Reset(wait)
+	select {
+	case <-s.ctx.Done():
+		return false, false
+	case <-changed:
+		// Go ≥1.23 timers: Stop then Reset never delivers a stale tick.
+		timer.Stop()
+		return false, true
+	case <-timer.C:
+		return true, true
+	}
+}
+
 // expiryLoop hands every lease that runs out on this leader's clock to
 // the expire workers.
 func (s *Service) expiryLoop() {
@@ -54,23 +81,12 @@ func (s *Service) expiryLoop() {
 	timer := time.NewTimer(time.Hour)
 	defer timer.Stop()
 	for {
-		s.lead.mu.Lock()
-		next, ok := s.lead.leases.next()
-		leader := s.lead.ready
-		s.lead.mu.Unlock()
-		wait := time.Hour
-		if ok && leader {
-			wait = max(0, next.Sub(s.cfg.Now()))
-		}
-		timer.Reset(wait)
-		select {
-		case <-s.ctx.Done():
+		fired, running := s.waitDue(timer, s.timersChanged, func() (time.Time, bool) { return s.lead.leases.next() })
+		if !running {
 			return
-		case <-s.timersChanged:
-			// Go ≥1.23 timers: Stop then Reset never delivers a stale tick.
-			timer.Stop()
+		}
+		if !fired {
 			continue
-		case <-timer.C:
 		}
 		s.lead.mu.Lock()
 		var due []leaseItem
