@@ -4,6 +4,8 @@ import (
 	"hash/maphash"
 	"math/bits"
 	"unsafe"
+
+	"github.com/ticketd/ticketd/internal/intern"
 )
 
 // The lock table's memory layout.
@@ -117,12 +119,6 @@ const (
 	_ = uint(entryRecMask - 1 - MaxSnapshotLocks)
 )
 
-// identRef is one interned identity and how many locks name it.
-type identRef struct {
-	name string
-	refs int
-}
-
 // lockTable is the lock table. The zero value is not usable; newLockTable
 // makes one.
 type lockTable struct {
@@ -137,21 +133,18 @@ type lockTable struct {
 	// (flushPending, which sorts them into sorted). Every method but
 	// putRaw runs with none pending.
 	pending, sorted []pendingEntry
-	// idents[0] is the empty identity, never freed.
-	idents    []identRef
-	identIDs  map[string]uint32
-	identFree []uint32
+	// idents numbers the locks' identities (0: the empty one).
+	idents intern.Table
 }
 
 // newLockTable makes an empty table with room for n locks.
 func newLockTable(n int) *lockTable {
 	t := &lockTable{
-		recs:     make([]lockRec, 0, n),
-		index:    make([]uint32, tableIndexSize(n)),
-		seed:     maphash.MakeSeed(),
-		arena:    make([]byte, 0, 24*n),
-		idents:   []identRef{{}},
-		identIDs: map[string]uint32{"": 0},
+		recs:   make([]lockRec, 0, n),
+		index:  make([]uint32, tableIndexSize(n)),
+		seed:   maphash.MakeSeed(),
+		arena:  make([]byte, 0, 24*n),
+		idents: intern.New(),
 	}
 	return t
 }
@@ -182,7 +175,7 @@ func (t *lockTable) keyOf(r *lockRec) string { return t.str(r.off, r.keyLen) }
 func (t *lockTable) lock(r *lockRec) Lock {
 	owner := r.off + uint32(r.keyLen)
 	l := Lock{Key: t.keyOf(r), Token: r.token, Owner: t.str(owner, r.ownerLen),
-		Identity: t.idents[r.identity].name, RequestID: t.str(owner+uint32(r.ownerLen), uint16(r.reqLen)),
+		Identity: t.idents.Name(r.identity), RequestID: t.str(owner+uint32(r.ownerLen), uint16(r.reqLen)),
 		LeaseMS: r.leaseMS, GrantedAtMS: r.grantedAtMS, LockDelayMS: uint64(r.lockDelayMS)}
 	if r.inSession {
 		l.LeaseMS, l.SessionID = 0, r.leaseMS
@@ -235,8 +228,8 @@ func (t *lockTable) put(l Lock) (old Lock, replaced bool) {
 			r.off, r.ownerLen, r.reqLen = t.appendStrings(l.Key, l.Owner, l.RequestID), uint16(len(l.Owner)), uint8(len(l.RequestID))
 		}
 		if old.Identity != l.Identity {
-			t.release(r.identity)
-			r.identity = t.intern(l.Identity)
+			t.idents.Release(r.identity)
+			r.identity = t.idents.Add(l.Identity)
 		}
 		r.token, r.grantedAtMS = l.Token, l.GrantedAtMS
 		r.leaseMS, r.inSession, r.lockDelayMS = hold(&l)
@@ -255,7 +248,7 @@ func (t *lockTable) put(l Lock) (old Lock, replaced bool) {
 		n = uint32(len(t.recs) - 1)
 	}
 	t.recs[n] = lockRec{token: l.Token, grantedAtMS: l.GrantedAtMS,
-		off: t.appendStrings(l.Key, l.Owner, l.RequestID), identity: t.intern(l.Identity),
+		off: t.appendStrings(l.Key, l.Owner, l.RequestID), identity: t.idents.Add(l.Identity),
 		keyLen: uint16(len(l.Key)), ownerLen: uint16(len(l.Owner)), reqLen: uint8(len(l.RequestID))}
 	t.recs[n].leaseMS, t.recs[n].inSession, t.recs[n].lockDelayMS = hold(&l)
 	t.index[slot] = entryOf(n, h)
@@ -287,15 +280,7 @@ func (t *lockTable) putRaw(r *rawLock, fresh bool) bool {
 			}
 		}
 	}
-	var id uint32 // the empty identity, the common case, needs no lookup
-	if len(r.identity) == 0 {
-		t.idents[0].refs++
-	} else if known, ok := t.identIDs[string(r.identity)]; ok {
-		id = known
-		t.idents[id].refs++
-	} else {
-		id = t.intern(string(r.identity))
-	}
+	id := t.idents.AddBytes(r.identity)
 	off := uint32(len(t.arena))
 	t.arena = append(append(append(t.arena, r.key...), r.owner...), r.requestID...)
 	n := uint32(len(t.recs))
@@ -389,7 +374,7 @@ func (t *lockTable) del(key string) (Lock, bool) {
 	old := t.lock(r)
 	t.unindex(slot)
 	t.dead += r.size()
-	t.release(r.identity)
+	t.idents.Release(r.identity)
 	*r = lockRec{}
 	t.free = append(t.free, uint32(i))
 	t.n--
@@ -451,31 +436,6 @@ func (t *lockTable) maybeCompact() {
 		r.off = off
 	}
 	t.arena, t.dead = arena, 0
-}
-
-func (t *lockTable) intern(identity string) uint32 {
-	id, ok := t.identIDs[identity]
-	if !ok {
-		if k := len(t.identFree); k > 0 {
-			id, t.identFree = t.identFree[k-1], t.identFree[:k-1]
-			t.idents[id] = identRef{name: identity}
-		} else {
-			id = uint32(len(t.idents))
-			t.idents = append(t.idents, identRef{name: identity})
-		}
-		t.identIDs[identity] = id
-	}
-	t.idents[id].refs++
-	return id
-}
-
-func (t *lockTable) release(id uint32) {
-	ir := &t.idents[id]
-	if ir.refs--; ir.refs == 0 && id != 0 {
-		delete(t.identIDs, ir.name)
-		*ir = identRef{}
-		t.identFree = append(t.identFree, id)
-	}
 }
 
 // forEachFrom calls f for the locks in records [from, from+n) and

@@ -40,11 +40,11 @@ func (t *lockTable) check(tb testing.TB) {
 	if liveBytes+t.dead != len(t.arena) {
 		tb.Fatalf("arena %d bytes: %d live + %d dead", len(t.arena), liveBytes, t.dead)
 	}
-	for id, ir := range t.idents {
-		if id != 0 && ir.refs != refs[uint32(id)] || id == 0 && ir.refs != refs[0] {
-			tb.Fatalf("identity %d (%q): %d refs, %d records", id, ir.name, ir.refs, refs[uint32(id)])
+	t.idents.Each(func(id uint32, name string, n int) {
+		if n != refs[id] {
+			tb.Fatalf("identity %d (%q): %d refs, %d records", id, name, n, refs[id])
 		}
-	}
+	})
 }
 
 // TestLockTableAgainstMap runs random puts (new locks, renewals, owner and

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/intern"
 )
 
 // The leader's lease timers: one per held lock, ordered by deadline.
@@ -60,12 +61,6 @@ type leaseTimer struct {
 	expiring bool
 }
 
-// identCount is one interned identity and the number of timers naming it.
-type identCount struct {
-	name string
-	held int
-}
-
 // leaseTable is the set of timers. Not safe for concurrent use: the
 // service holds lead.mu.
 type leaseTable struct {
@@ -82,11 +77,9 @@ type leaseTable struct {
 	heap  []int32 // record numbers; recs[heap[0]] has the earliest deadline
 	keys  []byte  // the arena of keys; dead bytes are reclaimed by compactKeys
 	dead  int     // bytes of keys no record names
-	// idents interns the identities (index 0 is the empty one, never
-	// freed); identIDs finds them, identFree lists reusable indexes.
-	idents    []identCount
-	identIDs  map[string]uint32
-	identFree []uint32
+	// idents numbers the timers' identities (0: the empty one); an
+	// identity's count is the number of timers naming it.
+	idents intern.Table
 }
 
 func newLeaseTable() *leaseTable { return newLeaseTableFor(0) }
@@ -110,9 +103,7 @@ func (h *leaseTable) resetFor(n int) {
 	h.heap = make([]int32, 0, n)
 	h.keys = make([]byte, 0, 16*n)
 	h.dead = 0
-	h.idents = []identCount{{}}
-	h.identIDs = map[string]uint32{"": 0}
-	h.identFree = nil
+	h.idents = intern.New()
 }
 
 // indexSize is the index length for n timers: a power of two with the
@@ -130,10 +121,7 @@ func (h *leaseTable) Len() int { return len(h.heap) }
 
 // held is the number of timers identity holds.
 func (h *leaseTable) held(identity string) int {
-	if id, ok := h.identIDs[identity]; ok {
-		return h.idents[id].held
-	}
-	return 0
+	return h.idents.Refs(identity)
 }
 
 func (h *leaseTable) at(now time.Time) int64 {
@@ -243,7 +231,7 @@ func (h *leaseTable) newRec(key, identity string) int32 {
 		h.recs = append(h.recs, leaseRec{})
 		n = int32(len(h.recs) - 1)
 	}
-	h.recs[n] = leaseRec{keyOff: uint32(len(h.keys)), keyLen: uint16(len(key)), identity: h.intern(identity)}
+	h.recs[n] = leaseRec{keyOff: uint32(len(h.keys)), keyLen: uint16(len(key)), identity: h.idents.Add(identity)}
 	h.keys = append(h.keys, key...)
 	return n
 }
@@ -252,7 +240,7 @@ func (h *leaseTable) newRec(key, identity string) int32 {
 func (h *leaseTable) freeRec(n int32) {
 	r := &h.recs[n]
 	h.dead += int(r.keyLen)
-	h.release(r.identity)
+	h.idents.Release(r.identity)
 	*r = leaseRec{heapAt: -1}
 	h.free = append(h.free, n)
 	if h.dead > 1<<16 && h.dead > len(h.keys)/2 {
@@ -274,31 +262,6 @@ func (h *leaseTable) compactKeys() {
 		r.keyOff = off
 	}
 	h.keys, h.dead = keys, 0
-}
-
-func (h *leaseTable) intern(identity string) uint32 {
-	id, ok := h.identIDs[identity]
-	if !ok {
-		if k := len(h.identFree); k > 0 {
-			id, h.identFree = h.identFree[k-1], h.identFree[:k-1]
-			h.idents[id] = identCount{name: identity}
-		} else {
-			id = uint32(len(h.idents))
-			h.idents = append(h.idents, identCount{name: identity})
-		}
-		h.identIDs[identity] = id
-	}
-	h.idents[id].held++
-	return id
-}
-
-func (h *leaseTable) release(id uint32) {
-	ic := &h.idents[id]
-	if ic.held--; ic.held == 0 && id != 0 {
-		delete(h.identIDs, ic.name)
-		*ic = identCount{}
-		h.identFree = append(h.identFree, id)
-	}
 }
 
 // arm sets key's timer to now+lease for token, held by identity. An

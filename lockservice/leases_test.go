@@ -109,11 +109,11 @@ func (h *leaseTable) check(t *testing.T) {
 	if inIndex != live {
 		t.Fatalf("index holds %d entries for %d timers", inIndex, live)
 	}
-	for id, ic := range h.idents {
-		if ic.held != counts[uint32(id)] && !(id == 0 && ic.held == counts[0]) {
-			t.Fatalf("identity %q counts %d, records %d", ic.name, ic.held, counts[uint32(id)])
+	h.idents.Each(func(id uint32, name string, held int) {
+		if held != counts[id] {
+			t.Fatalf("identity %q counts %d, records %d", name, held, counts[id])
 		}
-	}
+	})
 }
 
 // TestLeaseTableAgainstModel runs random operations on the table and on a
