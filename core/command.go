@@ -85,6 +85,8 @@ func (k Kind) String() string {
 //	RefreshSession: SessionID
 //	ClearDelay:     Key, DelaySeq
 //
+// and a Grant may carry Limit or Mode from cluster version 5 (kinds.go).
+//
 // A Grant never carries a token: Apply assigns it. Owner is a correlation
 // id chosen by the client; Identity is who the transport authenticated
 // (the NATS account and user), recorded for per-identity accounting. Both
@@ -112,7 +114,13 @@ type Command struct {
 	TTLMS       uint64
 	Epoch       uint64
 	DelaySeq    uint64
-	Control     ControlRequest
+	// Limit and Mode say which kind of lock a Grant asks for (cluster
+	// version 5, kinds.go): Limit 0 is a mutex (1 is written 0: one
+	// encoding per command), 2..MaxSemaphoreLimit a counting semaphore;
+	// Mode ModeShared a shared hold of a read/write lock (Limit 0).
+	Limit   uint32
+	Mode    Mode
+	Control ControlRequest
 }
 
 // Grant builds a Grant command.
@@ -141,6 +149,19 @@ func (c Command) WithLockDelay(delayMS uint64) Command {
 	return c
 }
 
+// WithKind returns the Grant c for a semaphore of limit (0 and 1: a
+// mutex, written 0) or, with mode ModeShared, a shared hold of a
+// read/write lock (cluster version 5 when limit > 1 or mode is shared).
+// A semaphore has no shared mode: Validate refuses limit > 1 with
+// ModeShared.
+func (c Command) WithKind(limit uint32, mode Mode) Command {
+	if limit == 1 {
+		limit = 0
+	}
+	c.Limit, c.Mode = limit, mode
+	return c
+}
+
 // Renew builds a Renew command; leaseMS 0 keeps the lock's lease.
 func Renew(key string, token, leaseMS uint64) Command {
 	return Command{Kind: KindRenew, Key: key, Token: token, LeaseMS: leaseMS}
@@ -164,7 +185,7 @@ func (c Command) Validate() error { return c.validate() }
 func (c *Command) validate() error {
 	if c.Kind == KindControl {
 		if c.Key != "" || c.Owner != "" || c.Identity != "" || c.RequestID != "" || c.LeaseMS != 0 || c.GrantedAtMS != 0 || c.Token != 0 ||
-			c.SessionID|c.LockDelayMS|c.TTLMS|c.Epoch|c.DelaySeq != 0 {
+			c.SessionID|c.LockDelayMS|c.TTLMS|c.Epoch|c.DelaySeq != 0 || c.Limit != 0 || c.Mode != 0 {
 			return invalidf("control carries only a control request")
 		}
 		return c.Control.Validate()
@@ -180,6 +201,9 @@ func (c *Command) validate() error {
 	}
 	if c.TTLMS|c.Epoch|c.DelaySeq != 0 {
 		return invalidf("%s must not carry a session TTL, epoch or delay sequence", c.Kind)
+	}
+	if (c.Limit != 0 || c.Mode != 0) && c.Kind != KindGrant {
+		return invalidf("%s must not carry a limit or a mode", c.Kind)
 	}
 	if err := ValidateKey(c.Key); err != nil {
 		return err
@@ -203,6 +227,9 @@ func (c *Command) validate() error {
 		}
 		if c.Token != 0 {
 			return invalidf("grant must not carry a token")
+		}
+		if err := ValidateKind(c.Limit, c.Mode); err != nil {
+			return err
 		}
 	case KindRelease, KindExpire:
 		if c.Token == 0 {
@@ -400,6 +427,17 @@ const (
 	// held, so its key stays unavailable, and the leader tries again once
 	// a delay has ended).
 	ResultDelaysExhausted ResultKind = 25
+
+	// Results of a Grant that meets a key of another kind or a full
+	// shared key (cluster version 5, kinds.go); neither changes anything.
+	//
+	// ResultLimitMismatch: the key is held (or its slots delayed) as
+	// another kind: Limit is the key's current limit (1 for a mutex or a
+	// read/write lock), what the wire names in its invalid_argument.
+	ResultLimitMismatch ResultKind = 26
+	// ResultHoldersExhausted: the key has MaxHoldersPerKey shared holders
+	// and delayed shared slots.
+	ResultHoldersExhausted ResultKind = 27
 )
 
 func (r ResultKind) String() string {
@@ -456,6 +494,10 @@ func (r ResultKind) String() string {
 		return "delay_cleared"
 	case ResultDelaysExhausted:
 		return "delays_exhausted"
+	case ResultLimitMismatch:
+		return "limit_mismatch"
+	case ResultHoldersExhausted:
+		return "holders_exhausted"
 	}
 	return fmt.Sprintf("result(%d)", uint8(r))
 }
@@ -482,6 +524,12 @@ func (r ResultKind) String() string {
 //	SessionClosed:       Session; Count locks released.
 //	SessionExpired:      Session; Existed whether it was expired; Count
 //	                     locks freed.
+//	LimitMismatch:       Limit is the key's current limit (1: mutex or
+//	                     read/write), Token its oldest holder's (0 when
+//	                     only delayed slots hold it).
+//
+// GrantRejected of a key with several holders gives the oldest holder's
+// token.
 type Result struct {
 	Kind        ResultKind
 	Token       uint64
@@ -492,6 +540,7 @@ type Result struct {
 	Session     uint64
 	Epoch       uint64
 	Count       uint64
+	Limit       uint32
 }
 
 func (r Result) String() string {
@@ -500,6 +549,8 @@ func (r Result) String() string {
 		return fmt.Sprintf("%s{token:%d}", r.Kind, r.Token)
 	case ResultExpired:
 		return fmt.Sprintf("expired{existed:%t}", r.Existed)
+	case ResultLimitMismatch:
+		return fmt.Sprintf("limit_mismatch{limit:%d,token:%d}", r.Limit, r.Token)
 	case ResultBootstrapRecorded, ResultReplacementPrepared, ResultAdmissionAccepted, ResultControlApplied:
 		return fmt.Sprintf("%s{node:%d,incarnation:%d}", r.Kind, r.NodeID, r.Incarnation)
 	case ResultControlRejected:

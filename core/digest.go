@@ -42,6 +42,18 @@ import (
 //
 // (the records without their version byte, encoding_sessions.go).
 //
+// From cluster version 5 on it also covers the multi-holder keys
+// (kinds.go): their holder and delayed slot counts and one more multiset
+// sum, a term per holder and per delayed slot, each with its key's kind:
+//
+//	digest = SHA-256("ticketd state digest v4" | the v3 digest:32
+//	                 | holders:8 | slots:8 | kinds_sum:32)
+//	kinds_sum = Σ SHA-256(0x03 | key:str | limit:uvarint | mode:1 | holder)
+//	          + Σ SHA-256(0x04 | key:str | limit:uvarint | mode:1 | slot) mod 2^256
+//
+// (holder and slot as in the kinds section, encoding_kinds.go). count, the
+// v1 field, then counts the holders too (Len).
+//
 // A state of an earlier cluster version has no request ids, request
 // records, fence keys, sessions or lock-delays, and its digest is what the
 // binaries of that version compute: members of a cluster in a rolling
@@ -54,6 +66,7 @@ const (
 	digestDomain   = "ticketd state digest v1"
 	digestDomainV2 = "ticketd state digest v2"
 	digestDomainV3 = "ticketd state digest v3"
+	digestDomainV4 = "ticketd state digest v4"
 )
 
 // sum256 is a 256-bit accumulator, little-endian 64-bit limbs.
@@ -100,6 +113,18 @@ func sessionTerm(x *Session) [4]uint64 {
 func delayTerm(d *Delay) [4]uint64 {
 	var buf [1 + MaxDelaySnapshotSize]byte
 	return termOf(sha256.Sum256(appendDelay(append(buf[:0], 0x02), d)))
+}
+
+func holderTerm(l *Lock) [4]uint64 {
+	var buf [1 + MaxHolderSnapshotSize]byte
+	b := appendKindHeader(append(buf[:0], 0x03), l.Key, l.Limit, l.Mode)
+	return termOf(sha256.Sum256(appendHolder(b, l)))
+}
+
+func slotTerm(limit uint32, mode Mode, d *Delay) [4]uint64 {
+	var buf [1 + MaxSlotSnapshotSize]byte
+	b := appendKindHeader(append(buf[:0], 0x04), d.Key, limit, mode)
+	return termOf(sha256.Sum256(appendSlot(b, d)))
 }
 
 func (s *sum256) add(t [4]uint64) {
@@ -165,5 +190,16 @@ func stateDigestV3(lastToken uint64, count int, ls *sum256, ctl *[32]byte, r *re
 	b = binary.BigEndian.AppendUint64(b, uint64(len(ss.byID)))
 	b = binary.BigEndian.AppendUint64(b, uint64(len(ss.delays)))
 	b = ss.sum.appendTo(b)
+	return sha256.Sum256(b)
+}
+
+func stateDigestV4(lastToken uint64, count int, ls *sum256, ctl *[32]byte, r *requests, ss *sessions, k *kinds) [32]byte {
+	v3 := stateDigestV3(lastToken, count, ls, ctl, r, ss)
+	var buf [len(digestDomainV4) + 32 + 8 + 8 + 32]byte
+	b := append(buf[:0], digestDomainV4...)
+	b = append(b, v3[:]...)
+	b = binary.BigEndian.AppendUint64(b, uint64(k.nHolders))
+	b = binary.BigEndian.AppendUint64(b, uint64(k.nDelays))
+	b = k.sum.appendTo(b)
 	return sha256.Sum256(b)
 }

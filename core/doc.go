@@ -9,7 +9,8 @@
 // its bulk load from stored records; load_snapshot.go: from a snapshot's
 // bytes, and a snapshot's locks as stored records), the fencing-token
 // counter, the request records that make an acquire retry-safe
-// (requests.go), sessions and lock-delays (sessions.go), the fence
+// (requests.go), sessions and lock-delays (sessions.go), counting
+// semaphores and read/write locks (kinds.go: the multi-holder keys), the fence
 // signing keys (fence.go), the replicated control
 // state (control.go: requests; control_apply.go: their application;
 // control_state.go: the state), the cluster version that gates every
@@ -19,7 +20,8 @@
 // stored lock record at a time), ended request records and the request
 // section (encoding_requests.go), session and delay records and the
 // session section (encoding_sessions.go) and the control record
-// (encoding_control.go), the incremental state digest (digest.go) and the
+// (encoding_control.go), holder records and the kinds section
+// (encoding_kinds.go), the incremental state digest (digest.go) and the
 // limits, with the arithmetic that makes the largest state fit every path
 // a snapshot travels (limits.go).
 //
@@ -50,6 +52,32 @@
 // keepalive that is not logged is still safe across leader changes.
 // MaxSessions, MaxLocksPerSession and MaxDelayedKeys bound it, enforced by
 // Apply.
+//
+// # Semaphores and read/write locks
+//
+// From cluster version 5 a Grant carries Limit (0: mutex; 2 to
+// MaxSemaphoreLimit: a counting semaphore) and Mode (ModeExclusive, the
+// default, or ModeShared: a read/write lock's shared side; not with a
+// limit). Build one with Grant(...).WithKind(limit, mode). A key has one
+// kind at a time; a Grant of another kind applies as ResultLimitMismatch
+// with Result.Limit the key's current one (1 for mutex and read/write).
+// Up to Limit holders, or any number of shared holders (at most
+// MaxHoldersPerKey: ResultHoldersExhausted) hold a key at once, each with
+// its own token; a Grant that must wait is ResultGrantRejected (Token: the
+// oldest holder's), ResultDelayed when delayed slots fill the key. A
+// mutex or exclusive lock stays in the record table (Get, ForEachLock,
+// Locks); a multi-holder key's holders are in Holders(key) (every kind,
+// token order), Holder(key, token) (the fence and check lookup),
+// KeyHolders(key), IsMulti(key), ForEachHolder, HolderCount and
+// MultiKeys (key order); Len counts both. Release, Renew and Expire act
+// on the holder their token names; sessions end each of their holders
+// (SessionLocks lists them, by key then token); a failure-freed holder
+// leaves a delayed slot (ForEachDelay lists slots with keys,
+// ClearDelay(key, seq) clears either; SlotDelayCount). Storage keeps one
+// holder record per multi-holder key (EncodeHolderRecord,
+// DecodeHolderRecord, LoadHolders after LoadSessions); snapshots carry
+// SnapshotState.Holders. kinds.go says the rules and the lock-delay rule
+// per kind.
 //
 // # Fence signing keys
 //
@@ -103,9 +131,10 @@
 //
 // Decoders (DecodeEntry, DecodeSnapshot, DecodeSnapshotState,
 // DecodeLockRecord, DecodeControlState, DecodeEndedRequest,
-// DecodeSessionRecord, DecodeDelayRecord) accept only their known
-// versions (entries 1-4, snapshots 1-5, lock records 1-4, control records
-// 1-3, session and delay records 1; version.go says which cluster version writes
+// DecodeSessionRecord, DecodeDelayRecord, DecodeHolderRecord) accept only
+// their known versions (entries 1-5, snapshots 1-6, lock records 1-4,
+// control records 1-3, session, delay and holder records 1; version.go
+// says which cluster version writes
 // which), accept only the canonical encoding (the oldest version that
 // carries the value), enforce the limits in limits.go, reject trailing
 // bytes, and return *Error values with stable codes. They are fuzzed; see

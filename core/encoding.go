@@ -22,6 +22,8 @@ const (
 	EntryVersion2 byte = 2
 	EntryVersion3 byte = 3
 	EntryVersion4 byte = 4
+	// EntryVersion5 adds Grant.Limit and Grant.Mode (kinds.go).
+	EntryVersion5 byte = 5
 	// SnapshotVersion1 is a lock table; SnapshotVersion2 adds the control
 	// state; SnapshotVersion3 adds each lock's identity and writes the
 	// control section in its version 2 form (with the cluster version);
@@ -36,6 +38,9 @@ const (
 	SnapshotVersion3 byte = 3
 	SnapshotVersion4 byte = 4
 	SnapshotVersion5 byte = 5
+	// SnapshotVersion6 adds the kinds section (encoding_kinds.go): every
+	// multi-holder key with its holders and delayed slots.
+	SnapshotVersion6 byte = 6
 	// LockRecVersion2 adds the identity to LockRecVersion1; LockRecVersion3
 	// adds the request id; LockRecVersion4 the session and lock-delay.
 	LockRecVersion1 byte = 1
@@ -71,12 +76,13 @@ type Entry struct {
 }
 
 // EncodeEntry encodes a log entry in the oldest format that can carry it
-// (entryVersion), version 1 to 4:
+// (entryVersion), version 1 to 5:
 //
 //	version:1 | request_id:uvarint | kind:1 | fields
 //	  grant:          key:str | lease_ms:uvarint | owner:str | granted_at_ms:uvarint
 //	                  | identity:str (version 2 to 4) | client_request_id:str (version 3 and 4)
-//	                  | session_id:uvarint | lock_delay_ms:uvarint (version 4 only)
+//	                  | session_id:uvarint | lock_delay_ms:uvarint (version 4 and 5)
+//	                  | limit:uvarint | mode:1 (version 5 only)
 //	  release/expire: key:str | token:uvarint
 //	  renew:          key:str | token:uvarint | lease_ms:uvarint (version 2 only)
 //	  open_session:   identity:str | ttl_ms:uvarint | lock_delay_ms:uvarint (version 4 only,
@@ -121,6 +127,10 @@ func EncodeEntry(e Entry) []byte {
 		if version >= EntryVersion4 {
 			b = binary.AppendUvarint(b, c.SessionID)
 			b = binary.AppendUvarint(b, c.LockDelayMS)
+		}
+		if version >= EntryVersion5 {
+			b = binary.AppendUvarint(b, uint64(c.Limit))
+			b = append(b, byte(c.Mode))
 		}
 	case KindOpenSession:
 		b = appendString(b, c.Identity)
@@ -218,7 +228,7 @@ func DecodeEntry(b []byte) (Entry, error) {
 	}
 	d := decoder{b: b}
 	v := d.byte()
-	if d.err == nil && (v < EntryVersion1 || v > EntryVersion4) {
+	if d.err == nil && (v < EntryVersion1 || v > EntryVersion5) {
 		return Entry{}, &Error{Code: CodeUnknownVersion, Detail: "entry version " + strconv.Itoa(int(v))}
 	}
 	var e Entry
@@ -242,6 +252,14 @@ func DecodeEntry(b []byte) (Entry, error) {
 		if v >= EntryVersion4 {
 			e.Command.SessionID = d.uvarint()
 			e.Command.LockDelayMS = d.uvarint()
+		}
+		if v >= EntryVersion5 {
+			limit := d.uvarint()
+			if limit > MaxSemaphoreLimit {
+				return Entry{}, malformedf("limit %d above %d", limit, MaxSemaphoreLimit)
+			}
+			e.Command.Limit = uint32(limit)
+			e.Command.Mode = Mode(d.byte())
 		}
 	case KindOpenSession, KindCloseSession, KindExpireSession, KindRefreshSession, KindClearDelay:
 		if v < EntryVersion4 {

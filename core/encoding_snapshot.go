@@ -24,11 +24,15 @@ type SnapshotState struct {
 	Control   ControlState
 	Requests  RequestState // empty before snapshot version 4
 	Sessions  SessionState // empty before snapshot version 5
+	Holders   []KeyHolders // multi-holder keys, by key; empty before snapshot version 6
 }
 
 // snapshotVersion is the snapshot format of a state with control state
 // cs: the one of its cluster version.
 func snapshotVersion(cs ControlState) byte {
+	if cs.ClusterVersion >= 5 {
+		return SnapshotVersion6
+	}
 	if cs.ClusterVersion >= 4 {
 		return SnapshotVersion5
 	}
@@ -50,18 +54,20 @@ func EncodeSnapshot(lastToken uint64, locks []Lock) []byte {
 
 // EncodeSnapshotState encodes a snapshot in format SnapshotVersion2 while
 // the cluster version is 1, SnapshotVersion3 at cluster version 2,
-// SnapshotVersion4 at 3, SnapshotVersion5 from 4 on:
+// SnapshotVersion4 at 3, SnapshotVersion5 at 4, SnapshotVersion6 from 5 on:
 //
 //	"TKS" | version:1 | last_token:uvarint | count:uvarint | lock* | control
-//	      | requests (version 4 and 5) | sessions (version 5 only)
+//	      | requests (version 4 to 6) | sessions (version 5 and 6)
+//	      | kinds (version 6 only)
 //	      | crc32c:4 (big endian, of all before)
 //	lock = key:str | token:uvarint | owner:str | lease_ms:uvarint | granted_at_ms:uvarint
 //	       | identity:str (version 3 to 5) | request_id:str (version 4 and 5)
-//	       | session_id:uvarint | lock_delay_ms:uvarint (version 5 only)
+//	       | session_id:uvarint | lock_delay_ms:uvarint (version 5 and 6)
 //	control: see EncodeControlState (its version 1 form in snapshot
 //	         version 2, 2 in 3, 3 in 4 and 5)
 //	requests: see encoding_requests.go
 //	sessions: see encoding_sessions.go
+//	kinds: see encoding_kinds.go (s.Holders, sorted by key)
 //
 // Version 1, which DecodeSnapshot still reads, is version 2 without the
 // control section. s.Locks must be sorted by key, s.Sessions by ID and
@@ -95,6 +101,12 @@ func EncodeSnapshotState(s SnapshotState) []byte {
 			e.b = appendDelay(e.b, &ss.Delays[i])
 		}
 		e.delaysAdded = e.delayCount
+	}
+	if e.version >= SnapshotVersion6 {
+		for i := range s.Holders {
+			e.kinds = appendKeyHolders(e.kinds, &s.Holders[i])
+		}
+		e.kindsCount = uint64(len(s.Holders))
 	}
 	return e.finish()
 }
@@ -135,6 +147,11 @@ type SnapshotEncoder struct {
 	delaysBegun                 bool   // the delays' count is written
 	prevSession                 uint64 // ID of the last session added
 	prevDelayKey                string // key of the last delay added
+
+	// The kinds section (version 6), written at Finish.
+	kinds       []byte
+	kindsCount  uint64
+	prevKindKey string
 }
 
 // NewSnapshotEncoder starts a snapshot that will hold count locks; sizeHint
@@ -374,6 +391,9 @@ func (e *SnapshotEncoder) finish() []byte {
 		}
 		e.beginDelays()
 	}
+	if e.version >= SnapshotVersion6 {
+		e.b = e.appendKinds(e.b)
+	}
 	b := e.b
 	e.b = nil
 	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
@@ -503,7 +523,7 @@ func CheckSnapshot(b []byte) (SnapshotInfo, error) {
 		return SnapshotInfo{}, malformedf("snapshot magic missing")
 	}
 	version := b[3]
-	if version < SnapshotVersion1 || version > SnapshotVersion5 {
+	if version < SnapshotVersion1 || version > SnapshotVersion6 {
 		return SnapshotInfo{}, &Error{Code: CodeUnknownVersion, Detail: "snapshot version " + strconv.Itoa(int(version))}
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
@@ -518,7 +538,7 @@ func CheckSnapshot(b []byte) (SnapshotInfo, error) {
 	return info, nil
 }
 
-// DecodeSnapshot decodes and validates a snapshot of version 1 to 5 and
+// DecodeSnapshot decodes and validates a snapshot of version 1 to 6 and
 // returns its lock table. It drops the control state: use
 // DecodeSnapshotState (or Machine.Restore) wherever that must survive.
 func DecodeSnapshot(b []byte) (lastToken uint64, locks []Lock, err error) {
@@ -547,7 +567,7 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 		return SnapshotState{}, malformedf("snapshot magic missing")
 	}
 	version := b[3]
-	if version < SnapshotVersion1 || version > SnapshotVersion5 {
+	if version < SnapshotVersion1 || version > SnapshotVersion6 {
 		return SnapshotState{}, &Error{Code: CodeUnknownVersion, Detail: "snapshot version " + strconv.Itoa(int(version))}
 	}
 	body, sum := b[:len(b)-4], binary.BigEndian.Uint32(b[len(b)-4:])
@@ -648,6 +668,28 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 		}
 		if err := validateSessions(&s.Sessions, perSession, lockFields, held, s.Control.ClusterVersion); err != nil {
 			return SnapshotState{}, err
+		}
+		if version >= SnapshotVersion6 {
+			s.Holders = d.kindsSection()
+			if d.err != nil {
+				return SnapshotState{}, d.err
+			}
+			v := kindsCheck{clusterVersion: s.Control.ClusterVersion, lastToken: s.LastToken, sessions: &s.Sessions,
+				ended: s.Requests.Ended, perSession: perSession, plainKey: held,
+				plainRequest: func(h [32]byte) bool { _, ok := withID[h]; return ok }}
+			tokens, err := v.validate(s.Holders)
+			if err != nil {
+				return SnapshotState{}, err
+			}
+			if len(tokens) > 0 {
+				for _, kh := range s.Holders { // in order: the error is the same everywhere
+					for _, l := range kh.Holders {
+						if _, dup := seen[l.Token]; dup {
+							return SnapshotState{}, malformedf("token %d appears twice", l.Token)
+						}
+					}
+				}
+			}
 		}
 	}
 	if err := d.finish(); err != nil {

@@ -228,7 +228,7 @@ func TestDecodeEntryRejects(t *testing.T) {
 	}{
 		{"empty", nil, core.CodeMalformed},
 		{"version 0", cat([]byte{0, 0, 1}, grantFields), core.CodeUnknownVersion},
-		{"version 5", cat([]byte{5, 0, 1}, grantFields), core.CodeUnknownVersion},
+		{"version 6", cat([]byte{6, 0, 1}, grantFields), core.CodeUnknownVersion},
 		{"version 255 alone", []byte{255}, core.CodeUnknownVersion},
 		{"control kind without op", []byte{1, 0, byte(core.KindControl)}, core.CodeMalformed},
 		{"control kind with a lock payload", cat([]byte{1, 9, byte(core.KindControl)}, str("k"), uv(1)), core.CodeMalformed},
@@ -374,7 +374,7 @@ func testDecodeSnapshotRejects(t *testing.T, v byte) {
 		{"not a snapshot at all", core.EncodeEntry(core.Entry{Command: core.Grant("abcdef", "", lease, 0)}), core.CodeMalformed},
 		{"a control record", core.NewMachine().ControlSnapshot(), core.CodeMalformed},
 		{"version 0", seal(cat([]byte("TKS\x00"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
-		{"version 6", seal(cat([]byte("TKS\x06"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
+		{"version 7", seal(cat([]byte("TKS\x07"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
 		{"version 255", seal(cat([]byte("TKS\xff"), uv(0), uv(0), tail)), core.CodeUnknownVersion},
 		{"bad checksum", func() []byte { b := seal(cat(hdr(2, 2), a1, b2, tail)); b[len(b)-1] ^= 0x40; return b }(), core.CodeMalformed},
 		{"checksum missing", cat(hdr(2, 2), a1, b2, tail), core.CodeMalformed},

@@ -44,7 +44,7 @@ func ExampleDecodeEntry() {
 	_, err = core.DecodeEntry(b[:len(b)-1])
 	fmt.Println(err)
 	// Output:
-	// 010702066f726465727302 {Kind:release Key:orders Owner: Identity: RequestID: LeaseMS:0 GrantedAtMS:0 Token:2 SessionID:0 LockDelayMS:0 TTLMS:0 Epoch:0 DelaySeq:0 Control:none} <nil>
+	// 010702066f726465727302 {Kind:release Key:orders Owner: Identity: RequestID: LeaseMS:0 GrantedAtMS:0 Token:2 SessionID:0 LockDelayMS:0 TTLMS:0 Epoch:0 DelaySeq:0 Limit:0 Mode:exclusive Control:none} <nil>
 	// core: malformed: bad varint
 }
 

@@ -102,9 +102,21 @@ const (
 	// the last session id, the last delay sequence number and two counts
 	// (10 each), the sessions and the delayed keys.
 	MaxSessionsSnapshotSize = 40 + MaxSessions*MaxSessionSnapshotSize + MaxDelayedKeys*MaxDelaySnapshotSize
+	// MaxHolderSnapshotSize is the largest encoding of one holder in the
+	// kinds section (encoding_kinds.go) when it is its key's only one, so
+	// that the key, the kind and the counts are its alone: key 2+512 |
+	// limit 2 | mode 1 | counts 2+2 | token 10 | owner 2+256 | lease 4 |
+	// granted_at 10 | identity 2+256 | request_id 2+64 | session_id 10 |
+	// lock_delay_ms 3 = 1,140 bytes, more than MaxLockSnapshotSize: every
+	// lock is counted at it.
+	MaxHolderSnapshotSize = MaxLockSnapshotSize + 2 + 1 + 2 + 2
+	// MaxSlotSnapshotSize is the largest encoding of a delayed slot alone
+	// on its key, which bounds a delayed key's too: key 2+512 | limit 2 |
+	// mode 1 | counts 2+2 | delay_ms 3 | seq 10.
+	MaxSlotSnapshotSize = (2 + MaxKeyLen) + 2 + 1 + 2 + 2 + 3 + 10
 	// MaxSnapshotSize bounds the snapshot of any state the cluster can hold.
-	MaxSnapshotSize = 64 + (MaxLocks+MaxLocksOverrun)*MaxLockSnapshotSize + MaxControlSnapshotSize + MaxRequestsSnapshotSize +
-		MaxSessionsSnapshotSize
+	MaxSnapshotSize = 64 + (MaxLocks+MaxLocksOverrun)*MaxHolderSnapshotSize + MaxControlSnapshotSize + MaxRequestsSnapshotSize +
+		MaxSessionsSnapshotSize - MaxDelayedKeys*MaxDelaySnapshotSize + MaxDelayedKeys*MaxSlotSnapshotSize + 10
 )
 
 // Limits on sessions and lock-delays (cluster version 4, sessions.go).
@@ -168,6 +180,25 @@ const (
 	_ = uint(1<<28 - 1 - MaxSessionTTLMS)
 	_ = uint(1<<21 - 1 - MaxLockDelayMS)
 )
+
+// Limits on semaphores and read/write locks (cluster version 5,
+// kinds.go). A semaphore's limit is at most MaxSemaphoreLimit, and a
+// read/write key holds at most MaxHoldersPerKey shared holders and
+// delayed shared slots (ResultHoldersExhausted beyond), so that no key
+// makes one command (a Grant's checks, a row rewrite in storage, one
+// holder record) cost more than a bounded amount. Every holder is a held
+// lock: Len counts it, --max-locks bounds it, and a snapshot carries it
+// at most MaxHolderSnapshotSize. Delayed slots count towards
+// MaxDelayedKeys.
+const (
+	// MaxSemaphoreLimit is the largest semaphore limit.
+	MaxSemaphoreLimit = 1024
+	// MaxHoldersPerKey bounds the holders and delayed slots of any key.
+	MaxHoldersPerKey = 1024
+)
+
+// The bounds agree: a full semaphore fits a key.
+const _ = uint(MaxHoldersPerKey - MaxSemaphoreLimit)
 
 // Limits on the request records (requests.go): what lets a client retry an
 // acquire with the same request id and get the outcome of the first one.

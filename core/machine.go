@@ -5,7 +5,9 @@ import (
 	"sort"
 )
 
-// Lock is one held lock in the table. LeaseMS is the lease a holder may
+// Lock is one held lock in the table, or one holder of a multi-holder
+// key (kinds.go), whose Limit and Mode say the key's kind (both 0 for a
+// mutex or exclusive lock, the only kind the table holds). LeaseMS is the lease a holder may
 // assume from each grant or renewal; renewals only ever lengthen it.
 // Identity is who the transport authenticated when it was granted (empty:
 // anonymous, or granted before cluster version 2). RequestID is the
@@ -24,6 +26,8 @@ type Lock struct {
 	GrantedAtMS uint64
 	SessionID   uint64
 	LockDelayMS uint64
+	Limit       uint32
+	Mode        Mode
 }
 
 // Machine is the lock table, the token counter, the request records
@@ -37,6 +41,7 @@ type Machine struct {
 	ctl       control
 	req       requests
 	sess      sessions
+	kinds     kinds // multi-holder keys (kinds.go)
 
 	// lockSum and ctlSum keep Digest O(1): lockSum is the multiset hash of
 	// the lock table (digest.go), updated by put, grant and end
@@ -87,6 +92,11 @@ func (m *Machine) Apply(c Command) Result {
 		return m.applySession(&c)
 	}
 	held, ok := m.locks.get(c.Key)
+	if c.Kind != KindGrant {
+		if mk := m.kinds.get(c.Key); mk != nil {
+			return m.applyMulti(mk, &c)
+		}
+	}
 	switch c.Kind {
 	case KindGrant:
 		var h [32]byte
@@ -97,7 +107,15 @@ func (m *Machine) Apply(c Command) Result {
 			}
 		}
 		if ok {
+			if c.Limit > 1 {
+				return Result{Kind: ResultLimitMismatch, Limit: 1, Token: held.Token}
+			}
 			return Result{Kind: ResultGrantRejected, Token: held.Token}
+		}
+		if mk := m.kinds.get(c.Key); mk != nil {
+			if r, refused := m.refuseMulti(mk, &c); refused {
+				return r
+			}
 		}
 		if r, refused := m.grantRefused(&c); refused {
 			return r
@@ -111,8 +129,14 @@ func (m *Machine) Apply(c Command) Result {
 			return Result{Kind: ResultRequestsExhausted}
 		}
 		m.lastToken++
-		m.grant(Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, Identity: c.Identity, RequestID: c.RequestID,
-			LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS, SessionID: c.SessionID, LockDelayMS: c.LockDelayMS}, &h)
+		l := Lock{Key: c.Key, Token: m.lastToken, Owner: c.Owner, Identity: c.Identity, RequestID: c.RequestID,
+			LeaseMS: c.LeaseMS, GrantedAtMS: c.GrantedAtMS, SessionID: c.SessionID, LockDelayMS: c.LockDelayMS}
+		if isMulti(c.Limit, c.Mode) {
+			l.Limit, l.Mode = c.Limit, c.Mode
+			m.grantHolder(l, &h)
+		} else {
+			m.grant(l, &h)
+		}
 		return Result{Kind: ResultGranted, Token: m.lastToken}
 	case KindRenew:
 		if !ok || held.Token != c.Token {
@@ -157,7 +181,8 @@ func (m *Machine) supports(c *Command) bool {
 // them, and snapshots and records are written in the formats it names.
 func (m *Machine) ClusterVersion() uint64 { return max(1, m.ctl.clusterVersion) }
 
-// Get returns the lock held on key, if any.
+// Get returns the mutex or exclusive lock held on key, if any; a
+// multi-holder key's holders are in Holders (kinds.go).
 func (m *Machine) Get(key string) (Lock, bool) {
 	if m.locks == nil {
 		return Lock{}, false
@@ -165,19 +190,21 @@ func (m *Machine) Get(key string) (Lock, bool) {
 	return m.locks.get(key)
 }
 
-// Len is the number of held locks.
+// Len is the number of held locks: mutex and exclusive locks and the
+// holders of multi-holder keys.
 func (m *Machine) Len() int {
 	if m.locks == nil {
-		return 0
+		return m.kinds.nHolders
 	}
-	return m.locks.len()
+	return m.locks.len() + m.kinds.nHolders
 }
 
 // LastToken is the highest token ever issued (0 if none). The next Grant
 // receives LastToken()+1.
 func (m *Machine) LastToken() uint64 { return m.lastToken }
 
-// ForEachLock calls f for every held lock in no particular order, without
+// ForEachLock calls f for every held mutex or exclusive lock (not the
+// holders of multi-holder keys: ForEachHolder) in no particular order, without
 // copying or sorting the table. Callers must not let the order reach
 // anything replicated or compared (results, snapshots, digests). The
 // strings of l share the table's memory (table.go): copy one that is kept
@@ -203,9 +230,10 @@ func (m *Machine) ForEachLockFrom(from, n int, f func(l Lock)) (next int, done b
 	return m.locks.forEachFrom(from, n, f)
 }
 
-// Locks returns every held lock sorted by key.
+// Locks returns every held mutex or exclusive lock sorted by key (the
+// multi-holder keys are MultiKeys).
 func (m *Machine) Locks() []Lock {
-	out := make([]Lock, 0, m.Len())
+	out := make([]Lock, 0, m.Len()-m.kinds.nHolders)
 	m.ForEachLock(func(l Lock) { out = append(out, l) })
 	sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
 	return out
@@ -222,7 +250,8 @@ func (m *Machine) Snapshot() []byte {
 // SnapshotState returns a copy of the whole state, as a snapshot carries
 // it.
 func (m *Machine) SnapshotState() SnapshotState {
-	return SnapshotState{LastToken: m.lastToken, Locks: m.Locks(), Control: m.ctl.state(), Requests: m.req.state(), Sessions: m.sess.state()}
+	return SnapshotState{LastToken: m.lastToken, Locks: m.Locks(), Control: m.ctl.state(), Requests: m.req.state(), Sessions: m.sess.state(),
+		Holders: m.MultiKeys()}
 }
 
 // Digest summarises the whole state: equal on two replicas exactly when
@@ -237,6 +266,9 @@ func (m *Machine) Digest() [32]byte {
 		// A zero Machine (not from NewMachine) that no control command,
 		// restore or load has touched yet.
 		ctl = controlSum(m.ctl.state())
+	}
+	if m.ctl.clusterVersion >= 5 {
+		return stateDigestV4(m.lastToken, m.Len(), &m.lockSum, &ctl, &m.req, &m.sess, &m.kinds)
 	}
 	if m.ctl.clusterVersion >= 4 {
 		return stateDigestV3(m.lastToken, m.Len(), &m.lockSum, &ctl, &m.req, &m.sess)
@@ -263,19 +295,22 @@ func (m *Machine) RestoreState(s SnapshotState) {
 	m.ctlSum = controlSum(m.ctl.state())
 	m.req.load(s.Requests)
 	m.sess.load(s.Sessions)
+	m.loadKinds(s.Holders)
 }
 
 // Load replaces the lock table and token counter with the given ones, as
 // read back from storage. The caller guarantees the locks are valid (they
 // came through a decoder). The control state and the request records,
 // which storage keeps in rows of their own, are left alone: LoadControl,
-// LoadRequests and LoadSessions replace them (in that order, after Load).
+// LoadRequests, LoadSessions and LoadHolders replace them (in that order,
+// after Load). The multi-holder keys are emptied.
 func (m *Machine) Load(lastToken uint64, locks []Lock) {
 	m.lastToken = lastToken
 	m.locks = newLockTable(len(locks))
 	m.lockSum = sum256{}
 	m.req.held = nil
 	m.sess.locksOf = nil
+	m.kinds = kinds{maxHolders: m.kinds.maxHolders}
 	for _, l := range locks {
 		m.put(l)
 	}

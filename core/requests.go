@@ -240,11 +240,11 @@ func (r *requests) load(rs RequestState) {
 // otherwise.
 func (m *Machine) grantRequest(c *Command, h [32]byte) (res Result, ok bool) {
 	if key, held := m.req.held[h]; held {
-		l, _ := m.locks.get(key)
+		tok := m.heldRequestToken(key, c.Identity, c.RequestID)
 		if key == c.Key {
-			return Result{Kind: ResultGrantRepeated, Token: l.Token}, true
+			return Result{Kind: ResultGrantRepeated, Token: tok}, true
 		}
-		return Result{Kind: ResultRequestMismatch, Token: l.Token}, true
+		return Result{Kind: ResultRequestMismatch, Token: tok}, true
 	}
 	if e, ended := m.req.ended(h); ended {
 		if e.KeyHash == RequestKeyHash(c.Key) {
@@ -262,6 +262,12 @@ func (m *Machine) end(l Lock) {
 	m.lockSum.sub(lockTerm(l))
 	m.locks.del(l.Key)
 	m.sess.lockRemoved(&l)
+	m.endRequest(&l)
+}
+
+// endRequest records the end of the lock or holder l when it was granted
+// with a request id.
+func (m *Machine) endRequest(l *Lock) {
 	if l.RequestID != "" {
 		h := RequestKey(l.Identity, l.RequestID)
 		delete(m.req.held, h)
@@ -291,7 +297,7 @@ func (m *Machine) grant(l Lock, h *[32]byte) {
 func (m *Machine) LookupRequest(identity, requestID string) RequestRecord {
 	h := RequestKey(identity, requestID)
 	if key, ok := m.req.held[h]; ok {
-		return RequestRecord{Status: RequestHeld, Key: key, KeyHash: RequestKeyHash(key), Token: m.lockToken(key)}
+		return RequestRecord{Status: RequestHeld, Key: key, KeyHash: RequestKeyHash(key), Token: m.heldRequestToken(key, identity, requestID)}
 	}
 	if e, ok := m.req.ended(h); ok {
 		return RequestRecord{Status: RequestEnded, KeyHash: e.KeyHash, Token: e.Token}

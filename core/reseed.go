@@ -93,11 +93,25 @@ func Reseed(s SnapshotState, o ReseedOptions) (SnapshotState, Identity, error) {
 	}
 	if !o.DropLocks {
 		out.Locks = slices.Clone(s.Locks)
+		// Multi-holder keys (cluster version 5) are carried like locks,
+		// with their delayed slots like delayed keys.
+		for _, kh := range s.Holders {
+			kh.Holders, kh.Delays = slices.Clone(kh.Holders), slices.Clone(kh.Delays)
+			out.Holders = append(out.Holders, kh)
+		}
 	} else {
-		for _, l := range s.Locks { // in key order: deterministic
+		ended := func(l *Lock) {
 			if l.RequestID != "" {
 				out.Requests.Ended = append(out.Requests.Ended, EndedRequest{Request: RequestKey(l.Identity, l.RequestID),
 					KeyHash: RequestKeyHash(l.Key), Token: l.Token, EndedAtMS: s.Requests.DataClockMS})
+			}
+		}
+		for i := range s.Locks { // in key order: deterministic
+			ended(&s.Locks[i])
+		}
+		for _, kh := range s.Holders { // then the holders, by key and token
+			for i := range kh.Holders {
+				ended(&kh.Holders[i])
 			}
 		}
 	}

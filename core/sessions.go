@@ -251,7 +251,7 @@ func (m *Machine) applySession(c *Command) Result {
 		if !ok || x.Epoch != c.Epoch {
 			return Result{Kind: ResultSessionExpired, Session: c.SessionID}
 		}
-		if x.LockDelayMS > 0 && len(s.delays)+len(s.locksOf[x.ID]) > s.maxDelays() {
+		if x.LockDelayMS > 0 && m.delayCount()+m.SessionLockCount(x.ID) > s.maxDelays() {
 			return Result{Kind: ResultDelaysExhausted}
 		}
 		n := m.endSession(x, x.LockDelayMS)
@@ -259,6 +259,9 @@ func (m *Machine) applySession(c *Command) Result {
 	case KindClearDelay:
 		d, ok := s.delays[c.Key]
 		if !ok || d.Seq != c.DelaySeq {
+			if m.clearSlot(c.Key, c.DelaySeq) {
+				return Result{Kind: ResultDelayCleared}
+			}
 			return Result{Kind: ResultNotFound}
 		}
 		s.removeDelay(d)
@@ -267,23 +270,32 @@ func (m *Machine) applySession(c *Command) Result {
 	return Result{Kind: ResultNoop}
 }
 
-// endSession ends every lock of session x in key order, delaying each
-// key by delayMS when not 0, and removes the session. It returns the
-// number of locks ended.
+// endSession ends every lock of session x (its mutex locks and its
+// holders of multi-holder keys) in key then token order, delaying each
+// key or slot by delayMS when not 0, and removes the session. It returns
+// the number of locks ended.
 func (m *Machine) endSession(x Session, delayMS uint64) uint64 {
-	keys := m.sess.sortedKeys(x.ID)
-	for _, k := range keys {
-		l, _ := m.locks.get(k)
-		m.end(l)
-		if delayMS > 0 {
-			m.delay(k, delayMS)
+	locks := m.SessionLocks(x.ID)
+	for _, l := range locks {
+		mk := m.kinds.get(l.Key)
+		if mk == nil {
+			m.end(l)
+			if delayMS > 0 {
+				m.delay(l.Key, delayMS)
+			}
+			continue
 		}
+		m.endHolder(mk, mk.find(l.Token))
+		if delayMS > 0 {
+			m.delaySlot(mk, l.Key, delayMS)
+		}
+		m.kinds.tidy(l.Key, mk)
 	}
 	m.sess.remove(x)
 	// One more ended request record pruned per lock ended, so that a
 	// backlog still drains (limits.go, RequestPruneBudget).
-	m.req.prune(len(keys))
-	return uint64(len(keys))
+	m.req.prune(len(locks))
+	return uint64(len(locks))
 }
 
 // delay starts the lock-delay of key (just freed by a failure).
@@ -307,7 +319,7 @@ func (m *Machine) grantRefused(c *Command) (res Result, ok bool) {
 	if _, open := s.byID[c.SessionID]; !open {
 		return Result{Kind: ResultSessionNotFound}, true
 	}
-	if len(s.locksOf[c.SessionID]) >= s.maxLocks() {
+	if m.SessionLockCount(c.SessionID) >= s.maxLocks() {
 		return Result{Kind: ResultSessionLocksExhausted}, true
 	}
 	return Result{}, false
@@ -321,7 +333,7 @@ func (m *Machine) expire(l Lock) Result {
 	switch {
 	case l.SessionID != 0:
 		return Result{Kind: ResultExpired}
-	case l.LockDelayMS > 0 && len(m.sess.delays) >= m.sess.maxDelays():
+	case l.LockDelayMS > 0 && m.delayCount() >= m.sess.maxDelays():
 		return Result{Kind: ResultDelaysExhausted}
 	}
 	m.end(l)
@@ -385,17 +397,25 @@ func (m *Machine) ForEachSession(f func(Session)) {
 	}
 }
 
-// SessionLockCount is the number of locks session id holds (O(1)).
-func (m *Machine) SessionLockCount(id uint64) int { return len(m.sess.locksOf[id]) }
+// SessionLockCount is the number of locks session id holds, holders of
+// multi-holder keys included (O(1)).
+func (m *Machine) SessionLockCount(id uint64) int {
+	return len(m.sess.locksOf[id]) + len(m.kinds.holdersOf[id])
+}
 
-// SessionLocks returns the locks session id holds, sorted by key: the
-// locks a CloseSession or ExpireSession of it would end, in that order.
+// SessionLocks returns the locks session id holds, holders of
+// multi-holder keys included, sorted by key then token: the locks a
+// CloseSession or ExpireSession of it would end, in that order.
 func (m *Machine) SessionLocks(id uint64) []Lock {
 	keys := m.sess.sortedKeys(id)
-	out := make([]Lock, 0, len(keys))
+	out := make([]Lock, 0, len(keys)+len(m.kinds.holdersOf[id]))
 	for _, k := range keys {
 		l, _ := m.locks.get(k)
 		out = append(out, l)
+	}
+	if len(m.kinds.holdersOf[id]) > 0 {
+		out = append(out, m.sessionHolders(id)...)
+		sortLocks(out)
 	}
 	return out
 }
@@ -406,14 +426,22 @@ func (m *Machine) Delay(key string) (Delay, bool) {
 	return d, ok
 }
 
-// DelayCount is the number of keys in their lock-delay.
+// DelayCount is the number of keys in their lock-delay (SlotDelayCount
+// the delayed slots of multi-holder keys).
 func (m *Machine) DelayCount() int { return len(m.sess.delays) }
 
-// ForEachDelay calls f for every delayed key in no particular order (a
-// new leader re-arms them with their full delay).
+// ForEachDelay calls f for every delayed key and every delayed slot of a
+// multi-holder key (kinds.go) in no particular order (a new leader
+// re-arms them with their full delay; ClearDelay(d.Key, d.Seq) ends
+// either).
 func (m *Machine) ForEachDelay(f func(Delay)) {
 	for _, d := range m.sess.delays {
 		f(d)
+	}
+	for _, mk := range m.kinds.keys {
+		for _, d := range mk.delays {
+			f(d)
+		}
 	}
 }
 

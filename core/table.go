@@ -50,7 +50,10 @@ import (
 // lockFields stops compiling when Lock gains, loses or reorders a field:
 // the table keeps every field of a lock (lockRec, lock, put, putRaw, and
 // Loader.AddRecord for the stored record), so a new one must be added
-// there too, or it would be silently dropped.
+// there too, or it would be silently dropped. Limit and Mode are the
+// exception: the table holds only mutex and exclusive locks, whose Limit
+// and Mode are 0 (multi-holder keys are kinds.go's; Apply and the loaders
+// put nothing else here).
 var _ = Lock(struct {
 	Key         string
 	Token       uint64
@@ -61,6 +64,8 @@ var _ = Lock(struct {
 	GrantedAtMS uint64
 	SessionID   uint64
 	LockDelayMS uint64
+	Limit       uint32
+	Mode        Mode
 }{})
 
 // lockRec is one lock. A free record has keyLen 0 (no key is empty).

@@ -269,7 +269,7 @@ func TestControlRecordVersion3(t *testing.T) {
 	}{
 		{"v2 with cluster version 3", seal(cat([]byte("TKC\x02"), body, uv(3))), core.CodeMalformed},
 		{"v3 with cluster version 2", seal(cat([]byte("TKC\x03"), body, uv(2), uv(0))), core.CodeMalformed},
-		{"v3 with cluster version 5", seal(cat([]byte("TKC\x03"), body, uv(5), uv(0))), core.CodeUnknownVersion},
+		{"v3 with cluster version 6", seal(cat([]byte("TKC\x03"), body, uv(6), uv(0))), core.CodeUnknownVersion},
 		{"fence keys missing", seal(cat([]byte("TKC\x03"), body, uv(3))), core.CodeMalformed},
 		{"fence key count lie", seal(cat([]byte("TKC\x03"), body, uv(3), uv(2), goldenSeed[:])), core.CodeMalformed},
 		{"five fence keys", seal(cat([]byte("TKC\x03"), body, uv(3), uv(5), bytes.Repeat(goldenSeed[:], 5))), core.CodeMalformed},
