@@ -19,3 +19,8 @@ const (
 	MinSessionSizeForTest = minSessionSize
 	MinDelaySizeForTest   = minDelaySize
 )
+
+// SetMaxHoldersForTest makes a read/write key full at n shared holders
+// and delayed slots instead of MaxHoldersPerKey (0: the real bound).
+// Every replica of one test must be given the same limit.
+func (m *Machine) SetMaxHoldersForTest(n int) { m.kinds.maxHolders = n }

@@ -452,7 +452,14 @@ func (m *Machine) KeyHolders(key string) (KeyHolders, bool) {
 }
 
 func (mk *multiKey) state(key string) KeyHolders {
-	return KeyHolders{Key: key, Limit: mk.limit, Mode: mk.mode, Holders: slices.Clone(mk.holders), Delays: slices.Clone(mk.delays)}
+	kh := KeyHolders{Key: key, Limit: mk.limit, Mode: mk.mode}
+	if len(mk.holders) > 0 { // nil when empty, as decoded
+		kh.Holders = slices.Clone(mk.holders)
+	}
+	if len(mk.delays) > 0 {
+		kh.Delays = slices.Clone(mk.delays)
+	}
+	return kh
 }
 
 // MultiKeys returns every multi-holder key in key order.

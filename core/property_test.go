@@ -7,6 +7,7 @@ import (
 	"math"
 	"math/rand/v2"
 	"os"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -960,6 +961,21 @@ func rebuildFromRecords(t testing.TB, r *rand.Rand, m *core.Machine) *core.Machi
 	if err := fresh.LoadSessions(ss); err != nil {
 		t.Fatalf("LoadSessions(own session state): %v", err)
 	}
+	// And the multi-holder keys, one holder record per key, in any order.
+	var ks []core.KeyHolders
+	for _, kh := range m.MultiKeys() {
+		got, err := core.DecodeHolderRecord(core.EncodeHolderRecord(kh))
+		if err != nil || !reflect.DeepEqual(got, kh) {
+			t.Fatalf("holder record round trip of %+v: %+v, %v", kh, got, err)
+		}
+		ks = append(ks, got)
+	}
+	if r != nil {
+		r.Shuffle(len(ks), func(i, j int) { ks[i], ks[j] = ks[j], ks[i] })
+	}
+	if err := fresh.LoadHolders(slices.Clone(ks)); err != nil {
+		t.Fatalf("LoadHolders(own holder records): %v", err)
+	}
 	// The same rows through the Loader (raftstore's restart) give the same
 	// state; that machine is the one the caller goes on with.
 	ld := core.NewLoader(m.LastToken(), len(locks)/2)
@@ -981,7 +997,11 @@ func rebuildFromRecords(t testing.TB, r *rand.Rand, m *core.Machine) *core.Machi
 	if err := loaded.LoadSessions(ss); err != nil {
 		t.Fatalf("LoadSessions after the Loader: %v", err)
 	}
-	if loaded.Digest() != fresh.Digest() || loaded.Digest() != m.Digest() || !slices.Equal(loaded.Locks(), m.Locks()) {
+	if err := loaded.LoadHolders(ks); err != nil {
+		t.Fatalf("LoadHolders after the Loader: %v", err)
+	}
+	if loaded.Digest() != fresh.Digest() || loaded.Digest() != m.Digest() || !slices.Equal(loaded.Locks(), m.Locks()) ||
+		!reflect.DeepEqual(loaded.MultiKeys(), m.MultiKeys()) {
 		t.Fatal("the Loader's machine differs from Load's")
 	}
 	return loaded

@@ -70,6 +70,17 @@ func encodeState(t testing.TB, s core.SnapshotState, records bool) ([]byte, erro
 			return nil, err
 		}
 	}
+	for _, kh := range s.Holders {
+		var err error
+		if records {
+			err = e.AddHolderRecord(core.EncodeHolderRecord(kh))
+		} else {
+			err = e.AddKeyHolders(kh)
+		}
+		if err != nil {
+			return nil, err
+		}
+	}
 	return e.Finish()
 }
 
