@@ -130,7 +130,7 @@ func TestKinds(t *testing.T) {
 				{sem("s", 2).WithLockDelay(delay), granted(1), true},
 				{sem("s", 2), granted(2), true},
 				{core.Expire("s", 1), expiredTrue, true}, // slot seq 1
-				{sem("s", 2), delayed, false}, // one holder, one delayed slot
+				{sem("s", 2), delayed, false},            // one holder, one delayed slot
 				{core.Release("s", 2), released, true},
 				{sem("s", 2), granted(3), true},
 				{sem("s", 2), delayed, false}, // one holder + one delayed slot
