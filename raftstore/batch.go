@@ -171,6 +171,9 @@ func stageSnapshot(b *pebble.Batch, st *storeState, snap raftpb.Snapshot, ss *co
 	if err := stageSnapshotSessions(b, st, &ss.Sessions); err != nil {
 		return err
 	}
+	if err := stageSnapshotHolders(b, ss.Holders); err != nil {
+		return err
+	}
 	if lastToken < st.lastToken {
 		return fmt.Errorf("%w: snapshot last token %d below persisted last token %d", ErrInvariant, lastToken, st.lastToken)
 	}

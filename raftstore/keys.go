@@ -13,7 +13,7 @@ import (
 
 // Key layout of the Pebble database behind a Store. Every key starts with a
 // one-letter namespace and a slash, so the namespaces sort apart
-// ("d/" < "e/" < "k/" < "l/" < "m/" < "q/" < "r/" < "s/") and each can be
+// ("d/" < "e/" < "h/" < "k/" < "l/" < "m/" < "q/" < "r/" < "s/") and each can be
 // range-deleted or scanned on its own.
 //
 //	key                        value
@@ -44,9 +44,12 @@ import (
 //	                           for every seq from the first to before the next of s/requests
 //	e/<id:8 big endian>        core.EncodeSessionRecord of the open session id
 //	d/<lock key bytes>         core.EncodeDelayRecord of the key in its lock-delay
+//	h/<lock key bytes>         core.EncodeHolderRecord of the multi-holder key (a semaphore,
+//	                           or a read/write key held shared): its holders and delayed
+//	                           slots (cluster version 5, holders.go)
 //
 // Every row except r/snapdata, m/clusterid, s/control, s/requests,
-// s/sessions and the q/, e/ and d/ rows exists from the moment Open
+// s/sessions and the q/, e/, d/ and h/ rows exists from the moment Open
 // initialises an empty directory; a missing one is reported as corruption.
 //
 // The request rows (cluster version 3) need no new store format: a cluster
@@ -54,7 +57,8 @@ import (
 // which an older binary refuses to load, so it can never start on a store
 // whose request rows it would ignore. The same holds for the session rows
 // (cluster version 4): the control record stays in version 3, but its
-// cluster version 4 is above what an older binary accepts.
+// cluster version 4 is above what an older binary accepts; and the holder
+// rows (cluster version 5), whose control record carries cluster version 5.
 //
 // Format 2 moved the snapshot data out of Pebble into a file. A format 1
 // store is read as it is and becomes format 2 with its next snapshot,
@@ -87,6 +91,8 @@ var (
 	// prefixSession and prefixDelay hold the session and delay rows.
 	prefixSession = []byte("e/")
 	prefixDelay   = []byte("d/")
+	// prefixHolder holds the multi-holder keys' rows (holders.go).
+	prefixHolder = []byte("h/")
 
 	// Exclusive upper bounds of the ranged namespaces ('/'+1 == '0').
 	endLog     = []byte("l0")
@@ -94,6 +100,7 @@ var (
 	endEnded   = []byte("q0")
 	endSession = []byte("e0")
 	endDelay   = []byte("d0")
+	endHolder  = []byte("h0")
 )
 
 // logKey is the key of the log row for index i.

@@ -25,6 +25,7 @@ type readyApply struct {
 	requests    requestMark // the request state before the entries (after any snapshot)
 	sessions    sessionMark // the session state's header before the entries
 	touchedSess touchedSessions
+	touchedMul  touchedMulti // multi-holder keys (holders.go)
 	state       *StateChange // what to persist; nil when nothing applied
 }
 
@@ -205,7 +206,7 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 		if res.Kind == core.ResultGranted || res.Kind == core.ResultRenewed || res.Kind == core.ResultGrantRepeated {
 			// Read now: observers run after the whole Ready, when a later
 			// entry of it may already have released the lock.
-			l, _ := n.machine.Get(ent.Command.Key)
+			l, _ := n.machine.Holder(ent.Command.Key, res.Token)
 			ev.LeaseMS = l.LeaseMS
 		}
 		ra.events = append(ra.events, ev)
@@ -380,9 +381,21 @@ func (ra *readyApply) apply(m *core.Machine, c core.Command) (core.Result, []str
 	if c.Kind == core.KindCloseSession || c.Kind == core.KindExpireSession {
 		ended = m.SessionLocks(c.SessionID)
 	}
+	// A key that is a multi-holder key before or after the command has
+	// its holder row changed, not its lock row (a key is one or the
+	// other; a later command of the run that changes its kind touches
+	// the other row).
+	wasMulti := c.Kind != core.KindControl && m.IsMulti(c.Key)
 	res := m.Apply(c)
 	if c.Kind.IsSession() {
+		if c.Kind == core.KindClearDelay && wasMulti {
+			ra.touchedMul.add(c.Key) // it may have cleared a delayed slot
+		}
 		return res, ra.touchSession(m, &c, res, ended)
+	}
+	if c.Kind != core.KindControl && (wasMulti || m.IsMulti(c.Key)) {
+		ra.touchedMul.add(c.Key)
+		return res, nil
 	}
 	ra.touched.add(c)
 	if res.Kind == core.ResultExpired && res.Existed {
@@ -410,6 +423,7 @@ func (ra *readyApply) rowChange(m *core.Machine) *StateChange {
 	}
 	sc.Requests = requestChange(m, ra.requests)
 	sc.Sessions = sessionChange(m, ra.sessions, &ra.touchedSess)
+	holderChange(m, &ra.touchedMul, sc)
 	return sc
 }
 
@@ -430,6 +444,10 @@ func (ra *readyApply) touchSession(m *core.Machine, c *core.Command, res core.Re
 		keys := make([]string, len(ended))
 		for i, l := range ended {
 			keys[i] = l.Key
+			if l.Limit > 1 || l.Mode == core.ModeShared {
+				ra.touchedMul.add(l.Key) // the holder and any delayed slot
+				continue
+			}
 			ra.touched.add(core.Command{Key: l.Key})
 			if res.Kind == core.ResultSessionExpired {
 				ra.touchedSess.addDelay(l.Key)

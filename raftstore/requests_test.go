@@ -297,6 +297,14 @@ func TestCrashNeverAppliesTwiceNorLoses(t *testing.T) {
 			t.Fatalf("the workload expired %d sessions and cleared %d delays: the test did not test", w.expired, w.delaysCleared)
 		}
 	})
+	// At 5, the holder rows of semaphores and read/write keys too.
+	t.Run("v5", func(t *testing.T) {
+		w := &kindsWorkload{sessionWorkload: sessionWorkload{requestWorkload: requestWorkload{r: rand.New(rand.NewPCG(11, 12))}}}
+		crashNeverAppliesTwiceNorLoses(t, 5, w)
+		if w.slotsExpired == 0 || w.slotsCleared == 0 || w.sharedGranted == 0 {
+			t.Fatalf("the workload expired %d slots, cleared %d, granted %d shared: the test did not test", w.slotsExpired, w.slotsCleared, w.sharedGranted)
+		}
+	})
 }
 
 // workload makes the next command for a machine, which it does not change.

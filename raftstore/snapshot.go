@@ -146,6 +146,9 @@ func encodeSnapshot(v *stateView, count, sizeHint int, stop <-chan struct{}) ([]
 	if err == nil {
 		err = encodeSessions(v.snap, enc, stop)
 	}
+	if err == nil {
+		err = encodeHolders(v.snap, enc, stop)
+	}
 	if errors.Is(err, errSnapshotStopped) {
 		return nil, err
 	}
@@ -181,7 +184,7 @@ func (n *Node) maybeSnapshot(applied uint64, cs raftpb.ConfState, force bool) er
 		_ = v.snap.Close()
 		return fmt.Errorf("snapshot at %d: %w: store applied index is %d", applied, ErrInvariant, v.applied)
 	}
-	count := n.machine.Len() // the loop owns the machine between Readies
+	count := n.machine.Len() - n.machine.HolderCount() // the lock rows; the loop owns the machine between Readies
 	n.snapping.Store(true)
 	n.bg.Add(1)
 	go n.buildSnapshot(v, count, cs)

@@ -31,6 +31,11 @@ type StateChange struct {
 	// Sessions is the change of the session rows (sessions.go), non-nil
 	// when a session or a delayed key changed.
 	Sessions *SessionChange
+	// PutHolders and DeleteHolders are the net change of the holder rows
+	// (holders.go): every multi-holder key touched that is one now (its
+	// whole row) and every one touched that is not.
+	PutHolders    []core.KeyHolders
+	DeleteHolders []string
 }
 
 // stageState adds a state change and its applied index to b. The caller
@@ -39,7 +44,8 @@ type StateChange struct {
 // relate sc to the persisted state (or its own lists to each other) are
 // checked.
 func stageState(b *pebble.Batch, st *storeState, sc *StateChange) error {
-	noop := len(sc.Put) == 0 && len(sc.Delete) == 0 && sc.ConfState == nil && sc.Control == nil && sc.Requests == nil && sc.Sessions == nil && sc.LastToken == st.lastToken
+	noop := len(sc.Put) == 0 && len(sc.Delete) == 0 && sc.ConfState == nil && sc.Control == nil && sc.Requests == nil && sc.Sessions == nil &&
+		len(sc.PutHolders) == 0 && len(sc.DeleteHolders) == 0 && sc.LastToken == st.lastToken
 	switch {
 	case sc.Index == st.applied && noop:
 		// Nothing new was applied, e.g. a snapshot installed by the same
@@ -51,6 +57,9 @@ func stageState(b *pebble.Batch, st *storeState, sc *StateChange) error {
 		return fmt.Errorf("%w: last token %d below persisted %d", ErrInvariant, sc.LastToken, st.lastToken)
 	}
 	if err := stageLocks(b, sc); err != nil {
+		return err
+	}
+	if err := stageHolders(b, sc); err != nil {
 		return err
 	}
 	if sc.ConfState != nil {
@@ -134,7 +143,7 @@ func (s *Store) AppliedIndex() uint64 {
 
 // LoadMachine reads back the applied state on restart: the applied index,
 // the lock table with its token counter, the control state, the request
-// records, the sessions and delayed keys, and the conf state as of that
+// records, the sessions and delayed keys, the multi-holder keys, and the conf state as of that
 // index. Every row is validated, and the request records and sessions
 // against the rest.
 func (s *Store) LoadMachine() (applied uint64, m *core.Machine, cs raftpb.ConfState, err error) {
@@ -199,6 +208,9 @@ func (s *Store) LoadMachine() (applied uint64, m *core.Machine, cs raftpb.ConfSt
 		return fail(err)
 	}
 	if err := loadSessions(s.view, m); err != nil {
+		return fail(err)
+	}
+	if err := loadHolders(s.view, m); err != nil {
 		return fail(err)
 	}
 	return applied, m, cs, nil
