@@ -662,6 +662,13 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 		if d.err != nil {
 			return SnapshotState{}, d.err
 		}
+		if version >= SnapshotVersion6 {
+			// Read before the sessions are checked, as walkSnapshot reads
+			// it: the same input gives the same error.
+			if s.Holders = d.kindsSection(); d.err != nil {
+				return SnapshotState{}, d.err
+			}
+		}
 		held := func(key string) bool {
 			_, ok := slices.BinarySearchFunc(locks, key, func(l Lock, k string) int { return strings.Compare(l.Key, k) })
 			return ok
@@ -670,10 +677,6 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 			return SnapshotState{}, err
 		}
 		if version >= SnapshotVersion6 {
-			s.Holders = d.kindsSection()
-			if d.err != nil {
-				return SnapshotState{}, d.err
-			}
 			v := kindsCheck{clusterVersion: s.Control.ClusterVersion, lastToken: s.LastToken, sessions: &s.Sessions,
 				ended: s.Requests.Ended, perSession: perSession, plainKey: held,
 				plainRequest: func(h [32]byte) bool { _, ok := withID[h]; return ok }}

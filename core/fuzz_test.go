@@ -44,7 +44,8 @@ func FuzzDecodeEntry(f *testing.F) {
 	}
 	for _, c := range []core.Command{rgrant("k", "acct", "r1", 5), rgrant("잠금", "", "r", 0), core.SetFenceKey(seed(1)), core.SetClusterVersion(3),
 		core.SetClusterVersion(4), core.OpenSession("acct", ttl, delay), core.CloseSession(1, "acct"), core.ExpireSession(1, 1),
-		core.RefreshSession(2), core.ClearDelay("d/2", 1), sgrant("k", 1), dgrant("k", delay), sgrant("k", 2).WithRequest("a", "r")} {
+		core.RefreshSession(2), core.ClearDelay("d/2", 1), sgrant("k", 1), dgrant("k", delay), sgrant("k", 2).WithRequest("a", "r"),
+		core.SetClusterVersion(5), sem("k", 3), shared("k"), sem("k", core.MaxSemaphoreLimit).InSession(1).WithRequest("a", "r")} {
 		f.Add(core.EncodeEntry(core.Entry{RequestID: 3, Command: c}))
 	}
 	grownM := grownMachine(f)
@@ -124,6 +125,7 @@ func FuzzDecodeSnapshot(f *testing.F) {
 		v2Machine(f).Snapshot(),
 		v3Full(f).Snapshot(),
 		v4Full(f).Snapshot(),
+		v5Full(f).Snapshot(),
 	} {
 		f.Add(snap)
 		f.Add(snap[:len(snap)-4]) // a body, for the sealed check below
@@ -709,6 +711,54 @@ func FuzzDecodeDelayRecord(f *testing.F) {
 		}
 		if err := core.ClearDelay(d.Key, d.Seq).Validate(); err != nil {
 			t.Fatalf("delay %+v could not be cleared: %v", d, err)
+		}
+	})
+}
+
+// FuzzDecodeHolderRecord: a stored holder record decodes only from its
+// canonical encoding, valid on its own, and what decodes travels in a
+// snapshot.
+func FuzzDecodeHolderRecord(f *testing.F) {
+	for _, kh := range v5Full(f).MultiKeys() {
+		f.Add(core.EncodeHolderRecord(kh))
+	}
+	f.Add(core.EncodeHolderRecord(core.KeyHolders{Key: "잠금", Limit: core.MaxSemaphoreLimit,
+		Delays: []core.Delay{{Key: "잠금", DelayMS: core.MaxLockDelayMS, Seq: math.MaxUint64}}}))
+	f.Fuzz(func(t *testing.T, b []byte) {
+		kh, err := core.DecodeHolderRecord(b)
+		if err != nil {
+			checkDecodeError(t, err)
+			if !reflect.DeepEqual(kh, core.KeyHolders{}) {
+				t.Fatalf("failed decode returned %+v", kh)
+			}
+			return
+		}
+		if re := core.EncodeHolderRecord(kh); !bytes.Equal(re, b) {
+			t.Fatalf("not canonical: %x re-encodes to %x", b, re)
+		}
+		var last, seq uint64
+		for _, l := range kh.Holders {
+			last = max(last, l.Token)
+			if err := core.Grant(l.Key, l.Owner, l.LeaseMS, l.GrantedAtMS).WithKind(l.Limit, l.Mode).Validate(); l.SessionID == 0 && err != nil {
+				t.Fatalf("holder %+v could not have been granted: %v", l, err)
+			}
+		}
+		for _, d := range kh.Delays {
+			seq = max(seq, d.Seq)
+		}
+		for _, l := range kh.Holders {
+			if l.SessionID != 0 {
+				return // its session is not in the snapshot below
+			}
+		}
+		s := core.SnapshotState{LastToken: last, Control: core.ControlState{ClusterVersion: 5},
+			Sessions: core.SessionState{LastDelaySeq: seq}, Holders: []core.KeyHolders{kh}}
+		st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(s))
+		if err != nil && !strings.Contains(err.Error(), "request") {
+			t.Fatalf("key %+v does not travel in a snapshot: %v", kh, err)
+		}
+		if err == nil && !reflect.DeepEqual(st.Holders, s.Holders) {
+			t.Fatalf("key %+v travels as %+v", kh, st.Holders)
 		}
 	})
 }

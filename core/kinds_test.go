@@ -423,3 +423,202 @@ func TestEntryVersion5Goldens(t *testing.T) {
 		})
 	}
 }
+
+// v5Full is a cluster version 5 machine with every kind of version 5
+// state on top of v4Full's: a semaphore with holders in and out of
+// sessions, with a request id and with a delayed slot; a read/write key
+// with shared holders and a delayed shared slot; a key of delayed slots
+// only.
+func v5Full(t testing.TB) *core.Machine {
+	t.Helper()
+	m := v4Full(t)
+	s1 := m.SessionState().Sessions[0].ID
+	for _, c := range []core.Command{
+		core.SetClusterVersion(5),
+		sem("sem/a", 3).WithRequest("ACCOUNT_A/alice", "req-sem"),
+		sem("sem/a", 3).InSession(s1),
+		sem("sem/a", 3).WithLockDelay(delay),
+		shared("rw/a").WithLockDelay(delay),
+		shared("rw/a").InSession(s1),
+		shared("rw/a"),
+		sem("sem/b", 2).WithLockDelay(core.MaxLockDelayMS),
+	} {
+		if r := m.Apply(c); r.Kind != core.ResultGranted && r.Kind != core.ResultControlApplied {
+			t.Fatalf("v5Full: %+v: %v", c, r)
+		}
+	}
+	for _, key := range []string{"sem/a", "rw/a", "sem/b"} {
+		kh, _ := m.KeyHolders(key)
+		for _, l := range kh.Holders {
+			if l.LockDelayMS > 0 {
+				if r := m.Apply(core.Expire(key, l.Token)); r != expiredTrue {
+					t.Fatalf("v5Full: expire %s/%d: %v", key, l.Token, r)
+				}
+			}
+		}
+	}
+	if m.HolderCount() != 4 || m.SlotDelayCount() != 3 || len(m.MultiKeys()) != 3 {
+		t.Fatalf("v5Full: %+v", m.MultiKeys())
+	}
+	return m
+}
+
+func TestSnapshotVersion6RoundTrip(t *testing.T) {
+	m := v5Full(t)
+	snap := m.Snapshot()
+	if snap[3] != core.SnapshotVersion6 {
+		t.Fatalf("snapshot v%d", snap[3])
+	}
+	checkKindsSurvive(t, m)
+	if info, err := core.CheckSnapshot(snap); err != nil || info.Version != core.SnapshotVersion6 || info.Locks != uint64(len(m.Locks())) {
+		t.Fatalf("CheckSnapshot = %+v, %v", info, err)
+	}
+	// What a restored machine answers, it answers as the original does.
+	x := core.NewMachine()
+	if err := x.Restore(snap); err != nil {
+		t.Fatal(err)
+	}
+	kh, _ := m.KeyHolders("sem/a")
+	for _, c := range []core.Command{sem("sem/a", 3), sem("sem/a", 3), core.ClearDelay("sem/a", kh.Delays[0].Seq), sem("sem/a", 3),
+		excl("rw/a"), shared("rw/a"), core.ExpireSession(1, 1), core.Release("sem/a", kh.Holders[0].Token), sem("sem/b", 3),
+		sem("sem/a", 3).WithRequest("ACCOUNT_A/alice", "req-sem")} {
+		if a, b := m.Apply(c), x.Apply(c); a != b || m.Digest() != x.Digest() {
+			t.Fatalf("%+v: original %v, restored %v", c, a, b)
+		}
+	}
+	checkKindsSurvive(t, m)
+}
+
+func TestDecodeSnapshotVersion6Rejects(t *testing.T) {
+	base := v5Full(t).SnapshotState()
+	for _, tc := range []struct {
+		name   string
+		change func(s *core.SnapshotState)
+	}{
+		{"holder token above the last", func(s *core.SnapshotState) { s.Holders[0].Holders[0].Token = s.LastToken + 1 }},
+		{"holder token of a plain lock", func(s *core.SnapshotState) { s.Holders[1].Holders[0].Token = s.Locks[0].Token }},
+		{"holder token twice", func(s *core.SnapshotState) { s.Holders[1].Holders[0].Token = s.Holders[0].Holders[0].Token }},
+		{"holder token of an ended request", func(s *core.SnapshotState) { s.Holders[1].Holders[0].Token = s.Requests.Ended[0].Token }},
+		{"a key both plain and multi", func(s *core.SnapshotState) { s.Holders[0].Key = s.Locks[0].Key; fixKeys(&s.Holders[0]) }},
+		{"a key both delayed and multi", func(s *core.SnapshotState) { s.Holders[0].Key = s.Sessions.Delays[0].Key; fixKeys(&s.Holders[0]) }},
+		{"keys out of order", func(s *core.SnapshotState) { s.Holders[0], s.Holders[1] = s.Holders[1], s.Holders[0] }},
+		{"an empty key", func(s *core.SnapshotState) { s.Holders[2].Delays = nil }},
+		{"more than the limit", func(s *core.SnapshotState) { s.Holders[1].Limit = 2; fixKeys(&s.Holders[1]) }},
+		{"a mutex as a multi-holder key", func(s *core.SnapshotState) { s.Holders[1].Limit = 0; fixKeys(&s.Holders[1]) }},
+		{"a shared semaphore", func(s *core.SnapshotState) { s.Holders[1].Mode = core.ModeShared; fixKeys(&s.Holders[1]) }},
+		{"holders out of token order", func(s *core.SnapshotState) {
+			h := s.Holders[1].Holders
+			h[0], h[1] = h[1], h[0]
+		}},
+		{"a holder of a session not open", func(s *core.SnapshotState) { s.Holders[0].Holders[0].SessionID = 3 }},
+		{"a session holder with a lease", func(s *core.SnapshotState) { s.Holders[0].Holders[0].LeaseMS = lease }},
+		{"a request held twice", func(s *core.SnapshotState) {
+			l := &s.Holders[1].Holders[1]
+			l.Identity, l.RequestID = s.Holders[1].Holders[0].Identity, s.Holders[1].Holders[0].RequestID
+		}},
+		{"a request of a plain lock", func(s *core.SnapshotState) {
+			for _, p := range s.Locks {
+				if p.RequestID != "" {
+					s.Holders[0].Holders[0].Identity, s.Holders[0].Holders[0].RequestID = p.Identity, p.RequestID
+					return
+				}
+			}
+			t.Fatal("no plain lock with a request id")
+		}},
+		{"a slot seq above the last", func(s *core.SnapshotState) { s.Holders[1].Delays[0].Seq = s.Sessions.LastDelaySeq + 1 }},
+		{"a slot seq of a delayed key", func(s *core.SnapshotState) { s.Holders[1].Delays[0].Seq = s.Sessions.Delays[0].Seq }},
+		{"a slot seq twice", func(s *core.SnapshotState) { s.Holders[1].Delays[0].Seq = s.Holders[2].Delays[0].Seq }},
+		{"a slot without a delay", func(s *core.SnapshotState) { s.Holders[1].Delays[0].DelayMS = 0 }},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s := base
+			s.Holders = nil
+			for _, kh := range base.Holders {
+				kh.Holders, kh.Delays = slices.Clone(kh.Holders), slices.Clone(kh.Delays)
+				s.Holders = append(s.Holders, kh)
+			}
+			tc.change(&s)
+			b := core.EncodeSnapshotState(s)
+			got, err := core.DecodeSnapshotState(b)
+			if err == nil {
+				t.Fatal("decoded")
+			}
+			checkDecodeError(t, err)
+			if !reflect.DeepEqual(got, core.SnapshotState{}) {
+				t.Fatalf("failed decode returned %+v", got)
+			}
+			x := core.NewMachine()
+			if rerr := x.Restore(b); rerr == nil || rerr.Error() != err.Error() {
+				t.Fatalf("Restore: %v, DecodeSnapshotState: %v", rerr, err)
+			}
+		})
+	}
+}
+
+// fixKeys gives kh's holders and slots kh's key and kind again.
+func fixKeys(kh *core.KeyHolders) {
+	for i := range kh.Holders {
+		kh.Holders[i].Key, kh.Holders[i].Limit, kh.Holders[i].Mode = kh.Key, kh.Limit, kh.Mode
+	}
+	for i := range kh.Delays {
+		kh.Delays[i].Key = kh.Key
+	}
+}
+
+// A stored holder record is checked on its own, and LoadHolders checks
+// the rows against the rest of the state loaded before them.
+func TestLoadHoldersRejects(t *testing.T) {
+	m := v5Full(t)
+	ks := m.MultiKeys()
+	load := func(ks []core.KeyHolders) error {
+		x := core.NewMachine()
+		x.Load(m.LastToken(), m.Locks())
+		if err := x.LoadControl(m.ControlSnapshot()); err != nil {
+			t.Fatal(err)
+		}
+		if err := x.LoadRequests(m.RequestState()); err != nil {
+			t.Fatal(err)
+		}
+		if err := x.LoadSessions(m.SessionState()); err != nil {
+			t.Fatal(err)
+		}
+		before := x.Digest()
+		err := x.LoadHolders(ks)
+		if err != nil && x.Digest() != before {
+			t.Fatal("a refused LoadHolders changed the machine")
+		}
+		if err == nil && x.Digest() != m.Digest() {
+			t.Fatal("LoadHolders of the machine's own keys gives another digest")
+		}
+		return err
+	}
+	if err := load(slices.Clone(ks)); err != nil {
+		t.Fatal(err)
+	}
+	dup := slices.Clone(ks)
+	dup[0].Holders = slices.Clone(dup[0].Holders)
+	dup[0].Holders[0].Token = m.Locks()[0].Token
+	twice := append(slices.Clone(ks), ks[0])
+	for name, bad := range map[string][]core.KeyHolders{"a plain lock's token": dup, "a key twice": twice} {
+		if err := load(bad); err == nil {
+			t.Fatalf("%s loaded", name)
+		}
+	}
+	v4 := v4Full(t)
+	x := core.NewMachine()
+	x.Load(v4.LastToken(), v4.Locks())
+	if err := x.LoadControl(v4.ControlSnapshot()); err != nil {
+		t.Fatal(err)
+	}
+	if err := x.LoadHolders([]core.KeyHolders{{Key: "a", Limit: 2, Holders: []core.Lock{{Key: "a", Token: 1, LeaseMS: lease, Limit: 2}}}}); err == nil {
+		t.Fatal("holders loaded at cluster version 4")
+	}
+	for _, rec := range [][]byte{
+		nil, {2}, append(core.EncodeHolderRecord(ks[0]), 0),
+		core.EncodeHolderRecord(core.KeyHolders{Key: "a", Limit: 2}),
+	} {
+		if _, err := core.DecodeHolderRecord(rec); err == nil {
+			t.Fatalf("holder record %x decoded", rec)
+		}
+	}
+}

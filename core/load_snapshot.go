@@ -25,7 +25,7 @@ import (
 // DecodeSnapshotState, so a new format is never refused here.
 
 // walkedSnapshotVersion is the latest snapshot version walkSnapshot reads.
-const walkedSnapshotVersion = SnapshotVersion5
+const walkedSnapshotVersion = SnapshotVersion6
 
 // walkSnapshot decodes and validates snapshot b as DecodeSnapshotState
 // does, calling begin with the declared lock count and then each with
@@ -167,9 +167,32 @@ func walkSnapshot(b []byte, begin func(n int), each func(r *rawLock)) (s Snapsho
 		if d.err != nil {
 			return SnapshotState{}, true, d.err
 		}
-		held := heldDelayed(lockBytes, n, s.Sessions.Delays)
-		if err := validateSessions(&s.Sessions, perSession, lockFields, func(key string) bool { _, ok := held[key]; return ok }, s.Control.ClusterVersion); err != nil {
+		var kinds []KeyHolders
+		if version >= SnapshotVersion6 {
+			if kinds = d.kindsSection(); d.err != nil {
+				return SnapshotState{}, true, d.err
+			}
+		}
+		held := heldDelayed(lockBytes, n, s.Sessions.Delays, kinds)
+		isHeld := func(key string) bool { _, ok := held[key]; return ok }
+		if err := validateSessions(&s.Sessions, perSession, lockFields, isHeld, s.Control.ClusterVersion); err != nil {
 			return SnapshotState{}, true, err
+		}
+		if version >= SnapshotVersion6 {
+			v := kindsCheck{clusterVersion: s.Control.ClusterVersion, lastToken: s.LastToken, sessions: &s.Sessions,
+				ended: s.Requests.Ended, perSession: perSession, plainKey: isHeld,
+				plainRequest: func(h [32]byte) bool { _, ok := withID[h]; return ok }}
+			if _, err := v.validate(kinds); err != nil {
+				return SnapshotState{}, true, err
+			}
+			for _, kh := range kinds { // in order: the error is DecodeSnapshotState's
+				for _, l := range kh.Holders {
+					if _, dup := slices.BinarySearch(tokens, l.Token); dup {
+						return SnapshotState{}, true, malformedf("token %d appears twice", l.Token)
+					}
+				}
+			}
+			s.Holders = kinds
 		}
 	}
 	if err := d.finish(); err != nil {
@@ -178,17 +201,20 @@ func walkSnapshot(b []byte, begin func(n int), each func(r *rawLock)) (s Snapsho
 	return s, true, nil
 }
 
-// heldDelayed returns which of the delayed keys are held by one of the n
-// locks of a version 5 snapshot's lock section b (already checked): a
-// second pass over the locks, only when there are delayed keys, instead
-// of keeping every key of the first.
-func heldDelayed(b []byte, n uint64, delays []Delay) map[string]struct{} {
-	if len(delays) == 0 {
+// heldDelayed returns which of the delayed keys and multi-holder keys
+// are held by one of the n locks of a version 5 or 6 snapshot's lock
+// section b (already checked): a second pass over the locks, only when
+// there are such keys, instead of keeping every key of the first.
+func heldDelayed(b []byte, n uint64, delays []Delay, kinds []KeyHolders) map[string]struct{} {
+	if len(delays) == 0 && len(kinds) == 0 {
 		return nil
 	}
-	delayed := make(map[string]struct{}, len(delays))
+	delayed := make(map[string]struct{}, len(delays)+len(kinds))
 	for i := range delays {
 		delayed[delays[i].Key] = struct{}{}
+	}
+	for i := range kinds {
+		delayed[kinds[i].Key] = struct{}{}
 	}
 	held := make(map[string]struct{})
 	d := decoder{b: b}
@@ -235,6 +261,7 @@ func (m *Machine) restoreSnapshot(b []byte) error {
 	m.req.load(s.Requests)
 	m.sess.locksOf = tb.sess.locksOf
 	m.sess.load(s.Sessions)
+	m.loadKinds(s.Holders)
 	return nil
 }
 

@@ -307,6 +307,11 @@ func checkSessionsSurvive(t testing.TB, m *core.Machine) {
 			t.Fatalf("key %q is held and delayed", l.Key)
 		}
 	}
+	m.ForEachHolder(func(l core.Lock) { // holders of multi-holder keys (kinds.go)
+		if l.SessionID != 0 {
+			perSession[l.SessionID]++
+		}
+	})
 	perIdentity := map[string]int{}
 	m.ForEachSession(func(x core.Session) {
 		perIdentity[x.Identity]++
