@@ -2,7 +2,9 @@ package core
 
 import (
 	"encoding/binary"
+	"slices"
 	"strconv"
+	"strings"
 )
 
 // Encodings of the multi-holder keys (cluster version 5, kinds.go): one
@@ -200,4 +202,29 @@ func (e *SnapshotEncoder) AddHolderRecord(record []byte) error {
 func (e *SnapshotEncoder) appendKinds(b []byte) []byte {
 	b = binary.AppendUvarint(b, e.kindsCount)
 	return append(b, e.kinds...)
+}
+
+// checkKinds checks a decoded snapshot's kinds section against the rest
+// of it (kindsCheck; plainHeld: whether a plain lock holds a token, withID
+// the plain locks' requests), tokens in section order so that the error
+// is the same on every decoder.
+func checkKinds(s *SnapshotState, perSession map[uint64]int, plainHeld func(uint64) bool, withID map[[32]byte]struct{}) error {
+	isKey := func(key string) bool {
+		_, ok := slices.BinarySearchFunc(s.Locks, key, func(l Lock, k string) int { return strings.Compare(l.Key, k) })
+		return ok
+	}
+	v := kindsCheck{clusterVersion: s.Control.ClusterVersion, lastToken: s.LastToken, sessions: &s.Sessions,
+		ended: s.Requests.Ended, perSession: perSession, plainKey: isKey,
+		plainRequest: func(h [32]byte) bool { _, ok := withID[h]; return ok }}
+	if _, err := v.validate(s.Holders); err != nil {
+		return err
+	}
+	for _, kh := range s.Holders {
+		for _, l := range kh.Holders {
+			if plainHeld(l.Token) {
+				return malformedf("token %d appears twice", l.Token)
+			}
+		}
+	}
+	return nil
 }

@@ -677,21 +677,9 @@ func DecodeSnapshotState(b []byte) (SnapshotState, error) {
 			return SnapshotState{}, err
 		}
 		if version >= SnapshotVersion6 {
-			v := kindsCheck{clusterVersion: s.Control.ClusterVersion, lastToken: s.LastToken, sessions: &s.Sessions,
-				ended: s.Requests.Ended, perSession: perSession, plainKey: held,
-				plainRequest: func(h [32]byte) bool { _, ok := withID[h]; return ok }}
-			tokens, err := v.validate(s.Holders)
-			if err != nil {
+			held := func(tok uint64) bool { _, ok := seen[tok]; return ok }
+			if err := checkKinds(&s, perSession, held, withID); err != nil {
 				return SnapshotState{}, err
-			}
-			if len(tokens) > 0 {
-				for _, kh := range s.Holders { // in order: the error is the same everywhere
-					for _, l := range kh.Holders {
-						if _, dup := seen[l.Token]; dup {
-							return SnapshotState{}, malformedf("token %d appears twice", l.Token)
-						}
-					}
-				}
 			}
 		}
 	}
