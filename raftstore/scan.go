@@ -1,8 +1,10 @@
 package raftstore
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
+	"slices"
 
 	"github.com/cockroachdb/pebble/v2"
 
@@ -20,14 +22,18 @@ type LockPage struct {
 
 // ScanLocks reads up to limit held locks whose keys start with prefix and
 // sort strictly after `after`, in byte order, from the store's latest
-// durable view (the k/ rows, which Pebble keeps sorted: no index of our
-// own, and machineMu is never taken).
+// durable view (the k/ rows, and the h/ rows of multi-holder keys, which
+// Pebble keeps sorted: no index of our own, and machineMu is never
+// taken). The holders of a semaphore or of a key held shared come
+// together, in token order (a key of delayed slots only has none): a page
+// never splits a key, so it may hold fewer than limit locks, or more when
+// one key alone has more holders than limit.
 //
-// Cost: one seek and at most limit+1 row reads and decodes, O(log n +
-// limit), under the store's read lock; the raft loop's next write waits
-// for that lock only to swap its view in, so a page of 1000 locks delays
-// it by well under a millisecond. A node that has applied index i (see
-// Node.AppliedIndex) reads a view at or after i.
+// Cost: one seek in each namespace and at most limit+1 row reads and
+// decodes, O(log n + limit), under the store's read lock; the raft loop's
+// next write waits for that lock only to swap its view in, so a page of
+// 1000 locks delays it by well under a millisecond. A node that has
+// applied index i (see Node.AppliedIndex) reads a view at or after i.
 func (s *Store) ScanLocks(prefix, after string, limit int) (LockPage, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
@@ -39,33 +45,66 @@ func (s *Store) ScanLocks(prefix, after string, limit int) (LockPage, error) {
 	if after >= lower {
 		lower = after + "\x00" // the smallest key after `after`
 	}
-	opts := &pebble.IterOptions{LowerBound: lockKey(lower), UpperBound: endLock}
-	if end, ok := prefixEnd(prefix); ok {
-		opts.UpperBound = lockKey(end)
-	}
-	if string(opts.LowerBound) >= string(opts.UpperBound) {
+	upper, bounded := prefixEnd(prefix)
+	if bounded && lower >= upper {
 		return page, nil
 	}
-	it, err := s.view.NewIter(opts)
+	bounds := func(ns, end []byte) *pebble.IterOptions {
+		o := &pebble.IterOptions{LowerBound: append(slices.Clip(ns), lower...), UpperBound: end}
+		if bounded {
+			o.UpperBound = append(slices.Clip(ns), upper...)
+		}
+		return o
+	}
+	locks, err := s.view.NewIter(bounds(prefixLock, endLock))
 	if err != nil {
 		return LockPage{}, fmt.Errorf("raftstore: scan locks: %w", err)
 	}
-	for valid := it.First(); valid; valid = it.Next() {
-		if len(page.Locks) == limit {
-			page.More = true
-			break
-		}
-		l, err := iterLock(it, s.st.lastToken)
-		if err != nil {
-			_ = it.Close()
-			return LockPage{}, fmt.Errorf("raftstore: scan locks: %w", err)
-		}
-		page.Locks = append(page.Locks, l)
+	multi, err := s.view.NewIter(bounds(prefixHolder, endHolder))
+	if err != nil {
+		_ = locks.Close()
+		return LockPage{}, fmt.Errorf("raftstore: scan locks: %w", err)
 	}
-	if err := errors.Join(it.Error(), it.Close()); err != nil {
+	err = mergeLockRows(locks, multi, s.st.lastToken, limit, &page)
+	if err = errors.Join(err, locks.Error(), locks.Close(), multi.Error(), multi.Close()); err != nil {
 		return LockPage{}, fmt.Errorf("raftstore: scan locks: %w", err)
 	}
 	return page, nil
+}
+
+// mergeLockRows fills page from the lock rows and the holder rows in key
+// order (a key is in one or the other), stopping at a key boundary once
+// limit locks are in it.
+func mergeLockRows(locks, multi *pebble.Iterator, lastToken uint64, limit int, page *LockPage) error {
+	okL, okM := locks.First(), multi.First()
+	for okL || okM {
+		useLock := okL && (!okM || bytes.Compare(locks.Key()[len(prefixLock):], multi.Key()[len(prefixHolder):]) < 0)
+		var add []core.Lock
+		if useLock {
+			l, err := iterLock(locks, lastToken)
+			if err != nil {
+				return err
+			}
+			add = []core.Lock{l}
+		} else {
+			kh, err := iterHolders(multi, lastToken)
+			if err != nil {
+				return err
+			}
+			add = kh.Holders
+		}
+		if len(add) > 0 && len(page.Locks) > 0 && len(page.Locks)+len(add) > limit || len(page.Locks) >= limit && len(add) > 0 {
+			page.More = true
+			return nil
+		}
+		page.Locks = append(page.Locks, add...)
+		if useLock {
+			okL = locks.Next()
+		} else {
+			okM = multi.Next()
+		}
+	}
+	return nil
 }
 
 // prefixEnd is the smallest string above every string that starts with
@@ -86,6 +125,26 @@ func prefixEnd(prefix string) (string, bool) {
 // first.
 func (n *Node) ScanLocks(prefix, after string, limit int) (LockPage, error) {
 	return n.cfg.Store.ScanLocks(prefix, after, limit)
+}
+
+// iterHolders decodes and validates the holder row under it.
+func iterHolders(it *pebble.Iterator, lastToken uint64) (core.KeyHolders, error) {
+	key := string(it.Key()[len(prefixHolder):])
+	v, err := it.ValueAndErr()
+	if err != nil {
+		return core.KeyHolders{}, fmt.Errorf("read holder row %q: %w", key, err)
+	}
+	kh, err := core.DecodeHolderRecord(v)
+	if err != nil {
+		return core.KeyHolders{}, fmt.Errorf("%w: holder row %q: %w", ErrCorrupt, key, err)
+	}
+	if kh.Key != key {
+		return core.KeyHolders{}, fmt.Errorf("%w: holder row %q holds key %q", ErrCorrupt, key, kh.Key)
+	}
+	if n := len(kh.Holders); n > 0 && kh.Holders[n-1].Token > lastToken {
+		return core.KeyHolders{}, fmt.Errorf("%w: holder row %q token %d above last token %d", ErrCorrupt, key, kh.Holders[n-1].Token, lastToken)
+	}
+	return kh, nil
 }
 
 // iterLock decodes and validates the lock row under it.

@@ -65,3 +65,52 @@ func TestPrefixEnd(t *testing.T) {
 		}
 	}
 }
+
+// The holders of a multi-holder key come in the page with the locks, in
+// key order, together and in token order; a page never splits a key, and
+// a key of delayed slots only lists nothing.
+func TestScanLocksHolders(t *testing.T) {
+	s := openTestStore(t, t.TempDir())
+	m := v5Ref(t, s)
+	run := []core.Command{
+		core.Grant("a", "", 1000, 1),                                                   // 1
+		core.Grant("b", "", 1000, 1).WithKind(3, core.ModeExclusive),                   // 2
+		core.Grant("b", "", 1000, 1).WithKind(3, core.ModeExclusive),                   // 3
+		core.Grant("c", "", 1000, 1).WithKind(0, core.ModeShared),                      // 4
+		core.Grant("d", "", 1000, 1).WithKind(2, core.ModeExclusive).WithLockDelay(10), // 5
+		core.Expire("d", 5),
+		core.Grant("e", "", 1000, 1), // 6
+		core.Grant("b", "", 1000, 1).WithKind(3, core.ModeExclusive), // 7
+	}
+	mustWrite(t, s, ReadyWrite{Entries: cmdEntries(1, 2, run...), HardState: raftpb.HardState{Term: 1, Commit: 9}, State: applyRun(m, 9, run...)})
+	for _, tc := range []struct {
+		after string
+		limit int
+		want  []uint64
+		more  bool
+	}{
+		{"", 100, []uint64{1, 2, 3, 7, 4, 6}, false},
+		{"", 1, []uint64{1}, true},
+		{"", 2, []uint64{1}, true},
+		{"", 4, []uint64{1, 2, 3, 7}, true},
+		{"a", 1, []uint64{2, 3, 7}, true}, // one key alone above the limit
+		{"b", 1, []uint64{4}, true},
+		{"c", 10, []uint64{6}, false}, // d has only a delayed slot
+		{"a", 0, nil, true},
+	} {
+		p, err := s.ScanLocks("", tc.after, tc.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []uint64
+		for _, l := range p.Locks {
+			got = append(got, l.Token)
+			if h, ok := m.Holder(l.Key, l.Token); !ok || h != l {
+				t.Fatalf("scanned %+v, the machine has %+v", l, h)
+			}
+		}
+		if !slices.Equal(got, tc.want) || p.More != tc.more {
+			t.Errorf("scan(after %q, %d) = %v more=%v; want %v more=%v", tc.after, tc.limit, got, p.More, tc.want, tc.more)
+		}
+	}
+}
