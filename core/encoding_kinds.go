@@ -214,7 +214,7 @@ func checkKinds(s *SnapshotState, perSession map[uint64]int, plainHeld func(uint
 		return ok
 	}
 	v := kindsCheck{clusterVersion: s.Control.ClusterVersion, lastToken: s.LastToken, sessions: &s.Sessions,
-		ended: s.Requests.Ended, perSession: perSession, plainKey: isKey,
+		ended: s.Requests.Ended, requests: len(withID) + len(s.Requests.Ended), perSession: perSession, plainKey: isKey,
 		plainRequest: func(h [32]byte) bool { _, ok := withID[h]; return ok }}
 	if _, err := v.validate(s.Holders); err != nil {
 		return err

@@ -474,6 +474,11 @@ func FuzzApplySequence(f *testing.F) {
 	// expire the delayed lock; checkpoint (records); clear with its seq
 	f.Add([]byte{0xc8, 0x02, 0xc8, 0x04, 0x80, 0x02, 0x81, 0x01, 0x91, 0x01, 0xa2, 0x05, 0x04, 0x00,
 		0x84, 0x01, 0x00, 0x00, 0x86, 0x00, 0x27, 0x00, 0x04, 0x01, 0xa6, 0x00})
+	// version 5; two slots of a semaphore of 2, a third held; a shared
+	// hold beside one of another key; release and expire holders;
+	// checkpoints
+	f.Add([]byte{0xc8, 0x06, 0x01, 0x20, 0x01, 0x20, 0x01, 0x20, 0x11, 0x00, 0x11, 0x00, 0x04, 0x00,
+		0x06, 0x01, 0x07, 0x00, 0x04, 0x01, 0x17, 0x00})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		keys := [...]string{"a", "b", "잠금", "lock/1"}
 		direct, viaLog, viaSnap := core.NewMachine(), core.NewMachine(), core.NewMachine()
@@ -492,7 +497,7 @@ func FuzzApplySequence(f *testing.F) {
 			case op>>6 == 2:
 				c = fuzzSession(direct, op&7, arg, key)
 			case op>>6 == 3 && op&8 != 0 && arg&1 == 0:
-				c = core.SetClusterVersion(2 + uint64(arg>>1)%3)
+				c = core.SetClusterVersion(2 + uint64(arg>>1)%4)
 			case op>>6 == 3 && op&8 != 0:
 				c = core.SetFenceKey(seed(1 + int(arg>>1&3)))
 			case op>>6 == 3:
@@ -503,6 +508,13 @@ func FuzzApplySequence(f *testing.F) {
 				switch op & 7 {
 				case 0, 1:
 					c = core.Grant(key, string(rune('a'+arg%3)), core.MinLeaseMS+uint64(arg), uint64(arg))
+					if op&7 == 1 { // a semaphore slot or a shared hold (cluster version 5)
+						kind := [...]struct {
+							limit uint32
+							mode  core.Mode
+						}{{0, core.ModeShared}, {2, core.ModeExclusive}, {3, core.ModeExclusive}, {0, core.ModeExclusive}}[arg>>5&3]
+						c = c.WithKind(kind.limit, kind.mode)
+					}
 				case 2:
 					c = core.Release(key, uint64(arg))
 				case 3:
@@ -517,7 +529,10 @@ func FuzzApplySequence(f *testing.F) {
 				case 5:
 					c = core.Command{Kind: core.Kind(arg % 11), Key: key, Token: uint64(arg >> 4), LeaseMS: uint64(arg&8) * 100}
 				case 6, 7:
-					l, _ := direct.Get(key)
+					var l core.Lock
+					if hs := direct.Holders(key); len(hs) > 0 {
+						l = hs[int(arg)%len(hs)]
+					}
 					c = core.Release(key, l.Token)
 					if op&7 == 7 {
 						c = core.Expire(key, l.Token)

@@ -41,7 +41,7 @@ func (m *Machine) LoadHolders(ks []KeyHolders) error {
 		perSession[id] = len(keys)
 	}
 	v := kindsCheck{
-		clusterVersion: m.ClusterVersion(), lastToken: m.lastToken, sessions: &ss, ended: m.req.state().Ended,
+		clusterVersion: m.ClusterVersion(), lastToken: m.lastToken, sessions: &ss, ended: m.req.state().Ended, requests: m.req.count(),
 		perSession: perSession,
 		plainKey:   func(key string) bool { _, ok := m.Get(key); return ok },
 		plainRequest: func(h [32]byte) bool {
@@ -76,6 +76,7 @@ type kindsCheck struct {
 	perSession                map[uint64]int      // plain session locks per session
 	plainKey                  func(string) bool   // key has a plain lock
 	plainRequest              func([32]byte) bool // request held by a plain lock
+	requests                  int                 // request records besides the holders' (plain held + ended)
 }
 
 // validate checks ks: nothing before cluster version 5; keys ascending,
@@ -83,7 +84,7 @@ type kindsCheck struct {
 // (validateKeyHolders); tokens not above the last token, unique among
 // them and not an ended record's; delay sequence numbers unique among
 // them and the delayed keys', not above the last; request ids unique
-// (with the plain locks'); sessions open and within MaxLocksPerSession
+// (with the plain locks', and within MaxRequestRecords); sessions open and within MaxLocksPerSession
 // with their plain locks; the delays within MaxDelayedKeys. It returns
 // the holders' tokens, for the caller to check against the plain locks'.
 func (v *kindsCheck) validate(ks []KeyHolders) (map[uint64]struct{}, error) {
@@ -154,6 +155,9 @@ func (v *kindsCheck) validate(ks []KeyHolders) (map[uint64]struct{}, error) {
 		}
 		holders += len(kh.Holders)
 		slots += len(kh.Delays)
+	}
+	if v.requests+len(requests) > MaxRequestRecords {
+		return nil, malformedf("%d request records and %d held by holders, the limit is %d", v.requests, len(requests), MaxRequestRecords)
 	}
 	if holders > MaxSnapshotLocks || slots > MaxDelayedKeys {
 		return nil, malformedf("%d holders and %d delays, the limits are %d and %d", holders, slots, MaxSnapshotLocks, MaxDelayedKeys)

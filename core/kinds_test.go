@@ -622,3 +622,66 @@ func TestLoadHoldersRejects(t *testing.T) {
 		}
 	}
 }
+
+func TestDigestCoversKinds(t *testing.T) {
+	base := func() *core.Machine {
+		m := v5Machine(t)
+		applyAll(m, sem("s", 3).WithLockDelay(delay), sem("s", 3), shared("r"), core.Expire("s", 1))
+		return m
+	}
+	seen := map[[32]byte]string{base().Digest(): "base"}
+	for name, c := range map[string]core.Command{
+		"another slot":           sem("s", 3),
+		"a slot released":        core.Release("s", 2),
+		"a slot renewed":         core.Renew("s", 2, 2*lease),
+		"a slot cleared":         core.ClearDelay("s", 1),
+		"another shared holder":  shared("r"),
+		"a shared holder freed":  core.Release("r", 3),
+		"a new semaphore":        sem("t", 2),
+		"a new semaphore of 3":   sem("t", 3),
+		"a new shared key":       shared("t"),
+		"a new mutex":            excl("t"),
+		"another owner":          core.Grant("t", "other", lease, 7).WithKind(2, core.ModeExclusive),
+		"a slot with a delay":    sem("s", 3).WithLockDelay(delay),
+		"a shared with a delay":  shared("r").WithLockDelay(delay),
+		"a shared with a delay2": shared("r").WithLockDelay(delay + 1),
+	} {
+		m := base()
+		applyAll(m, c)
+		d := m.Digest()
+		if other, dup := seen[d]; dup {
+			t.Fatalf("%s and %s have the same digest", name, other)
+		}
+		seen[d] = name
+	}
+}
+
+func TestReseedKinds(t *testing.T) {
+	m := v5Full(t)
+	s := m.SnapshotState()
+	for _, drop := range []bool{false, true} {
+		out, _, err := core.Reseed(s, core.ReseedOptions{BumpTokens: 10, DropLocks: drop, Static: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if kept := reflect.DeepEqual(out.Holders, s.Holders); kept == drop || drop && len(out.Holders) != 0 {
+			t.Fatalf("drop %t: holders %+v", drop, out.Holders)
+		}
+		x := core.NewMachine()
+		if err := x.Restore(core.EncodeSnapshotState(out)); err != nil {
+			t.Fatalf("drop %t: the reseeded state does not restore: %v", drop, err)
+		}
+		rec := x.LookupRequest("ACCOUNT_A/alice", "req-sem")
+		if want := core.RequestHeld; drop {
+			want = core.RequestEnded
+			if rec.Status != want {
+				t.Fatalf("drop %t: the semaphore holder's request is %s", drop, rec.Status)
+			}
+		} else if rec.Status != want {
+			t.Fatalf("drop %t: the semaphore holder's request is %s", drop, rec.Status)
+		}
+		if got := x.Apply(sem("sem/new", 2)); got != granted(s.LastToken+11) {
+			t.Fatalf("drop %t: first grant after the reseed: %v", drop, got)
+		}
+	}
+}

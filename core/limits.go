@@ -50,11 +50,16 @@ const (
 // + 4 × 32 + 1,024 ≈ 23.1 MB, the request section (requests.go) at most
 // MaxRequestsSnapshotSize: 30 + MaxRequestRecords × 84 ≈ 176.2 MB, and the
 // session section (sessions.go) at most MaxSessionsSnapshotSize: 40 +
-// MaxSessions × 285 + MaxDelayedKeys × 527 ≈ 106.4 MB. So a snapshot of
-// the largest state is at most
+// MaxSessions × 285 + MaxDelayedKeys × 527 ≈ 106.4 MB. From cluster
+// version 5 a lock may instead be a holder of a semaphore or shared key
+// alone on it in the kinds section, at most MaxHolderSnapshotSize (1,140
+// bytes), and a delayed key a delayed slot alone on its key, at most
+// MaxSlotSnapshotSize (534 instead of 527); every lock and delay is
+// counted at the larger, plus 10 bytes for the section's count. So a
+// snapshot of the largest state is at most
 //
-//	MaxSnapshotSize = 64 + (MaxLocks + MaxLocksOverrun) × 1,133 + 23.1 MB + 176.2 MB + 106.4 MB
-//	                = 64 + 1,148,576 × 1,133 + 23,069,824 + 176,160,798 + 106,430,504 ≈ 1.607 GB
+//	MaxSnapshotSize = 64 + (MaxLocks + MaxLocksOverrun) × 1,140 + 23.1 MB + 176.2 MB + 107.3 MB + 10
+//	                = 64 + 1,148,576 × 1,140 + 23,069,824 + 176,160,798 + 107,348,008 + 10 ≈ 1.616 GB
 //
 // which must fit (each checked by a test or a compile-time assertion):
 //   - the decoder: 1,148,576 locks ≤ MaxSnapshotLocks (16,777,216);
@@ -62,10 +67,11 @@ const (
 //     MaxSnapshotSize; daemon asserts it at compile time);
 //   - the one Pebble batch (4 GiB) that installs a received snapshot: the
 //     snapshot bytes plus one row per lock (2+512 key, 1+1,133 value, ~10
-//     batch overhead), one per ended request record (10 key, 1+84 value,
-//     ~10), one per session (10 key, 1+285 value, ~10) and one per
-//     delayed key (2+512 key, 1+527 value, ~10): 1.607 GB + 1,148,576 ×
-//     1,658 + 2,097,152 × 105 + 131,072 × 306 + 131,072 × 1,052 ≈ 3.91 GB.
+//     batch overhead; a holder row, 1+1,140), one per ended request record
+//     (10 key, 1+84 value, ~10), one per session (10 key, 1+285 value,
+//     ~10) and one per delayed key (2+512 key, 1+534 value, ~10): 1.616
+//     GB + 1,148,576 × 1,665 + 2,097,152 × 105 + 131,072 × 306 + 131,072 ×
+//     1,059 ≈ 3.93 GB.
 //
 // DefaultMaxLocks is below MaxLocks so that an operator can raise it a
 // little without first measuring memory: a held lock costs about 0.5 KB of

@@ -115,12 +115,38 @@ func TestSnapshotSizeArithmetic(t *testing.T) {
 	// The one Pebble batch that installs the largest snapshot (limits.go):
 	// the snapshot bytes plus a row per lock, ended request, session and
 	// delayed key, with their keys and ~10 bytes of batch overhead each.
+	// A lock may be a holder of a semaphore or shared key alone in its
+	// holder row, and a delayed key a delayed slot alone in one (cluster
+	// version 5): both a little larger, so counted so.
 	const locks = core.MaxLocks + core.MaxLocksOverrun
 	install := uint64(core.MaxSnapshotSize) +
-		locks*uint64((2+core.MaxKeyLen)+(1+core.MaxLockSnapshotSize)+10) +
+		locks*uint64((2+core.MaxKeyLen)+(1+core.MaxHolderSnapshotSize)+10) +
 		core.MaxRequestRecords*uint64(10+1+core.MaxEndedSnapshotSize+10) +
 		core.MaxSessions*uint64(10+1+core.MaxSessionSnapshotSize+10) +
-		core.MaxDelayedKeys*uint64((2+core.MaxKeyLen)+1+core.MaxDelaySnapshotSize+10)
+		core.MaxDelayedKeys*uint64((2+core.MaxKeyLen)+1+core.MaxSlotSnapshotSize+10)
+	// One holder alone on its key, and one delayed slot alone on its key,
+	// at every maximum, in a cluster version 5 snapshot and as a row.
+	v5 := core.ControlState{ClusterVersion: 5}
+	bigHolder := big
+	bigHolder.Limit = core.MaxSemaphoreLimit
+	kindsEmpty := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Control: v5}))
+	withHolder := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Control: v5,
+		Holders: []core.KeyHolders{{Key: big.Key, Limit: core.MaxSemaphoreLimit, Holders: []core.Lock{bigHolder}}}}))
+	slot := core.Delay{Key: big.Key, DelayMS: core.MaxLockDelayMS, Seq: math.MaxUint64}
+	withSlot := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Control: v5,
+		Sessions: core.SessionState{LastDelaySeq: math.MaxUint64},
+		Holders:  []core.KeyHolders{{Key: big.Key, Limit: core.MaxSemaphoreLimit, Delays: []core.Delay{slot}}}}))
+	noSlot := len(core.EncodeSnapshotState(core.SnapshotState{LastToken: math.MaxUint64, Control: v5,
+		Sessions: core.SessionState{LastDelaySeq: math.MaxUint64}}))
+	if per := withHolder - kindsEmpty; per > core.MaxHolderSnapshotSize {
+		t.Fatalf("one holder alone on its key takes %d bytes, the arithmetic says %d", per, core.MaxHolderSnapshotSize)
+	}
+	if per := withSlot - noSlot; per > core.MaxSlotSnapshotSize || core.MaxSlotSnapshotSize < core.MaxDelaySnapshotSize {
+		t.Fatalf("one delayed slot alone on its key takes %d bytes, the arithmetic says %d", per, core.MaxSlotSnapshotSize)
+	}
+	if core.MaxHolderSnapshotSize < core.MaxLockSnapshotSize || core.MaxHoldersPerKey < core.MaxSemaphoreLimit {
+		t.Fatal("the kinds bounds contradict the others")
+	}
 	if install >= 4<<30 {
 		t.Fatalf("installing the largest snapshot takes a %d-byte batch, Pebble's limit is 4 GiB", install)
 	}

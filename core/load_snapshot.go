@@ -180,7 +180,7 @@ func walkSnapshot(b []byte, begin func(n int), each func(r *rawLock)) (s Snapsho
 		}
 		if version >= SnapshotVersion6 {
 			v := kindsCheck{clusterVersion: s.Control.ClusterVersion, lastToken: s.LastToken, sessions: &s.Sessions,
-				ended: s.Requests.Ended, perSession: perSession, plainKey: isHeld,
+				ended: s.Requests.Ended, requests: len(withID) + len(s.Requests.Ended), perSession: perSession, plainKey: isHeld,
 				plainRequest: func(h [32]byte) bool { _, ok := withID[h]; return ok }}
 			if _, err := v.validate(kinds); err != nil {
 				return SnapshotState{}, true, err
