@@ -515,3 +515,21 @@ func sortLocks(locks []Lock) {
 		return locks[i].Token < locks[j].Token
 	})
 }
+
+// Delays returns every delay of key in sequence order: its delay as a key
+// (a failed mutex or exclusive holder's) or its delayed slots (a failed
+// semaphore or shared holder's); nil when none. What a leader arms after
+// an Expire or ExpireSession that freed a holder, and clears with
+// ClearDelay(key, seq).
+func (m *Machine) Delays(key string) []Delay {
+	if mk := m.kinds.get(key); mk != nil {
+		if len(mk.delays) == 0 {
+			return nil
+		}
+		return slices.Clone(mk.delays)
+	}
+	if d, ok := m.sess.delays[key]; ok {
+		return []Delay{d}
+	}
+	return nil
+}

@@ -266,9 +266,8 @@ func TestKinds(t *testing.T) {
 				}
 			}
 			for key, want := range tc.slots {
-				kh, _ := m.KeyHolders(key)
 				var got []uint64
-				for _, d := range kh.Delays {
+				for _, d := range m.Delays(key) {
 					got = append(got, d.Seq)
 				}
 				if !slices.Equal(got, want) {

@@ -406,5 +406,16 @@ func checkKindsInvariants(t *testing.T, m *core.Machine, mod *kindsModel) {
 		if ok != (k.keyDelay != 0) || ok && d.Seq != k.keyDelay {
 			t.Fatalf("%q: key delay %+v %t, model %d", name, d, ok, k.keyDelay)
 		}
+		var all []uint64
+		for _, d := range m.Delays(name) {
+			all = append(all, d.Seq)
+		}
+		want := k.slots // a key is delayed as a key or has delayed slots, never both
+		if k.keyDelay != 0 {
+			want = append(slices.Clone(k.slots), k.keyDelay)
+		}
+		if !slices.Equal(all, want) {
+			t.Fatalf("%q: Delays %v, model slots %v, key delay %d", name, all, k.slots, k.keyDelay)
+		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -314,5 +315,21 @@ func TestNodeKindsSurviveRestart(t *testing.T) {
 	}
 	if a, err := n2.Propose(ctx2, slot); err != nil || a.Result != (core.Result{Kind: core.ResultGranted, Token: 5}) {
 		t.Fatalf("a slot after restart = %v, %v", a.Result, err)
+	}
+	// A session's end names each holder it ended.
+	open, err := n2.Propose(ctx2, core.OpenSession("", core.MinSessionTTLMS, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		g := core.Grant("sem2", "w", 0, 1).WithKind(3, core.ModeExclusive).InSession(open.Result.Session)
+		if a, err := n2.Propose(ctx2, g); err != nil || a.Result.Kind != core.ResultGranted {
+			t.Fatalf("slot in a session = %v, %v", a.Result, err)
+		}
+	}
+	a, err := n2.Propose(ctx2, core.CloseSession(open.Result.Session, ""))
+	if err != nil || a.Result.Count != 2 || !slices.Equal(a.Keys, []string{"sem2", "sem2"}) || len(a.Ended) != 2 ||
+		a.Ended[0].Token != 6 || a.Ended[1].Token != 7 || a.Ended[0].Limit != 3 {
+		t.Fatalf("CloseSession = %v, keys %q, ended %+v, %v", a.Result, a.Keys, a.Ended, err)
 	}
 }

@@ -19,8 +19,15 @@ type Applied struct {
 	// Keys are the keys of the locks a CloseSession or ExpireSession
 	// ended (ResultSessionClosed, or ResultSessionExpired with Existed),
 	// in key order: Result.Count of them. An expiry left each of them in
-	// its session's lock-delay when that is not 0.
+	// its session's lock-delay when that is not 0. A key repeats once per
+	// holder of it the session had (a semaphore's slots, cluster version
+	// 5).
 	Keys []string
+	// Ended are those locks themselves, as they were before the command
+	// (key then token order, Keys[i] == Ended[i].Key): which holder of a
+	// multi-holder key ended, and whether it left a delayed slot
+	// (core.Machine.Delays of the key).
+	Ended []core.Lock
 }
 
 // Observer hears what the node did, in log order, after it is durable.

@@ -201,8 +201,11 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 			// it runs a binary that reads it.
 			return &UndecodableEntryError{Index: e.Index, Term: e.Term, Version: e.Data[0], Err: err}
 		}
-		res, keys := ra.apply(n.machine, ent.Command)
-		ev := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res, Keys: keys}
+		res, ended := ra.apply(n.machine, ent.Command)
+		ev := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res, Ended: ended}
+		for _, l := range ended {
+			ev.Keys = append(ev.Keys, l.Key)
+		}
 		if res.Kind == core.ResultGranted || res.Kind == core.ResultRenewed || res.Kind == core.ResultGrantRepeated {
 			// Read now: observers run after the whole Ready, when a later
 			// entry of it may already have released the lock.
@@ -375,8 +378,8 @@ func (ra *readyApply) mark(m *core.Machine) {
 
 // apply applies one lock, control or session command to m and records the
 // rows it touched. It returns the result and, for a CloseSession or
-// ExpireSession, the keys of the locks it ended.
-func (ra *readyApply) apply(m *core.Machine, c core.Command) (core.Result, []string) {
+// ExpireSession, the locks it ended.
+func (ra *readyApply) apply(m *core.Machine, c core.Command) (core.Result, []core.Lock) {
 	var ended []core.Lock // the locks a session command may end, read before it applies
 	if c.Kind == core.KindCloseSession || c.Kind == core.KindExpireSession {
 		ended = m.SessionLocks(c.SessionID)
@@ -430,9 +433,9 @@ func (ra *readyApply) rowChange(m *core.Machine) *StateChange {
 // touchSession records the rows a session or lock-delay command changed
 // (m has applied c, with result res): the session's row, the lock rows and
 // delay rows of the locks it ended (ended: its locks before it applied),
-// the delay row a ClearDelay removed. It returns the keys of the locks it
+// the delay row a ClearDelay removed. It returns the locks it
 // ended, for the Applied event.
-func (ra *readyApply) touchSession(m *core.Machine, c *core.Command, res core.Result, ended []core.Lock) []string {
+func (ra *readyApply) touchSession(m *core.Machine, c *core.Command, res core.Result, ended []core.Lock) []core.Lock {
 	switch res.Kind {
 	case core.ResultSessionOpened, core.ResultSessionRefreshed:
 		ra.touchedSess.addID(res.Session)
@@ -441,9 +444,7 @@ func (ra *readyApply) touchSession(m *core.Machine, c *core.Command, res core.Re
 			return nil
 		}
 		ra.touchedSess.addID(c.SessionID)
-		keys := make([]string, len(ended))
-		for i, l := range ended {
-			keys[i] = l.Key
+		for _, l := range ended {
 			if l.Limit > 1 || l.Mode == core.ModeShared {
 				ra.touchedMul.add(l.Key) // the holder and any delayed slot
 				continue
@@ -453,7 +454,7 @@ func (ra *readyApply) touchSession(m *core.Machine, c *core.Command, res core.Re
 				ra.touchedSess.addDelay(l.Key)
 			}
 		}
-		return keys
+		return ended
 	case core.ResultDelayCleared:
 		ra.touchedSess.addDelay(c.Key)
 	}
