@@ -107,3 +107,41 @@ func BenchmarkSnapshot10k(b *testing.B) {
 		b.Fatal("restored state differs")
 	}
 }
+
+// BenchmarkApplyKinds measures one Grant plus the Release of the token it
+// issued on keys that already have holders-1 other holders (cluster
+// version 5), cycling over 64 keys: the cost of a multi-holder key next
+// to BenchmarkApplyGrantRelease's mutex.
+func BenchmarkApplyKinds(b *testing.B) {
+	for _, tc := range []struct {
+		name    string
+		limit   uint32
+		mode    core.Mode
+		holders int
+	}{
+		{"semaphore/limit=4/held=3", 4, core.ModeExclusive, 4},
+		{"semaphore/limit=1024/held=1023", core.MaxSemaphoreLimit, core.ModeExclusive, core.MaxSemaphoreLimit},
+		{"shared/held=15", 0, core.ModeShared, 16},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			keys := benchKeys(64)
+			m := core.NewMachine()
+			m.Apply(core.SetClusterVersion(5))
+			for _, k := range keys {
+				for range tc.holders - 1 {
+					m.Apply(core.Grant(k, "owner", lease, 0).WithKind(tc.limit, tc.mode))
+				}
+			}
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				k := keys[i%len(keys)]
+				r := m.Apply(core.Grant(k, "owner", lease, uint64(i)).WithKind(tc.limit, tc.mode))
+				if m.Apply(core.Release(k, r.Token)).Kind != core.ResultReleased {
+					b.Fatalf("release failed after %v", r)
+				}
+				i++
+			}
+		})
+	}
+}

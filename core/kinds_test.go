@@ -3,8 +3,11 @@ package core_test
 import (
 	"bytes"
 	"encoding/hex"
+	"os"
 	"reflect"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/ticketd/ticketd/core"
@@ -683,4 +686,53 @@ func TestReseedKinds(t *testing.T) {
 			t.Fatalf("drop %t: first grant after the reseed: %v", drop, got)
 		}
 	}
+}
+
+// The committed snapshots of v4Full (version 5) and v5Full (version 6)
+// still decode to those states, and the machines still encode them byte
+// for byte: a format change cannot slip in unnoticed, and this binary
+// reads what the last one wrote.
+func TestCommittedFullSnapshots(t *testing.T) {
+	for _, tc := range []struct {
+		file    string
+		m       *core.Machine
+		version byte
+	}{
+		{"v5_full", v4Full(t), core.SnapshotVersion5},
+		{"v6_full", v5Full(t), core.SnapshotVersion6},
+	} {
+		t.Run(tc.file, func(t *testing.T) {
+			b := readCorpusBytes(t, "testdata/fuzz/FuzzDecodeSnapshot/"+tc.file)
+			st, err := core.DecodeSnapshotState(b)
+			if err != nil || b[3] != tc.version {
+				t.Fatalf("version %d: %v", b[3], err)
+			}
+			if !reflect.DeepEqual(st, tc.m.SnapshotState()) || !bytes.Equal(tc.m.Snapshot(), b) {
+				t.Fatalf("the committed snapshot is not the machine's:\n%+v\n%+v", st, tc.m.SnapshotState())
+			}
+			x := core.NewMachine()
+			if err := x.Restore(b); err != nil || x.Digest() != tc.m.Digest() {
+				t.Fatalf("Restore: %v, digest equal %t", err, x.Digest() == tc.m.Digest())
+			}
+		})
+	}
+}
+
+// readCorpusBytes reads the one []byte of a "go test fuzz v1" file.
+func readCorpusBytes(t *testing.T, path string) []byte {
+	t.Helper()
+	raw, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.SplitN(strings.TrimSpace(string(raw)), "\n", 2)
+	lit, ok := strings.CutPrefix(lines[len(lines)-1], "[]byte(")
+	if !ok || len(lines) != 2 {
+		t.Fatalf("%s is not a one-value fuzz corpus file", path)
+	}
+	s, err := strconv.Unquote(strings.TrimSuffix(lit, ")"))
+	if err != nil {
+		t.Fatalf("%s: %v", path, err)
+	}
+	return []byte(s)
 }
