@@ -13,14 +13,16 @@
 //     core/requests.go, one row each by sequence number), sessions.go the
 //     session rows (the open sessions and the delayed keys of
 //     core/sessions.go, one row each, and a header with their counters),
-//     batch.go builds
+//     holders.go the holder rows (each semaphore or read/write key held
+//     shared, with all its holders and delayed slots, core/kinds.go: one
+//     row per key), batch.go builds
 //     and commits the one batch per Ready, keys.go holds the key layout and
 //     row codecs, snapfile.go the snapshot data files (format 2: outside
 //     Pebble, written and renamed like etcd's .snap files). seed.go creates
 //     a store that starts from a snapshot (a node restored from a backup),
 //     through the same Write a received snapshot takes. scan.go reads a
-//     page of lock rows in key order (the list operation) from the store's
-//     durable view, without the state machine's lock.
+//     page of lock rows and holder rows in key order (the list operation)
+//     from the store's durable view, without the state machine's lock.
 //   - Disk (disk.go): the DiskGuard's low-space alarm (metric, status, one
 //     log line; the lock service refuses Grants while it is on), the
 //     ballast released through Pebble's OnDiskFull when a write still
@@ -53,7 +55,7 @@
 //  2. applyCommitted: restore a received snapshot and apply the committed
 //     entries to the in-memory core.Machine, collecting the net change of
 //     the state rows (StateChange: lock rows, control row, request rows,
-//     session rows). A received snapshot's lock rows are staged into the
+//     session rows, holder rows). A received snapshot's lock rows are staged into the
 //     batch of step 3 by another goroutine meanwhile (StageSnapshotRows,
 //     batch.go).
 //  3. persist: write the new entries, the HardState, any received snapshot
