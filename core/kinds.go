@@ -143,6 +143,7 @@ type KeyHolders struct {
 
 // multiKey is a multi-holder key in memory.
 type multiKey struct {
+	key     string // shared by its holders and slots: one copy of the bytes
 	limit   uint32
 	mode    Mode
 	holders []Lock  // token order: every grant's token is the newest
@@ -229,7 +230,7 @@ func (k *kinds) newKey(key string, limit uint32, mode Mode) *multiKey {
 	if k.keys == nil {
 		k.keys = make(map[string]*multiKey)
 	}
-	mk := &multiKey{limit: limit, mode: mode}
+	mk := &multiKey{key: key, limit: limit, mode: mode}
 	k.keys[key] = mk
 	return mk
 }
@@ -296,6 +297,7 @@ func (m *Machine) refuseMulti(mk *multiKey, c *Command) (res Result, ok bool) {
 // by the request h (zero: none).
 func (m *Machine) grantHolder(l Lock, h *[32]byte) {
 	mk := m.kinds.newKey(l.Key, l.Limit, l.Mode)
+	l.Key = mk.key
 	m.kinds.addHolder(mk, l)
 	if l.RequestID != "" {
 		if m.req.held == nil {
@@ -365,7 +367,7 @@ func (m *Machine) applyMulti(mk *multiKey, c *Command) Result {
 // stays occupied.
 func (m *Machine) delaySlot(mk *multiKey, key string, delayMS uint64) {
 	m.sess.lastSeq++
-	m.kinds.addDelay(mk, Delay{Key: key, DelayMS: delayMS, Seq: m.sess.lastSeq})
+	m.kinds.addDelay(mk, Delay{Key: mk.key, DelayMS: delayMS, Seq: m.sess.lastSeq})
 }
 
 // clearSlot is ClearDelay of a delayed slot: ok false when key has no

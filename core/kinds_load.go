@@ -24,6 +24,7 @@ func (m *Machine) loadKinds(ks []KeyHolders) {
 			m.grantHolder(l, &h)
 		}
 		for _, d := range kh.Delays {
+			d.Key = mk.key
 			m.kinds.addDelay(mk, d)
 		}
 	}
