@@ -736,3 +736,37 @@ func readCorpusBytes(t *testing.T, path string) []byte {
 	}
 	return []byte(s)
 }
+
+func TestSnapshotEncoderKindsRefuses(t *testing.T) {
+	kh := func(key string, tok uint64) core.KeyHolders {
+		return core.KeyHolders{Key: key, Limit: 2, Holders: []core.Lock{{Key: key, Token: tok, LeaseMS: lease, Limit: 2}}}
+	}
+	v5, v4 := core.ControlState{ClusterVersion: 5}, core.ControlState{ClusterVersion: 4}
+	for _, tc := range []struct {
+		name string
+		ctl  core.ControlState
+		keys []core.KeyHolders
+	}{
+		{"before cluster version 5", v4, []core.KeyHolders{kh("a", 1)}},
+		{"keys out of order", v5, []core.KeyHolders{kh("b", 1), kh("a", 2)}},
+		{"a key twice", v5, []core.KeyHolders{kh("a", 1), kh("a", 2)}},
+		{"a token above the last", v5, []core.KeyHolders{kh("a", 9)}},
+		{"an empty key", v5, []core.KeyHolders{{Key: "a", Limit: 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e := core.NewSnapshotEncoder(2, 0, tc.ctl, 0)
+			var err error
+			for _, k := range tc.keys {
+				if err = e.AddKeyHolders(k); err != nil {
+					break
+				}
+			}
+			if _, ferr := e.Finish(); err == nil || ferr == nil {
+				t.Fatalf("AddKeyHolders %v, Finish %v", err, ferr)
+			}
+		})
+	}
+	if err := core.NewSnapshotEncoder(2, 0, v5, 0).AddHolderRecord([]byte{1}); err == nil {
+		t.Fatal("a truncated holder record was added")
+	}
+}
