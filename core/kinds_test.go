@@ -770,3 +770,29 @@ func TestSnapshotEncoderKindsRefuses(t *testing.T) {
 		t.Fatal("a truncated holder record was added")
 	}
 }
+
+// A request id is scoped to its identity on a multi-holder key as on a
+// mutex: two identities with the same id hold two slots, and a retry of
+// each names its own; LookupRequest finds each holder.
+func TestKindsRequestsPerIdentity(t *testing.T) {
+	m := v5Machine(t)
+	applyAll(m, sem("s", 3).WithRequest("alice", "r"), sem("s", 3).WithRequest("bob", "r"))
+	for identity, tok := range map[string]uint64{"alice": 1, "bob": 2} {
+		if got := m.Apply(sem("s", 3).WithRequest(identity, "r")); got != (core.Result{Kind: core.ResultGrantRepeated, Token: tok}) {
+			t.Fatalf("%s's retry = %v, want its token %d", identity, got, tok)
+		}
+		if rec := m.LookupRequest(identity, "r"); rec.Status != core.RequestHeld || rec.Token != tok || rec.Key != "s" {
+			t.Fatalf("LookupRequest(%s) = %+v", identity, rec)
+		}
+	}
+	applyAll(m, core.Release("s", 1))
+	if rec := m.LookupRequest("alice", "r"); rec.Status != core.RequestEnded || rec.Token != 1 {
+		t.Fatalf("after release: %+v", rec)
+	}
+	if rec := m.LookupRequest("bob", "r"); rec.Status != core.RequestHeld || rec.Token != 2 {
+		t.Fatalf("bob after alice's release: %+v", rec)
+	}
+	if m.RequestRecords() != 2 {
+		t.Fatalf("%d request records, want 2 (one held, one ended)", m.RequestRecords())
+	}
+}
