@@ -404,7 +404,7 @@ func (e *SnapshotEncoder) finish() []byte {
 type SnapshotInfo struct {
 	Version   byte
 	LastToken uint64
-	Locks     uint64
+	Locks     uint64 // the lock section's: mutex and exclusive locks, not holders of multi-holder keys
 }
 
 // BeginSessions ends the request section (beginning an empty one if

@@ -32,8 +32,8 @@ func (m *Machine) loadKinds(ks []KeyHolders) {
 
 // LoadHolders replaces the multi-holder keys with ks, as read back from
 // storage (one row per key), after Load, LoadControl, LoadRequests and
-// LoadSessions: it is checked against all of them. On error the machine
-// is unchanged.
+// LoadSessions: it is checked against all of them. ks is sorted by key in
+// place. On error the machine is unchanged.
 func (m *Machine) LoadHolders(ks []KeyHolders) error {
 	sort.Slice(ks, func(i, j int) bool { return ks[i].Key < ks[j].Key })
 	ss := m.sess.state()
