@@ -91,7 +91,7 @@ func (s *Service) remainingOf(l core.Lock, now time.Time) time.Duration {
 		}
 		return 0
 	}
-	if it, ok := s.lead.leases.get(l.Key); ok && it.token == l.Token {
+	if it, ok := s.lead.leases.get(timerOf(l)); ok && it.token == l.Token {
 		return max(0, it.deadline.Sub(now))
 	}
 	return time.Duration(l.LeaseMS) * time.Millisecond
@@ -181,7 +181,13 @@ func (s *Service) rearmSessions(now time.Time) *sessionTimers {
 		m.ForEachSession(func(x core.Session) {
 			st.armSession(x.ID, x.Identity, ms(x.TTLMS), ms(x.LockDelayMS), x.Epoch, now)
 		})
-		m.ForEachDelay(func(d core.Delay) { st.armDelay(d.Key, d.Seq, ms(d.DelayMS), now) })
+		m.ForEachDelay(func(d core.Delay) {
+			if m.IsMulti(d.Key) { // a delayed slot (kinds.go)
+				st.armSlotDelay(d.Key, d.Seq, ms(d.DelayMS), now)
+				return
+			}
+			st.armDelay(d.Key, d.Seq, ms(d.DelayMS), now)
+		})
 	})
 	return st
 }

@@ -97,6 +97,17 @@
 //     the delay left on the leader's timer, waiters wait. A new leader
 //     re-arms every session and delayed key with its full TTL or delay at
 //     LeaderReady: never shorter.
+//   - Semaphores and read/write locks (kinds.go; cluster version 5): an
+//     acquire names a limit (a semaphore slot) or a shared mode; the
+//     leader keeps a view of each multi-holder key read from the applied
+//     machine, proposes a Grant only when the key's FIFO queue is empty
+//     and it fits beside the holders, delayed slots and Grants in flight,
+//     and hands the key to the head of the queue (and to the heads behind
+//     it that fit beside it) as room frees. Each holder has its own lease
+//     timer (timerKey), so expiry, renewal, release, check and lock-delay
+//     work per holder token. A limit other than the key's is
+//     invalid_argument naming the key's limit; below cluster version 5 a
+//     limit or mode is ErrUnsupported.
 //
 // # What it does not own
 //

@@ -112,7 +112,7 @@ func (s *Service) expireWorker() {
 		case <-s.ctx.Done():
 			return
 		case it := <-s.expireq:
-			s.expire(it.key, it.token)
+			s.expire(lockKeyOf(it.key), it.token) // a holder's timer key names its token
 		}
 	}
 }

@@ -130,7 +130,7 @@ func TestReleaseTiedToGrantingIdentity(t *testing.T) {
 	if f.proposals.Load() != before {
 		t.Fatal("a refused release was proposed")
 	}
-	if l, _ := s.lockOf("a/1"); l.Token != g.Token || l.Identity != "TENANT_A/alice" {
+	if l, _ := s.lockOf("a/1", g.Token); l.Token != g.Token || l.Identity != "TENANT_A/alice" {
 		t.Fatalf("alice's lock after carol's release: %+v", l)
 	}
 	if err := s.Release(alice, "a/1", g.Token); err != nil {

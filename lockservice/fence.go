@@ -87,5 +87,11 @@ func (s *Service) Check(ctx context.Context, key string, token uint64) (Check, e
 	if !h.Held {
 		return Check{}, nil
 	}
+	// Any holder of a multi-holder key is current (Token: the oldest).
+	for _, x := range h.All {
+		if x.Lock.Token == token {
+			return Check{Current: true, Token: token}, nil
+		}
+	}
 	return Check{Current: h.Lock.Token == token, Token: h.Lock.Token}, nil
 }

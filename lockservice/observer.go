@@ -14,13 +14,20 @@ import (
 // and frees keys for waiters; followers keep no state.
 func (s *Service) OnApplied(a raftstore.Applied) {
 	s.countApplied(a.Result)
-	freed := s.failureDelays(a) // before lead.mu: it reads the machine
+	freed := s.failureDelays(a) // before lead.mu: they read the machine
+	kinds := s.readKinds(a)
 	s.lead.mu.Lock()
 	defer s.lead.mu.Unlock()
 	if !s.lead.ready && !s.lead.rearming {
 		return
 	}
+	if kinds != nil {
+		s.applyKinds(kinds)
+	}
 	key := a.Command.Key
+	if s.appliedKindGrant(a) {
+		return // its holder's timer is armed by applyKinds
+	}
 	switch a.Result.Kind {
 	case core.ResultGranted:
 		s.dropReservation(key)
@@ -36,9 +43,9 @@ func (s *Service) OnApplied(a raftstore.Applied) {
 			s.handOff(key)
 		}
 	case core.ResultRenewed:
-		s.applyRenewed(key, a.Command.Token, a.LeaseMS, a.Command.LeaseMS)
+		s.applyRenewed(s.heldTimer(key, a.Command.Token), a.Command.Token, a.LeaseMS, a.Command.LeaseMS)
 	case core.ResultReleased:
-		s.lead.leases.remove(key, a.Command.Token)
+		s.lead.leases.remove(key, a.Command.Token) // a holder's timer: applyKinds
 		s.handOff(key)
 	case core.ResultExpired:
 		if a.Result.Existed {
@@ -100,6 +107,9 @@ func (s *Service) OnLeaderReady(term uint64) {
 	s.lead.sess = sess
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
+	s.lead.multi = make(map[string]*kindView)
+	s.lead.multiRes = make(map[string][]multiReservation)
+	s.lead.multiResN = 0
 	s.resetWaits()
 	s.lead.requests = make(map[[32]byte]*reqAttempt)
 	s.resetSettling()
@@ -151,6 +161,9 @@ func (s *Service) rearm(term, epoch uint64, start, now time.Time) {
 			if s.lead.epoch != epoch {
 				stale = true
 				return
+			}
+			if next == 0 {
+				s.rearmKinds(m, now) // few keys next to the table: at once
 			}
 			next, done = m.ForEachLockFrom(next, s.cfg.RearmChunk, func(l core.Lock) {
 				s.lead.leases.arm(l.Key, l.Token, l.Identity, holdOf(l), now)
@@ -204,6 +217,9 @@ func (s *Service) OnLeadershipLost() {
 	s.resetSettling()
 	s.lead.reserved = make(map[string]reservation)
 	s.lead.reservedBy = make(map[string]int)
+	s.lead.multi = make(map[string]*kindView)
+	s.lead.multiRes = make(map[string][]multiReservation)
+	s.lead.multiResN = 0
 	s.lead.leases.reset()
 	s.lead.sess = newSessionTimers()
 	if was {

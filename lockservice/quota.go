@@ -107,6 +107,7 @@ const (
 	ResourceKeyWaiters    = "key_waiters"    // the key's queue is full
 	ResourceWaiters       = "waiters"        // the node's waiters are at MaxWaiters
 	ResourceStorage       = "storage"        // the leader's storage is low on space
+	ResourceKeyHolders    = "key_holders"    // a shared key has core.MaxHoldersPerKey holders
 	// Per-identity shares (fair.go): the caller's identity has
 	// MaxWaitersPerIdentity acquires waiting, MaxInflightPerIdentity
 	// requests in progress, or has spent its share of a policy plugin's
@@ -192,7 +193,7 @@ func (s *Service) admitGrant(identity string) error {
 			return s.refuse(&LimitError{Resource: ResourceStorage, Detail: err.Error()})
 		}
 	}
-	if s.lead.leases.Len()+len(s.lead.reserved) >= lim.MaxLocks {
+	if s.lead.leases.Len()+len(s.lead.reserved)+s.lead.multiResN >= lim.MaxLocks {
 		return s.refuse(&LimitError{Resource: ResourceLocks, Limit: lim.MaxLocks})
 	}
 	if lim.MaxLocksPerIdentity > 0 && s.lead.leases.held(identity)+s.lead.reservedBy[identity] >= lim.MaxLocksPerIdentity {

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"sort"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -51,7 +52,7 @@ func (f *fakeNode) Propose(ctx context.Context, cmd core.Command) (raftstore.App
 		}
 	}
 	if a.Result.Kind == core.ResultGranted || a.Result.Kind == core.ResultRenewed {
-		l, _ := f.m.Get(cmd.Key)
+		l, _ := f.m.Holder(cmd.Key, a.Result.Token)
 		a.LeaseMS = l.LeaseMS
 	}
 	f.mu.Unlock()
@@ -77,7 +78,12 @@ func (f *fakeNode) ScanLocks(prefix, after string, limit int) (raftstore.LockPag
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := raftstore.LockPage{Applied: f.index}
-	for _, l := range f.m.Locks() { // sorted by key
+	locks := f.m.Locks()
+	for _, kh := range f.m.MultiKeys() { // holders too, as raftstore lists them
+		locks = append(locks, kh.Holders...)
+	}
+	sort.SliceStable(locks, func(i, j int) bool { return locks[i].Key < locks[j].Key }) // tokens stay in order
+	for _, l := range locks {
 		if !strings.HasPrefix(l.Key, prefix) || l.Key <= after {
 			continue
 		}

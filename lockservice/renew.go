@@ -99,7 +99,8 @@ func (s *Service) beginRenew(key string, token uint64) (uint64, error) {
 	if !s.lead.ready {
 		return 0, s.notLeader()
 	}
-	it, ok := s.lead.leases.get(key)
+	tk := s.heldTimer(key, token)
+	it, ok := s.lead.leases.get(tk)
 	if !ok || it.token != token {
 		// The timers mirror the applied table, so nothing to propose.
 		return 0, fmt.Errorf("%w: %q is not held with token %d", ErrNotFound, key, token)
@@ -107,7 +108,7 @@ func (s *Service) beginRenew(key string, token uint64) (uint64, error) {
 	if it.expiring || !it.deadline.After(s.cfg.Now()) {
 		return 0, fmt.Errorf("%w: the lease of %q with token %d ran out on the leader; it is being expired", ErrNotFound, key, token)
 	}
-	s.lead.leases.addRenewing(key, token, +1)
+	s.lead.leases.addRenewing(tk, token, +1)
 	return s.lead.epoch, nil
 }
 
@@ -119,8 +120,9 @@ func (s *Service) endRenew(key string, token, epoch uint64) {
 	if s.lead.epoch != epoch {
 		return
 	}
-	if s.lead.leases.addRenewing(key, token, -1) {
-		if it, _ := s.lead.leases.get(key); it.renewing == 0 && !it.deadline.After(s.cfg.Now()) {
+	tk := s.heldTimer(key, token)
+	if s.lead.leases.addRenewing(tk, token, -1) {
+		if it, _ := s.lead.leases.get(tk); it.renewing == 0 && !it.deadline.After(s.cfg.Now()) {
 			s.signalTimersChanged()
 		}
 	}
@@ -145,8 +147,8 @@ func (s *Service) applyRenewed(key string, token, leaseMS, askedMS uint64) {
 func (s *Service) checkRenewal(ctx context.Context, key string, token uint64, lease time.Duration) error {
 	var held core.Lock
 	var ok bool
-	s.node.View(func(m *core.Machine) { held, ok = m.Get(key) })
-	if !ok || held.Token != token {
+	s.node.View(func(m *core.Machine) { held, ok = m.Holder(key, token) })
+	if !ok {
 		return nil
 	}
 	if held.SessionID != 0 {

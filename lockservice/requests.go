@@ -221,7 +221,7 @@ func (s *Service) lookupRequest(ctx context.Context, p AcquireParams, identity s
 		s.node.View(func(m *core.Machine) {
 			rec = m.LookupRequest(identity, p.RequestID)
 			if rec.Status == core.RequestHeld {
-				held, _ = m.Get(rec.Key)
+				held, _ = m.Holder(rec.Key, rec.Token)
 			}
 		})
 		if rec.Status != core.RequestHeld {
@@ -340,7 +340,7 @@ func (s *Service) appliedRequest(p AcquireParams, r core.Result) (Grant, error) 
 	switch r.Kind {
 	case core.ResultGrantRepeated:
 		var held core.Lock
-		s.node.View(func(m *core.Machine) { held, _ = m.Get(p.Key) })
+		s.node.View(func(m *core.Machine) { held, _ = m.Holder(p.Key, r.Token) })
 		return s.repeatedGrant(held), nil
 	case core.ResultGrantEnded:
 		return Grant{}, &GrantEndedError{Key: p.Key, Token: r.Token}

@@ -80,7 +80,7 @@ func TestAcquireRequestID(t *testing.T) {
 			if !errors.Is(err, core.ErrInvalidArgument) || !strings.Contains(err.Error(), `"k"`) {
 				t.Fatalf("err = %v, want invalid_argument naming \"k\"", err)
 			}
-			if l, _ := s.lockOf("k2"); l.Token != 0 {
+			if l, _ := s.currentLock("k2"); l.Token != 0 {
 				t.Fatal("k2 granted")
 			}
 		}},
@@ -184,7 +184,7 @@ func TestRequestIDRetryTakesOverTheWait(t *testing.T) {
 	if got := f.proposals.Load() - before; got != 2 { // the release and one grant
 		t.Fatalf("%d proposals, want 2", got)
 	}
-	if l, _ := s.lockOf("k"); l.Token != r.g.Token {
+	if l, _ := s.currentLock("k"); l.Token != r.g.Token {
 		t.Fatalf("lock %+v, want token %d", l, r.g.Token)
 	}
 	if _, busy := s.attempts("A", "r1"); busy {
@@ -360,7 +360,7 @@ func TestWithdrawByRequestID(t *testing.T) {
 			if err != nil || got != w {
 				t.Fatalf("withdraw: %+v %v, want %+v", got, err, w)
 			}
-			if l, _ := s.lockOf("k"); w.ReleasedToken != 0 && l.Token != 0 {
+			if l, _ := s.currentLock("k"); w.ReleasedToken != 0 && l.Token != 0 {
 				t.Fatalf("the request's grant is still held: %+v", l)
 			}
 		})

@@ -126,6 +126,11 @@ type AcquireParams struct {
 	// lock-delay (cluster version 4, sessions.go and delay.go).
 	Session   uint64
 	LockDelay time.Duration
+	// Limit and Mode name the lock's kind (kinds.go; cluster version 5):
+	// Limit 2..core.MaxSemaphoreLimit a semaphore slot, Mode shared a
+	// shared hold of a read/write lock; 0 (or 1) and exclusive a mutex.
+	Limit uint32
+	Mode  core.Mode
 
 	// attempt is the request's attempt in progress (requests.go).
 	attempt *reqAttempt
@@ -160,6 +165,12 @@ type Holder struct {
 	Lock      core.Lock
 	Held      bool
 	Remaining time.Duration
+	// Limit and Mode are a multi-holder key's kind (kinds.go; Limit 1 for
+	// shared holds), All its holders in token order; zero for a mutex or
+	// exclusive lock (Lock.Limit and Lock.Mode then say so too).
+	Limit uint32
+	Mode  core.Mode
+	All   []Holder
 }
 
 // Service is the leader-side lock service. It implements
@@ -208,9 +219,15 @@ type leaderState struct {
 	epoch      uint64
 	reserved   map[string]reservation
 	reservedBy map[string]int
-	queues     map[string]*waitQueue
-	waiters    int
-	waitersBy  map[string]int // waiters by identity (quota.go)
+	// multi is the view of each multi-holder key, multiRes the Grants of
+	// a multi-holder kind in flight by key, multiResN their number
+	// (kinds.go).
+	multi     map[string]*kindView
+	multiRes  map[string][]multiReservation
+	multiResN int
+	queues    map[string]*waitQueue
+	waiters   int
+	waitersBy map[string]int // waiters by identity (quota.go)
 	// waits are the acquires with a wait id in progress (queued or with
 	// their Grant in flight); recent the grants of such acquires that
 	// completed lately (withdraw.go).
@@ -284,6 +301,8 @@ func New(cfg Config) *Service {
 			sess:       newSessionTimers(),
 			reserved:   make(map[string]reservation),
 			reservedBy: make(map[string]int),
+			multi:      make(map[string]*kindView),
+			multiRes:   make(map[string][]multiReservation),
 			queues:     make(map[string]*waitQueue),
 			waitersBy:  make(map[string]int),
 			waits:      make(map[waitRef]*waiter),
@@ -343,7 +362,8 @@ func (s *Service) Acquire(ctx context.Context, p AcquireParams) (Grant, error) {
 	if p.Session != 0 {
 		cmd = cmd.InSession(p.Session)
 	}
-	cmd = cmd.WithLockDelay(uint64(p.LockDelay / time.Millisecond))
+	cmd = cmd.WithLockDelay(uint64(p.LockDelay/time.Millisecond)).WithKind(p.Limit, p.Mode)
+	p.Limit = cmd.Limit
 	if err := cmd.Validate(); err != nil {
 		return Grant{}, err
 	}
@@ -407,14 +427,19 @@ func (s *Service) acquireOnce(ctx context.Context, p AcquireParams, cmd core.Com
 		s.lead.mu.Unlock()
 		return Grant{}, false, &core.Error{Code: core.CodeInvalidArgument, Detail: fmt.Sprintf("wait_id %q is already in use for %q", p.WaitID, p.Key)}
 	}
-	if !s.busy(p.Key) {
+	free, err := s.admitKind(p.Key, p.Limit, p.Mode)
+	if err != nil {
+		s.lead.mu.Unlock()
+		return Grant{}, false, err
+	}
+	if free {
 		if err := s.admitGrant(identity); err != nil {
 			s.lead.mu.Unlock()
 			return Grant{}, false, err
 		}
 		epoch := s.lead.epoch
-		s.reserve(p.Key, epoch, identity)
-		w := s.trackWait(ref, &waiter{handedOff: true, epoch: epoch, identity: identity})
+		s.reserveKind(p.Key, p.Limit, p.Mode, epoch, identity)
+		w := s.trackWait(ref, &waiter{handedOff: true, epoch: epoch, identity: identity, limit: p.Limit, mode: p.Mode})
 		s.lead.mu.Unlock()
 		g, err := s.grant(p, cmd, deadline, epoch, identity)
 		g, err = s.endWait(w, g, err)
@@ -429,7 +454,7 @@ func (s *Service) acquireOnce(ctx context.Context, p AcquireParams, cmd core.Com
 		s.lead.mu.Unlock()
 		return Grant{}, false, err
 	}
-	w := s.trackWait(ref, s.enqueue(p.Key, identity))
+	w := s.trackWait(ref, s.enqueue(p.Key, identity, p.Limit, p.Mode))
 	s.lead.mu.Unlock()
 	if p.Parked != nil {
 		p.Parked()
@@ -494,7 +519,7 @@ func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, e
 	a, err := s.proposeGrant(cmd, deadline, identity)
 	if err != nil {
 		s.lead.mu.Lock()
-		s.unreserve(p.Key, epoch)
+		s.unreserveKind(p.Key, p.Limit, p.Mode, epoch, identity)
 		s.lead.mu.Unlock()
 		return Grant{}, err
 	}
@@ -509,6 +534,9 @@ func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, e
 		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
 	}
 	if err, ok := s.sessionGrantErr(p, a.Result); ok {
+		return Grant{}, err
+	}
+	if err, ok := s.kindGrantErr(p, a.Result); ok {
 		return Grant{}, err
 	}
 	return s.appliedRequest(p, a.Result)
@@ -541,102 +569,6 @@ func (s *Service) ReleaseUndelivered(key string, token uint64) {
 		}
 		s.log.Info("released a grant whose reply was lost", "key", key, "token", token, "result", a.Result.String())
 	}()
-}
-
-// Release gives back key if token is the token it is held with.
-func (s *Service) Release(ctx context.Context, key string, token uint64) error {
-	cmd := core.Release(key, token)
-	if err := cmd.Validate(); err != nil {
-		return err
-	}
-	if err := s.authorize(ctx, OpRelease, key); err != nil {
-		return err
-	}
-	if !s.IsLeader() {
-		return s.notLeader()
-	}
-	if err := s.checkReleaser(ctx, key, token); err != nil {
-		return err
-	}
-	a, err := s.propose(ctx, cmd)
-	if err != nil {
-		return err
-	}
-	switch a.Result.Kind {
-	case core.ResultReleased:
-		return nil
-	case core.ResultNotFound:
-		return fmt.Errorf("%w: %q with token %d", ErrNotFound, key, token)
-	}
-	return fmt.Errorf("lockservice: release applied as %v", a.Result)
-}
-
-// checkReleaser holds a release to the rule renew follows (checkRenewal):
-// only the identity the lock was granted to may release it. Another
-// identity that may release under the prefix could otherwise read the
-// token with get or list (or guess it: tokens are small integers) and
-// free someone else's lock. A lock without a recorded identity (anonymous,
-// or granted before cluster version 2) may be released by anyone who may
-// release under its prefix, as before; the cluster's own lost-reply
-// release (WithNodeAuthority) passes.
-//
-// A token above the last one the table issued is not_found without a
-// proposal, once a ReadIndex confirms that this node still leads and its
-// table includes every commit before the request: no client was answered
-// that token yet, so a Release proposed for it could only meet a Grant
-// still in flight, which it would free whoever that Grant is for. Older
-// tokens no longer held are proposed as before (they apply as not_found):
-// no later Grant can carry them.
-func (s *Service) checkReleaser(ctx context.Context, key string, token uint64) error {
-	held, last := s.lockOf(key)
-	if held.Token != token && token > last {
-		if err := s.node.ReadIndex(ctx); err != nil {
-			return s.nodeErr(err)
-		}
-		if held, last = s.lockOf(key); held.Token != token && token > last {
-			return fmt.Errorf("%w: %q with token %d (no lock was granted that token yet)", ErrNotFound, key, token)
-		}
-	}
-	if id := IdentityFrom(ctx); held.Token == token && held.Identity != "" && held.Identity != id && !nodeAuthority(ctx) {
-		s.cfg.Metrics.PermissionDenied.WithLabelValues(string(OpRelease)).Inc()
-		return &PermissionError{Identity: id, Op: "release the lock of another identity on", Key: key}
-	}
-	return nil
-}
-
-// lockOf reads key's lock (the zero Lock when it is not held) and the last
-// token issued from the applied table.
-func (s *Service) lockOf(key string) (held core.Lock, lastToken uint64) {
-	s.node.View(func(m *core.Machine) {
-		held, _ = m.Get(key)
-		lastToken = m.LastToken()
-	})
-	return held, lastToken
-}
-
-// Get returns the current holder of key, read linearizably (ReadIndex).
-func (s *Service) Get(ctx context.Context, key string) (Holder, error) {
-	if err := core.ValidateKey(key); err != nil {
-		return Holder{}, err
-	}
-	if err := s.authorize(ctx, OpGet, key); err != nil {
-		return Holder{}, err
-	}
-	if !s.IsLeader() {
-		return Holder{}, s.notLeader()
-	}
-	if err := s.node.ReadIndex(ctx); err != nil {
-		return Holder{}, s.nodeErr(err)
-	}
-	var h Holder
-	s.node.View(func(m *core.Machine) { h.Lock, h.Held = m.Get(key) })
-	if !h.Held {
-		return h, nil
-	}
-	s.lead.mu.Lock()
-	h.Remaining = s.remainingOf(h.Lock, s.cfg.Now())
-	s.lead.mu.Unlock()
-	return h, nil
 }
 
 // propose proposes cmd once its turn admits it (admission.go: the

@@ -328,6 +328,10 @@ var errRenewSessionLock = errors.New("a session lock has no lease of its own: it
 // acquireFeature names what makes an acquire need its cluster version.
 func acquireFeature(cmd core.Command) string {
 	switch {
+	case cmd.Limit != 0:
+		return "limit"
+	case cmd.Mode != core.ModeExclusive:
+		return "mode"
 	case cmd.SessionID != 0:
 		return "session"
 	case cmd.LockDelayMS != 0:

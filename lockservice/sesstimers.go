@@ -237,11 +237,36 @@ func (st *sessionTimers) armDelay(key string, seq uint64, delay time.Duration, n
 	st.delHeap.push(t)
 }
 
-// clearDelay drops key's timer if it is for seq.
+// armSlotDelay starts the lock-delay timer of a delayed slot of a
+// multi-holder key (kinds.go), numbered seq, at now + delay, unless it has
+// one already. A key may have several delayed slots: each is timed under
+// slotRef(key, seq); the timer carries the key, for ClearDelay.
+func (st *sessionTimers) armSlotDelay(key string, seq uint64, delay time.Duration, now time.Time) {
+	ref := slotRef(key, seq)
+	if _, ok := st.delays[ref]; ok {
+		return
+	}
+	t := &delayTimer{key: key, seq: seq, delay: delay, deadline: now.Add(delay)}
+	st.delays[ref] = t
+	st.delHeap.push(t)
+}
+
+// slotRef is the delays' map key of a delayed slot: its key, a NUL (never
+// in a key) and its sequence number.
+func slotRef(key string, seq uint64) string { return timerKey(key, seq, true) }
+
+// clearDelay drops the timer of key's delay, or of its delayed slot, for
+// seq.
 func (st *sessionTimers) clearDelay(key string, seq uint64) {
 	if t, ok := st.delays[key]; ok && t.seq == seq {
 		st.delHeap.remove(t)
 		delete(st.delays, key)
+		return
+	}
+	ref := slotRef(key, seq)
+	if t, ok := st.delays[ref]; ok {
+		st.delHeap.remove(t)
+		delete(st.delays, ref)
 	}
 }
 

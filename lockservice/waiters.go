@@ -5,6 +5,8 @@ import (
 	"context"
 	"fmt"
 	"time"
+
+	"github.com/ticketd/ticketd/core"
 )
 
 // waiter is one acquire waiting for its key.
@@ -21,7 +23,11 @@ type waiter struct {
 	// a limit refused its Grant (quota.go admitGrant).
 	refused  error
 	identity string // who its Grant counts against
-	elem     *list.Element
+	// limit and mode are its Grant's kind (kinds.go): the head is handed
+	// the key only when it fits beside the key's holders.
+	limit uint32
+	mode  core.Mode
+	elem  *list.Element
 	// ref names the wait when its request carried a wait id (withdraw.go);
 	// withdrawn is set by Withdraw, gone closed when it took the waiter
 	// out of its queue, done when its acquire finished; token is the
@@ -46,6 +52,14 @@ func (q *waitQueue) remove(w *waiter) {
 	}
 }
 
+// front returns the head without removing it, or nil.
+func (q *waitQueue) front() *waiter {
+	if e := q.l.Front(); e != nil {
+		return e.Value.(*waiter)
+	}
+	return nil
+}
+
 // pop removes and returns the head, or nil.
 func (q *waitQueue) pop() *waiter {
 	e := q.l.Front()
@@ -59,10 +73,11 @@ func (q *waitQueue) pop() *waiter {
 
 func (q *waitQueue) len() int { return q.l.Len() }
 
-// enqueue adds a waiter for identity at the back of key's queue (the
-// caller checked admitWaiter). s.lead.mu held.
-func (s *Service) enqueue(key, identity string) *waiter {
-	w := &waiter{turn: make(chan struct{}, 1), lost: make(chan struct{}), gone: make(chan struct{}), identity: identity}
+// enqueue adds a waiter for identity's Grant of (limit, mode) at the back
+// of key's queue (the caller checked admitWaiter). s.lead.mu held.
+func (s *Service) enqueue(key, identity string, limit uint32, mode core.Mode) *waiter {
+	w := &waiter{turn: make(chan struct{}, 1), lost: make(chan struct{}), gone: make(chan struct{}), identity: identity,
+		limit: limit, mode: mode}
 	q := s.lead.queues[key]
 	if q == nil {
 		q = &waitQueue{}
@@ -115,7 +130,7 @@ func (s *Service) await(ctx context.Context, p AcquireParams, w *waiter, deadlin
 	defer s.lead.mu.Unlock()
 	if w.handedOff {
 		// Our turn came as we gave up: hand the key to the next waiter.
-		s.unreserve(p.Key, w.epoch)
+		s.unreserveKind(p.Key, w.limit, w.mode, w.epoch, w.identity)
 		return cause
 	}
 	if q := s.lead.queues[p.Key]; q != nil {
@@ -130,20 +145,6 @@ func (s *Service) await(ctx context.Context, p AcquireParams, w *waiter, deadlin
 	return cause
 }
 
-// busy reports whether key is held, reserved for a Grant in flight, or
-// in its lock-delay (delay.go).
-// s.lead.mu held.
-func (s *Service) busy(key string) bool {
-	if _, ok := s.lead.reserved[key]; ok {
-		return true
-	}
-	if _, held := s.lead.leases.get(key); held {
-		return true
-	}
-	_, delayed := s.lead.sess.delays[key]
-	return delayed
-}
-
 // unreserve drops key's reservation if epoch made it, and hands the key
 // on. s.lead.mu held.
 func (s *Service) unreserve(key string, epoch uint64) {
@@ -153,19 +154,30 @@ func (s *Service) unreserve(key string, epoch uint64) {
 	}
 }
 
-// handOff reserves a free key for the head of its queue and wakes it. A
-// head whose Grant a limit refuses (admitGrant) is woken with that error
-// and the next one gets its chance. s.lead.mu held.
+// handOff hands key to the head of its queue while the head fits
+// (kinds.go fits): the key is reserved for it and it is woken. Several
+// heads in a row may fit beside each other (semaphore slots, shared
+// holds); nobody is served before a head that does not. A head whose
+// Grant a limit refuses (admitGrant), or that names another limit than the
+// key's holders, is woken with that error and the next one gets its
+// chance. s.lead.mu held.
 func (s *Service) handOff(key string) {
-	if s.busy(key) {
-		return
-	}
 	q := s.lead.queues[key]
 	if q == nil {
 		return
 	}
-	for w := q.pop(); w != nil; w = q.pop() {
+	for w := q.front(); w != nil; w = q.front() {
+		fits, mismatch := s.fits(key, w.limit, w.mode)
+		if !fits && mismatch == 0 {
+			break
+		}
+		q.pop()
 		s.unqueued(w)
+		if mismatch != 0 {
+			w.refused = limitMismatch(key, mismatch, w.limit)
+			w.turn <- struct{}{}
+			continue
+		}
 		if err := s.admitGrant(w.identity); err != nil {
 			w.refused = err
 			w.turn <- struct{}{}
@@ -173,9 +185,11 @@ func (s *Service) handOff(key string) {
 		}
 		w.handedOff = true
 		w.epoch = s.lead.epoch
-		s.reserve(key, s.lead.epoch, w.identity)
+		s.reserveKind(key, w.limit, w.mode, s.lead.epoch, w.identity)
 		w.turn <- struct{}{}
-		break
+		if !multiKind(w.limit, w.mode) {
+			break
+		}
 	}
 	if q.len() == 0 {
 		delete(s.lead.queues, key)

@@ -124,7 +124,7 @@ func (s *Service) unlessWithdrawn(w *waiter) error {
 	if !w.withdrawn {
 		return nil
 	}
-	s.unreserve(w.ref.key, w.epoch)
+	s.unreserveKind(w.ref.key, w.limit, w.mode, w.epoch, w.identity)
 	return fmt.Errorf("%w: the wait for %q was withdrawn", ErrTimeout, w.ref.key)
 }
 
