@@ -235,9 +235,10 @@ func (o *observer) run(events <-chan WatchEvent) {
 // apply follows one event; it reports false when ctx ended.
 func (o *observer) apply(ev WatchEvent) bool {
 	if ev.Token == 0 && ev.Session != "" {
-		// A session's close or expiry ended the lock (token 0, the
-		// session named): the current holder's end if it is that
-		// session's, otherwise read the key.
+		// A session's close or expiry ended the lock, from a server
+		// that sent token 0 for it (newer ones send the token): the
+		// current holder's end if it is that session's, otherwise read
+		// the key.
 		if o.known && o.cur.Held && o.cur.Session == ev.Session {
 			return o.emit(Holder{Key: ev.Key, Token: o.cur.Token})
 		}

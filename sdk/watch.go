@@ -15,8 +15,9 @@ import (
 // WatchEvent is one applied change of a key: Type is protocol.EventGrant,
 // EventRelease, EventExpire, EventRenew or EventDelayEnd (a newer server
 // may add types), with the lock's token and the raft log index of the
-// change. A release or expire made by a session's close or expiry has
-// Token 0 and names the Session.
+// change. A release or expire made by a session's close or expiry names
+// the Session and carries the ended lock's token (older servers sent
+// Token 0).
 type WatchEvent = protocol.WatchEvent
 
 // Watch bounds.

@@ -105,7 +105,9 @@ func (w *WatchPublisher) offer(a raftstore.Applied) {
 		return
 	}
 	// A session's close or expiry ends every lock of it in one command:
-	// one event per key (a.Keys), each with the session and token 0.
+	// one event per lock it ended (a.Ended), each with the session and
+	// the ended lock's token, so that a watcher can tell which holder of
+	// the key ended without reading it.
 	typ := ""
 	switch {
 	case a.Result.Kind == core.ResultSessionClosed:
@@ -115,8 +117,9 @@ func (w *WatchPublisher) offer(a raftstore.Applied) {
 	default:
 		return
 	}
-	for _, k := range a.Keys {
-		w.offerOne(protocol.WatchEvent{Key: k, Type: typ, Session: protocol.FormatSessionID(a.Command.SessionID), Index: a.Index})
+	session := protocol.FormatSessionID(a.Command.SessionID)
+	for _, l := range a.Ended {
+		w.offerOne(protocol.WatchEvent{Key: l.Key, Type: typ, Token: l.Token, Session: session, Index: a.Index})
 	}
 }
 

@@ -35,21 +35,24 @@ func TestWatchEventOfApplied(t *testing.T) {
 }
 
 // A session's close or expiry gives one event per lock it ended, with the
-// session and token 0; a grant in a session names it; a cleared delay is
+// session and that lock's token (two slots of one key: two events); a grant in a session names it; a cleared delay is
 // delay_end.
 func TestWatchSessionEvents(t *testing.T) {
 	w := NewWatchPublisher(WatchConfig{Node: 1, Buffer: 16})
 	obs := w.Observer()
 	obs.OnApplied(raftstore.Applied{Index: 5, Command: core.Grant("a", "o", 0, 0).InSession(7), Result: core.Result{Kind: core.ResultGranted, Token: 9}})
-	obs.OnApplied(raftstore.Applied{Index: 6, Command: core.ExpireSession(7, 1), Result: core.Result{Kind: core.ResultSessionExpired, Existed: true, Count: 2}, Keys: []string{"a", "b"}})
+	obs.OnApplied(raftstore.Applied{Index: 6, Command: core.ExpireSession(7, 1), Result: core.Result{Kind: core.ResultSessionExpired, Existed: true, Count: 2},
+		Keys: []string{"a", "b"}, Ended: []core.Lock{{Key: "a", Token: 9}, {Key: "b", Token: 4}}})
 	obs.OnApplied(raftstore.Applied{Index: 7, Command: core.ExpireSession(8, 1), Result: core.Result{Kind: core.ResultSessionExpired}})
-	obs.OnApplied(raftstore.Applied{Index: 8, Command: core.CloseSession(9, ""), Result: core.Result{Kind: core.ResultSessionClosed, Count: 1}, Keys: []string{"c"}})
+	obs.OnApplied(raftstore.Applied{Index: 8, Command: core.CloseSession(9, ""), Result: core.Result{Kind: core.ResultSessionClosed, Count: 2},
+		Keys: []string{"c", "c"}, Ended: []core.Lock{{Key: "c", Token: 11}, {Key: "c", Token: 12}}})
 	obs.OnApplied(raftstore.Applied{Index: 9, Command: core.ClearDelay("a", 1), Result: core.Result{Kind: core.ResultDelayCleared}})
 	want := []protocol.WatchEvent{
 		{Key: "a", Type: protocol.EventGrant, Token: 9, Owner: "o", Session: "7", Index: 5, Node: 1},
-		{Key: "a", Type: protocol.EventExpire, Session: "7", Index: 6, Node: 1},
-		{Key: "b", Type: protocol.EventExpire, Session: "7", Index: 6, Node: 1},
-		{Key: "c", Type: protocol.EventRelease, Session: "9", Index: 8, Node: 1},
+		{Key: "a", Type: protocol.EventExpire, Token: 9, Session: "7", Index: 6, Node: 1},
+		{Key: "b", Type: protocol.EventExpire, Token: 4, Session: "7", Index: 6, Node: 1},
+		{Key: "c", Type: protocol.EventRelease, Token: 11, Session: "9", Index: 8, Node: 1},
+		{Key: "c", Type: protocol.EventRelease, Token: 12, Session: "9", Index: 8, Node: 1},
 		{Key: "a", Type: protocol.EventDelayEnd, Index: 9, Node: 1},
 	}
 	for i, wv := range want {
