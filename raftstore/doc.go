@@ -35,8 +35,11 @@
 //     proposals, peer messages and calls between Readys (loop.go), its
 //     lifecycle (node.go), the Ready steps
 //     (ready.go), snapshots built off the loop (snapshot.go), proposals
-//     matched to their applied results, ReadIndex reads and applied-index
-//     waits (propose.go), the Observers that hear applied commands,
+//     matched to their applied results and applied-index waits
+//     (propose.go), linearizable reads (readindex.go: callers share raft
+//     ReadIndex rounds, one round in flight at a time, by etcd's rule: a
+//     caller is answered only by a round issued after it arrived), the
+//     Observers that hear applied commands,
 //     restores, membership and leadership changes (observer.go), and the
 //     Summary of the applied state (applied index, locks, last token,
 //     cluster version, digest) published once per applied Ready, which

@@ -140,6 +140,11 @@ type Node struct {
 
 	waiting waiting // callers blocked until the Ready loop answers them
 
+	// reads batches ReadIndex callers into shared rounds (readindex.go);
+	// readHooks are set only by tests.
+	reads     readBatcher
+	readHooks atomic.Pointer[readHooks]
+
 	// snapIndex is the index of the latest snapshot, written by the
 	// background snapshot (snapshot.go) and by the loop when it installs a
 	// received one. snapping is set while a background snapshot runs;
@@ -209,6 +214,7 @@ func NewNode(cfg Config) (*Node, error) {
 		errc:       make(chan error, 1),
 		bgErrc:     make(chan error, 1),
 	}
+	n.reads.init()
 	n.applied.Store(applied)
 	n.confState.Store(&cs)
 	n.publishSummary(applied)
@@ -295,6 +301,8 @@ func (n *Node) Start() {
 		go n.run()
 		n.bg.Add(1)
 		go n.yieldLoop()
+		n.bg.Add(1)
+		go n.readLoop()
 	})
 }
 

@@ -2,7 +2,6 @@ package raftstore
 
 import (
 	"context"
-	"encoding/binary"
 	"fmt"
 	"sync"
 	"sync/atomic"
@@ -94,38 +93,6 @@ func (n *Node) Propose(ctx context.Context, cmd core.Command) (Applied, error) {
 			return Applied{}, fmt.Errorf("%w: %w", ErrIndeterminate, ErrStopped)
 		}
 	}
-}
-
-// ReadIndex returns once the applied state includes every write committed
-// before the call (raft ReadIndex, safe mode). Only the leader serves it.
-func (n *Node) ReadIndex(ctx context.Context) error {
-	if !n.isLeader.Load() {
-		return ErrNotLeader
-	}
-	var rctx [8]byte
-	binary.BigEndian.PutUint64(rctx[:], n.nextRequestID())
-	key := string(rctx[:])
-	ch := n.waiting.addRead(key)
-	defer n.waiting.dropRead(key)
-	if !n.call(ctx, func(rn *raft.RawNode) { rn.ReadIndex(rctx[:]) }) {
-		if ctx.Err() != nil {
-			return fmt.Errorf("raftstore: read index: %w", ctx.Err())
-		}
-		return ErrStopped
-	}
-	var index uint64
-	select {
-	case r := <-ch:
-		if r.err != nil {
-			return r.err
-		}
-		index = r.index
-	case <-ctx.Done():
-		return fmt.Errorf("raftstore: read index: %w", ctx.Err())
-	case <-n.stopc:
-		return ErrStopped
-	}
-	return n.WaitApplied(ctx, index)
 }
 
 // WaitApplied waits until the applied index reaches index.

@@ -1,0 +1,190 @@
+package raftstore
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.etcd.io/raft/v3"
+)
+
+// Linearizable reads share raft ReadIndex rounds, by etcd's rule (its
+// server's linearizableReadLoop and requestCurrentIndex): one goroutine per
+// node, the read loop, issues one ReadIndex at a time. Callers of ReadIndex
+// join the pending batch and wake the loop; the loop takes the whole
+// pending batch, starts a new empty one, and only then hands raft one
+// ReadIndex for the batch it took. Callers that arrive while that round is
+// in flight join the new batch and wait for the next round. So a thousand
+// keepalives a second cost a few rounds (one heartbeat broadcast each),
+// not a thousand.
+//
+// Why it stays linearizable: a caller is released only by a round issued
+// after it joined (its batch is taken from pending, under the batcher's
+// lock, after the join and before the round goes to raft), and then only
+// once the applied index reaches that round's read index. Raft confirms
+// the read index with a quorum of heartbeats sent after the round was
+// issued (ReadOnlySafe), so the index covers every write committed before
+// the round started, hence every write committed before the caller
+// called. A round that ends with an error (lost leadership, stop) fails
+// its whole batch: no caller is ever answered from a round issued before
+// it arrived, or from no round at all.
+
+// readRoundTimeoutElections bounds one round, in election timeouts. With
+// CheckQuorum a leader that cannot reach a quorum steps down within one
+// election timeout, which fails the round with ErrNotLeader; the bound is
+// a backstop so that the loop never waits forever on a read raft dropped.
+const readRoundTimeoutElections = 2
+
+// readBatch is the callers one round answers.
+type readBatch struct {
+	seq     uint64        // the round's number, set when it is issued
+	readers int           // callers that joined it
+	done    chan struct{} // closed once index and err are set
+	index   uint64        // the read index raft confirmed
+	err     error
+}
+
+// readBatcher holds the pending batch and the read loop's counters.
+type readBatcher struct {
+	mu      sync.Mutex
+	pending *readBatch // the batch new callers join; never nil
+	issued  uint64     // seq of the last batch taken for a round
+	wake    chan struct{}
+
+	rounds  atomic.Uint64 // rounds issued to raft
+	readers atomic.Uint64 // callers that joined a batch
+}
+
+// readHooks let tests watch and pause the read loop; nil in production.
+type readHooks struct {
+	// issuing runs on the read loop after a batch is taken and before its
+	// ReadIndex goes to raft; it may block.
+	issuing func(seq uint64)
+	// served runs for each caller its round answered without error:
+	// arrivedAfter is the last round issued when it joined, servedBy the
+	// round that answered it.
+	served func(arrivedAfter, servedBy uint64)
+}
+
+func (b *readBatcher) init() {
+	b.pending = &readBatch{done: make(chan struct{})}
+	b.wake = make(chan struct{}, 1)
+}
+
+// join adds a caller to the pending batch and says which round was the
+// last one issued before it.
+func (b *readBatcher) join() (batch *readBatch, arrivedAfter uint64) {
+	b.mu.Lock()
+	batch = b.pending
+	batch.readers++
+	arrivedAfter = b.issued
+	b.mu.Unlock()
+	b.readers.Add(1)
+	select {
+	case b.wake <- struct{}{}:
+	default: // the loop is already woken
+	}
+	return batch, arrivedAfter
+}
+
+// take hands the pending batch to a round and starts a new one; nil when
+// no caller joined since the last round.
+func (b *readBatcher) take() *readBatch {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	batch := b.pending
+	if batch.readers == 0 {
+		return nil
+	}
+	b.issued++
+	batch.seq = b.issued
+	b.pending = &readBatch{done: make(chan struct{})}
+	return batch
+}
+
+// ReadIndex returns once the applied state includes every write committed
+// before the call (raft ReadIndex, safe mode, shared with the callers of
+// the same round: see above). Only the leader serves it: a caller gets
+// ErrNotLeader if this node does not lead when it calls or stops leading
+// before its round is confirmed.
+func (n *Node) ReadIndex(ctx context.Context) error {
+	if !n.isLeader.Load() {
+		return ErrNotLeader
+	}
+	batch, arrivedAfter := n.reads.join()
+	select {
+	case <-batch.done:
+	case <-ctx.Done():
+		return fmt.Errorf("raftstore: read index: %w", ctx.Err())
+	case <-n.donec:
+		return ErrStopped
+	}
+	if batch.err != nil {
+		return batch.err
+	}
+	if h := n.readHooks.Load(); h != nil && h.served != nil {
+		h.served(arrivedAfter, batch.seq)
+	}
+	return n.WaitApplied(ctx, batch.index)
+}
+
+// ReadIndexRounds says how many ReadIndex rounds this node issued to raft
+// and how many callers joined them.
+func (n *Node) ReadIndexRounds() (rounds, readers uint64) {
+	return n.reads.rounds.Load(), n.reads.readers.Load()
+}
+
+// readLoop issues one round at a time for whatever batch is pending, until
+// the node loop exits.
+func (n *Node) readLoop() {
+	defer n.bg.Done()
+	timeout := readRoundTimeoutElections * time.Duration(n.cfg.ElectionTicks) * n.cfg.TickInterval
+	for {
+		select {
+		case <-n.reads.wake:
+		case <-n.donec:
+			return
+		}
+		batch := n.reads.take()
+		if batch == nil {
+			continue
+		}
+		if h := n.readHooks.Load(); h != nil && h.issuing != nil {
+			h.issuing(batch.seq)
+		}
+		batch.index, batch.err = n.readRound(timeout)
+		close(batch.done)
+	}
+}
+
+// readRound asks raft for one read index and waits for it to be confirmed.
+func (n *Node) readRound(timeout time.Duration) (uint64, error) {
+	if !n.isLeader.Load() {
+		return 0, ErrNotLeader
+	}
+	n.reads.rounds.Add(1)
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var rctx [8]byte
+	binary.BigEndian.PutUint64(rctx[:], n.nextRequestID())
+	key := string(rctx[:])
+	ch := n.waiting.addRead(key)
+	defer n.waiting.dropRead(key)
+	if !n.call(ctx, func(rn *raft.RawNode) { rn.ReadIndex(rctx[:]) }) {
+		if ctx.Err() != nil {
+			return 0, fmt.Errorf("%w: read index not taken by raft within %v", ErrNotLeader, timeout)
+		}
+		return 0, ErrStopped
+	}
+	select {
+	case r := <-ch:
+		return r.index, r.err
+	case <-ctx.Done():
+		return 0, fmt.Errorf("%w: read index not confirmed within %v", ErrNotLeader, timeout)
+	case <-n.donec:
+		return 0, ErrStopped
+	}
+}
