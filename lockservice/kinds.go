@@ -360,3 +360,14 @@ func (s *Service) kindGrantErr(p AcquireParams, r core.Result) (err error, ok bo
 	}
 	return nil, false
 }
+
+// Waiting is the number of acquires queued for key on this leader (0 on a
+// follower): what tests and operators read to see a queue's length.
+func (s *Service) Waiting(key string) int {
+	s.lead.mu.Lock()
+	defer s.lead.mu.Unlock()
+	if q := s.lead.queues[key]; q != nil {
+		return q.len()
+	}
+	return 0
+}

@@ -90,21 +90,25 @@ func checkPage(lr *protocol.ListReply, prefix, after string, limit int) error {
 	if limit == 0 {
 		limit = protocol.DefaultListLimit
 	}
-	if len(lr.Locks) > limit {
+	if len(lr.Locks) > limit && lr.Locks[0].Key != lr.Locks[len(lr.Locks)-1].Key {
+		// A page never splits a key's holders: only one key may exceed it.
 		return fmt.Errorf("%d locks for a limit of %d", len(lr.Locks), limit)
 	}
 	if lr.More && len(lr.Locks) == 0 {
 		return fmt.Errorf("more locks announced on an empty page")
 	}
-	prev := after
+	prev, prevToken := after, uint64(0)
 	for i, g := range lr.Locks {
 		if err := core.ValidateKey(g.Key); err != nil || !strings.HasPrefix(g.Key, prefix) {
 			return fmt.Errorf("key %.80q is not a key under the prefix", g.Key)
 		}
-		if (i > 0 || after != "") && g.Key <= prev {
+		// The holders of a semaphore or a shared key come together, in
+		// token order.
+		sameKey := i > 0 && g.Key == prev && g.Token > prevToken
+		if (i > 0 || after != "") && g.Key <= prev && !sameKey {
 			return fmt.Errorf("key %.80q is out of order", g.Key)
 		}
-		prev = g.Key
+		prev, prevToken = g.Key, g.Token
 	}
 	return nil
 }
@@ -153,6 +157,13 @@ func holderOf(key string, gr protocol.GetReply) Holder {
 	}
 	if gr.GrantedAtMS > 0 {
 		h.GrantedAt = time.UnixMilli(gr.GrantedAtMS)
+	}
+	h.Limit, h.Shared, h.HoldersMore = int(gr.Limit), gr.Mode == protocol.ModeShared, gr.HoldersMore
+	for _, x := range gr.Holders {
+		one := holderOf(key, protocol.GetReply{Key: key, Held: true, Token: x.Token, Owner: x.Owner, LeaseMS: x.LeaseMS,
+			RemainingMS: x.RemainingMS, GrantedAtMS: x.GrantedAtMS, Session: x.Session, Limit: gr.Limit, Mode: gr.Mode})
+		one.Group = h.Group
+		h.Holders = append(h.Holders, one)
 	}
 	return h
 }

@@ -28,6 +28,9 @@ type acquireOptions struct {
 	keepAlive []KeepAliveOption
 	requestID string
 	lockDelay time.Duration
+	// limit and shared are the lock's kind (kinds.go).
+	limit  int
+	shared bool
 	// session is set by Session.Acquire (session.go).
 	session *Session
 }
@@ -119,6 +122,12 @@ type Lock struct {
 	// the lease the leader reported left; with WithRequestID's id, which
 	// an earlier process may have used, only the latter.
 	Repeated bool
+	// Limit is the key's limit as this lock was acquired: 1 for a mutex
+	// or a read/write lock, N for a slot of a semaphore (WithLimit); Shared
+	// tells a shared hold of a read/write lock (WithShared). The other
+	// holders of such a key are in Get's Holder.Holders.
+	Limit  int
+	Shared bool
 
 	client *Client
 	// session is the session that holds the lock (Session.Acquire); nil
@@ -237,6 +246,7 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 // never received ended, and none once the cluster refuses them.
 func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o acquireOptions) (*Lock, error) {
 	req := protocol.AcquireRequest{Key: key, Owner: o.owner, LeaseMS: lease.Milliseconds(), RequestID: o.requestID, LockDelayMS: o.lockDelay.Milliseconds()}
+	o.setKind(&req)
 	if o.session != nil {
 		req.Session, req.LeaseMS, req.LockDelayMS = o.session.ID, 0, 0
 	}
@@ -287,7 +297,11 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 				// process: this call's first send bounds nothing.
 				idSince = time.Time{}
 			}
-			return c.lockFromReply(r, rep, lease, o.owner, req.RequestID, idSince)
+			l, err := c.lockFromReply(r, rep, lease, o.owner, req.RequestID, idSince)
+			if l != nil {
+				l.Limit, l.Shared = max(1, o.limit), o.shared
+			}
+			return l, err
 		case code == protocol.CodeGrantEnded && ownID && fresh < maxFreshRequests:
 			// Our own id: every attempt with it was this call's, and none
 			// of their replies arrived, so its token was never used. Ask
@@ -367,7 +381,7 @@ func (o *acquireOptions) validate(key string, lease time.Duration) error {
 	if o.lockDelay < 0 || o.lockDelay > core.MaxLockDelay {
 		return bad("lock delay %v is outside [0, %v]", o.lockDelay, core.MaxLockDelay)
 	}
-	return nil
+	return o.validateKind(bad)
 }
 
 // lockFromReply checks a grant reply and builds its Lock. idSince is when
@@ -484,6 +498,16 @@ type Holder struct {
 	// Session is the session that holds the lock ("" for a leased lock;
 	// then Lease is 0 and Remaining is the session's time left).
 	Session string
+	// Limit is the key's limit when it is a semaphore (N) or held shared
+	// (1), Shared whether it is held shared; Limit 0 for a mutex or an
+	// exclusive holder. Holders, from Get of such a key, are every holder
+	// in token order (the fields above are the first one's; HoldersMore
+	// when the reply left the last ones out to fit one message). List
+	// shows one Holder per holder instead.
+	Limit       int
+	Shared      bool
+	Holders     []Holder
+	HoldersMore bool
 }
 
 // Get returns the current holder of key (Held is false if none). It is

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"net"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -497,7 +498,7 @@ func TestGetSwallowedIsRetried(t *testing.T) {
 		t.Fatalf("Get: %v", err)
 	}
 	want := Holder{Key: "k", Held: true, Token: 4, Owner: "w", Lease: 10 * time.Second, Remaining: 7500 * time.Millisecond, GrantedAt: time.UnixMilli(1700000000000)}
-	if h != want {
+	if !reflect.DeepEqual(h, want) {
 		t.Fatalf("holder = %+v, want %+v", h, want)
 	}
 	if n := f.count(protocol.SubjectGet); n != 2 {

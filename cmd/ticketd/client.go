@@ -123,6 +123,7 @@ type acquireOptions struct {
 	lease, wait time.Duration
 	owner       string
 	requestID   string
+	kind        kindFlags
 }
 
 func lockAcquireCmd() *cobra.Command {
@@ -146,7 +147,9 @@ run's re-runs). Two clients that send the same id from the same identity
 the lock.`,
 		Example: `  ticketd lock acquire orders/42 --lease 30s
   ticketd lock acquire orders/42 --lease 30s --wait 10s --owner billing-1
-  ticketd lock acquire orders/42 --lease 30s --request-id "$RUN_ID"   # RUN_ID=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n'), kept for re-runs`,
+  ticketd lock acquire orders/42 --lease 30s --request-id "$RUN_ID"   # RUN_ID=$(od -An -N16 -tx1 /dev/urandom | tr -d ' \n'), kept for re-runs
+  ticketd lock acquire pool/gpu --limit 4 --lease 1m     # one of 4 slots
+  ticketd lock acquire config/db --shared --wait 10s     # a reader of a read/write lock`,
 		Args: exactArgs("KEY"),
 	}
 	o := &acquireOptions{cf: addClientFlags(cmd)}
@@ -155,6 +158,7 @@ the lock.`,
 	fs.StringVar(&o.owner, "owner", "", ownerFlagHelp)
 	fs.DurationVar(&o.wait, "wait", 0, "wait this long in the key's queue (0: try once)")
 	fs.StringVar(&o.requestID, "request-id", "", "the acquire's request_id (at most 64 bytes of printable ASCII, unique to this run, never shared with a competing client): a run with the same id gets the grant it already produced; default: random")
+	o.kind.add(fs)
 	cmd.RunE = bind(o, lockAcquire)
 	return cmd
 }
@@ -176,6 +180,7 @@ func lockAcquire(ctx context.Context, o *acquireOptions, pos []string, stdout, s
 	if o.requestID != "" {
 		opts = append(opts, sdk.WithRequestID(o.requestID))
 	}
+	opts = append(opts, o.kind.options()...)
 	l, err := cl.Acquire(ctx, pos[0], opts...)
 	if err != nil {
 		var e *sdk.Error
@@ -204,6 +209,7 @@ func lockAcquire(ctx context.Context, o *acquireOptions, pos []string, stdout, s
 	if l.Repeated {
 		out["repeated"] = true
 	}
+	kindFields(out, l.Limit, l.Shared)
 	printJSON(stdout, out)
 	return 0
 }
@@ -245,9 +251,11 @@ func lockRelease(ctx context.Context, o *releaseOptions, pos []string, stdout, s
 
 func lockGetCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:     "get KEY",
-		Short:   "Show a lock's current holder",
-		Long:    `Print whether KEY is held and, if it is, its token, owner, lease and the time left (a linearizable read through the leader).`,
+		Use:   "get KEY",
+		Short: "Show a lock's current holder",
+		Long: `Print whether KEY is held and, if it is, its token, owner, lease and the time left (a linearizable read through the leader).
+A semaphore (limit N) or a key held shared also shows its limit, its mode and
+every holder ("holders", in token order).`,
 		Example: `  ticketd lock get orders/42`,
 		Args:    exactArgs("KEY"),
 	}
@@ -272,6 +280,7 @@ func lockGet(ctx context.Context, cf *clientFlags, pos []string, stdout, stderr 
 		out["lease_ms"] = h.Lease.Milliseconds()
 		out["remaining_ms"] = h.Remaining.Milliseconds()
 	}
+	holdersFields(out, h)
 	printJSON(stdout, out)
 	return 0
 }

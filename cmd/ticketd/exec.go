@@ -63,6 +63,7 @@ type execOptions struct {
 	// sessionTTL, when set, holds the keys in one session (sessionexec.go);
 	// lockDelay is the lock-delay of the lock, or of the session's locks.
 	sessionTTL, lockDelay time.Duration
+	kind                  kindFlags
 }
 
 func lockExecCmd() *cobra.Command {
@@ -85,7 +86,9 @@ TICKETD_TOKEN_<i> (i from 1, in sorted order) besides TICKETD_KEY and
 TICKETD_TOKEN of the first key. Needs cluster version 4.`,
 		Example: `  ticketd lock exec nightly/report --lease 30s -- ./report.sh --full
   ticketd lock exec db/migrate --wait 5m -- sh -c 'make migrate'
-  ticketd lock exec db/a db/b --session-ttl 10s --wait 1m -- ./move.sh a b`,
+  ticketd lock exec db/a db/b --session-ttl 10s --wait 1m -- ./move.sh a b
+  ticketd lock exec pool/gpu --limit 4 --wait 10m -- ./train.sh     # one of 4 at a time
+  ticketd lock exec config/db --shared -- ./read-config.sh`,
 		Args: func(cmd *cobra.Command, args []string) error {
 			n := cmd.ArgsLenAtDash()
 			if n < 1 || len(args) <= n {
@@ -108,6 +111,7 @@ TICKETD_TOKEN of the first key. Needs cluster version 4.`,
 	fs.StringVar(&o.owner, "owner", "", ownerFlagHelp)
 	fs.DurationVar(&o.sessionTTL, "session-ttl", 0, "hold the keys in one session with this TTL instead of a lease each (not with --lease)")
 	fs.DurationVar(&o.lockDelay, "lock-delay", 0, "if this process dies and its lease or session runs out, the keys stay unavailable this long more (at most 60s; cluster version 4)")
+	o.kind.add(fs)
 	cmd.RunE = bind(o, func(ctx context.Context, o *execOptions, args []string, stdout, stderr io.Writer) int {
 		if o.cf.fs.Changed("session-ttl") {
 			n := o.cf.fs.ArgsLenAtDash() // Args checked it: 1..maxExecKeys keys
@@ -146,8 +150,9 @@ func lockExec(ctx context.Context, o *execOptions, args []string, stdout, stderr
 	}
 	defer cl.Close()
 	actx, cancel := context.WithTimeout(ctx, o.wait+cf.timeout)
-	l, err := cl.Acquire(actx, key, sdk.WithLease(o.lease), sdk.WithWait(o.wait), sdk.WithOwner(o.owner),
+	opts := append(o.kind.options(), sdk.WithLease(o.lease), sdk.WithWait(o.wait), sdk.WithOwner(o.owner),
 		sdk.WithLockDelay(o.lockDelay), sdk.WithAutoRenew(sdk.WithSafetyMargin(margin)))
+	l, err := cl.Acquire(actx, key, opts...)
 	cancel()
 	if err != nil {
 		return fail(stderr, err)

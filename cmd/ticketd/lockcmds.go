@@ -73,7 +73,9 @@ func lockLsCmd() *cobra.Command {
 		Use:   "ls PREFIX",
 		Short: "List the held locks under a prefix",
 		Long: `Print every held lock whose key starts with PREFIX, one JSON object a line,
-reading every page (--limit locks a page). An empty PREFIX ("") lists all.`,
+reading every page (--limit locks a page). An empty PREFIX ("") lists all.
+Every holder of a semaphore or of a key held shared has its own line, with
+the key's "limit" and "mode".`,
 		Example: `  ticketd lock ls orders/
   ticketd lock ls "" --limit 1000`,
 		Args: exactArgs("PREFIX"),
@@ -114,6 +116,7 @@ func lockLs(ctx context.Context, o *lsOptions, pos []string, stdout, stderr io.W
 		if h.Group != nil {
 			out["group"] = *h.Group
 		}
+		kindFields(out, h.Limit, h.Shared)
 		printJSON(stdout, out)
 	}
 	return 0

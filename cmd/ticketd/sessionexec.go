@@ -77,7 +77,7 @@ func sessionExec(ctx context.Context, o *execOptions, keys, argv []string, stdou
 	var locks []*sdk.Lock
 	for _, k := range keys {
 		actx, cancel := context.WithTimeout(ctx, o.wait+cf.timeout)
-		l, err := s.Acquire(actx, k, sdk.WithWait(o.wait), sdk.WithOwner(o.owner))
+		l, err := s.Acquire(actx, k, append(o.kind.options(), sdk.WithWait(o.wait), sdk.WithOwner(o.owner))...)
 		cancel()
 		if err != nil {
 			closeSession()

@@ -77,7 +77,18 @@ func fitListPage(out protocol.ListReply, max int) ([]byte, error) {
 		if err != nil || len(body) <= max || len(out.Locks) <= 1 {
 			return body, err
 		}
-		out.Locks, out.More = out.Locks[:len(out.Locks)/2], true
+		n := len(out.Locks) / 2
+		// Cut between keys: the next page starts after the last key, so a
+		// key's holders split across pages would lose the rest (unless
+		// the page is one key's holders alone: then they are cut).
+		k := n
+		for k > 0 && out.Locks[k-1].Key == out.Locks[n].Key {
+			k--
+		}
+		if k > 0 {
+			n = k
+		}
+		out.Locks, out.More = out.Locks[:n], true
 	}
 }
 

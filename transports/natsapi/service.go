@@ -480,6 +480,7 @@ func (s *Service) acquire(req *request) {
 		return
 	}
 	lease, wait, timeout, _ := ar.Validate()
+	limit, mode := ar.Kind()
 	if ar.Session != "" && s.cfg.Partition.Partitioned() {
 		s.replyErr(req, s.sessionsRefused())
 		return
@@ -490,7 +491,7 @@ func (s *Service) acquire(req *request) {
 	defer func() { unpark() }()
 	g, err := s.cfg.Locks.Acquire(ctx, lockservice.AcquireParams{
 		Key: ar.Key, Owner: ar.Owner, Lease: lease, Wait: wait, Received: req.receivedLease, Timeout: timeout, WaitID: ar.WaitID, RequestID: ar.RequestID,
-		Session: ar.SessionID(), LockDelay: time.Duration(ar.LockDelayMS) * time.Millisecond,
+		Session: ar.SessionID(), LockDelay: time.Duration(ar.LockDelayMS) * time.Millisecond, Limit: limit, Mode: mode,
 		// Called on this goroutine, inside Acquire.
 		Parked: func() {
 			if req.leave != nil {
@@ -564,23 +565,14 @@ func (s *Service) get(req *request) {
 		s.replyLockErr(req, err)
 		return
 	}
-	s.reply(req, holderReply(gr.Key, h))
-}
-
-// holderReply is the wire form of a key's holder (get, list).
-func holderReply(key string, h lockservice.Holder) protocol.GetReply {
-	out := protocol.GetReply{Key: key, Held: h.Held}
-	if h.Held {
-		out.Token = h.Lock.Token
-		out.Owner = h.Lock.Owner
-		out.LeaseMS = int64(h.Lock.LeaseMS)
-		out.RemainingMS = h.Remaining.Milliseconds()
-		out.GrantedAtMS = int64(h.Lock.GrantedAtMS)
-		if h.Lock.SessionID != 0 {
-			out.Session = protocol.FormatSessionID(h.Lock.SessionID)
-		}
+	body, err := fitHolders(getReply(gr.Key, h), int(s.cfg.Conn.MaxPayload())-listReplyHeadroom)
+	if err != nil {
+		s.replyErr(req, protocol.Errorf(protocol.CodeInternal, "encode reply: %v", err))
+		return
 	}
-	return out
+	if err := req.ok(body); err != nil {
+		s.log.Debug("reply not written", "op", req.op, "err", err)
+	}
 }
 
 func (s *Service) reply(req *request, v any) {

@@ -159,6 +159,7 @@ func acquireFields(r *AcquireRequest) []flatField {
 		{name: "key", str: &r.Key}, {name: "owner", str: &r.Owner}, {name: "lease_ms", i64: &r.LeaseMS},
 		{name: "wait_ms", i64: &r.WaitMS}, {name: "timeout_ms", i64: &r.TimeoutMS}, {name: "wait_id", str: &r.WaitID},
 		{name: "request_id", str: &r.RequestID}, {name: "session", str: &r.Session}, {name: "lock_delay_ms", i64: &r.LockDelayMS},
+		{name: "limit", i64: &r.Limit}, {name: "mode", str: &r.Mode},
 	}
 }
 

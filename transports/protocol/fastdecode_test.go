@@ -107,6 +107,9 @@ func strictSession(data []byte) (SessionRequest, error) {
 
 // fastCases are inputs at the edges of the fast path's subset.
 var fastCases = []string{
+	`{"key":"a","lease_ms":100,"limit":3}`, `{"key":"a","lease_ms":100,"mode":"shared"}`, `{"key":"a","lease_ms":100,"limit":3,"mode":"shared"}`,
+	`{"key":"a","lease_ms":100,"limit":-1}`, `{"key":"a","lease_ms":100,"limit":1025}`, `{"key":"a","lease_ms":100,"mode":"Shared"}`,
+	`{"key":"a","lease_ms":100,"limit":"3"}`, `{"key":"a","lease_ms":100,"mode":1}`, `{"key":"a","lease_ms":100,"limit":null}`,
 	`{"key":"a","lease_ms":100}`,
 	`{"key":"a","owner":"w","lease_ms":1000,"wait_ms":500,"timeout_ms":2000,"wait_id":"w1"}`,
 	`{"key":"a","token":3}`, `{"key":"a"}`, `{}`, ` { } `, "\t{\"key\":\"a\"}\r\n",
@@ -149,7 +152,7 @@ func TestFastDecodeIsUsed(t *testing.T) {
 		v    any
 		dec  func([]byte) bool
 	}{
-		{`{"key":"a","owner":"o","lease_ms":100,"wait_ms":5,"timeout_ms":9,"wait_id":"w","request_id":"r","session":"","lock_delay_ms":3}`, AcquireRequest{Key: "a", Owner: "o", LeaseMS: 100, WaitMS: 5, TimeoutMS: 9, WaitID: "w", RequestID: "r", LockDelayMS: 3},
+		{`{"key":"a","owner":"o","lease_ms":100,"wait_ms":5,"timeout_ms":9,"wait_id":"w","request_id":"r","session":"","lock_delay_ms":3,"limit":4,"mode":"exclusive"}`, AcquireRequest{Key: "a", Owner: "o", LeaseMS: 100, WaitMS: 5, TimeoutMS: 9, WaitID: "w", RequestID: "r", LockDelayMS: 3, Limit: 4, Mode: "exclusive"},
 			func(b []byte) bool { var r AcquireRequest; return decodeFlat(b, acquireFields(&r)) }},
 		{`{"key":"a","token":7}`, ReleaseRequest{Key: "a", Token: 7}, func(b []byte) bool { var r ReleaseRequest; return decodeFlat(b, releaseFields(&r)) }},
 		{`{"key":"a"}`, GetRequest{Key: "a"}, func(b []byte) bool { var r GetRequest; return decodeFlat(b, getFields(&r)) }},

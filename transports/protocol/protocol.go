@@ -175,6 +175,13 @@ type AcquireRequest struct {
 	// 4 (unsupported before).
 	Session     string `json:"session,omitempty"`
 	LockDelayMS int64  `json:"lock_delay_ms,omitempty"`
+	// Limit (0..MaxLimit; 0 and 1 are a mutex) makes the key a counting
+	// semaphore of that many holders; Mode ("exclusive", the default, or
+	// "shared") makes it a read/write lock. Every holder and waiter of a
+	// key names the same limit. Both need cluster version 5 (unsupported
+	// before); kinds.go.
+	Limit int64  `json:"limit,omitempty"`
+	Mode  string `json:"mode,omitempty"`
 }
 
 // MaxRequestIDLen bounds an acquire's request_id (core.MaxRequestIDLen).
@@ -234,6 +241,26 @@ type GetReply struct {
 	// Session is the session that holds the lock (then LeaseMS is absent
 	// and RemainingMS is the session's time left).
 	Session string `json:"session,omitempty"`
+	// Limit and Mode are the key's kind when it is a semaphore (limit
+	// N) or held shared (mode "shared"); absent for a mutex or an
+	// exclusive holder. Holders, in a get of such a key, are every holder
+	// in token order (the fields above are the first one's; HoldersMore
+	// when the reply had to leave the last ones out to fit a NATS
+	// message); a list has one entry per holder instead.
+	Limit       uint32        `json:"limit,omitempty"`
+	Mode        string        `json:"mode,omitempty"`
+	Holders     []HolderReply `json:"holders,omitempty"`
+	HoldersMore bool          `json:"holders_more,omitempty"`
+}
+
+// HolderReply is one holder of a multi-holder key in a get (GetReply).
+type HolderReply struct {
+	Token       uint64 `json:"token"`
+	Owner       string `json:"owner,omitempty"`
+	LeaseMS     int64  `json:"lease_ms,omitempty"`
+	RemainingMS int64  `json:"remaining_ms,omitempty"`
+	GrantedAtMS int64  `json:"granted_at_ms,omitempty"`
+	Session     string `json:"session,omitempty"`
 }
 
 // StatusReply is one node's view of the cluster.
@@ -299,6 +326,9 @@ func (r *AcquireRequest) Validate() (lease, wait, timeout time.Duration, err err
 		return 0, 0, 0, fromCore(err)
 	}
 	if err := r.validateHold(); err != nil {
+		return 0, 0, 0, err
+	}
+	if err := r.validateKind(); err != nil {
 		return 0, 0, 0, err
 	}
 	if r.WaitMS < 0 || time.Duration(r.WaitMS) > MaxWait/time.Millisecond {

@@ -10,6 +10,7 @@ import (
 	"time"
 	"unicode/utf8"
 
+	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/plugins/audit"
 )
 
@@ -144,11 +145,15 @@ func FuzzDecodeRequests(f *testing.F) {
 		`{"key":"a","wait_id":"w-1"}`,
 		`{"key":"a","lease_ms":100,"wait_ms":50,"wait_id":"w-1"}`,
 		`{"key":"a","session":"3"}`, `{"key":"a","lease_ms":100,"lock_delay_ms":15000}`, `{"ttl_ms":10000,"lock_delay_ms":15000}`, `{"session":"3"}`,
+		`{"key":"a","lease_ms":100,"limit":3}`, `{"key":"a","lease_ms":100,"mode":"shared"}`, `{"key":"a","session":"3","limit":1024}`,
 	} {
 		f.Add([]byte(s))
 	}
 	f.Fuzz(func(t *testing.T, data []byte) {
 		if r, err := DecodeAcquire(data); err == nil {
+			if limit, mode := r.Kind(); limit == 1 || limit > MaxLimit || (limit > 1 && mode == core.ModeShared) || core.ValidateKind(limit, mode) != nil {
+				t.Fatalf("accepted bad kind %+v", r)
+			}
 			lease, wait, timeout, err := r.Validate()
 			if r.Session != "" {
 				if err != nil || lease != 0 || r.LockDelayMS != 0 || r.SessionID() == 0 {
@@ -362,6 +367,44 @@ func TestEveryDecoderIsStrict(t *testing.T) {
 			if !errors.Is(err, &Error{Code: tc.code}) {
 				t.Errorf("%s %q: got %v, want %s", name, tc.body, err, tc.code)
 			}
+		}
+	}
+}
+
+// An acquire's limit and mode: the range, the two modes, no shared
+// semaphore; Kind writes limit 1 as 0 (a mutex).
+func TestAcquireKind(t *testing.T) {
+	for _, tc := range []struct {
+		body      string
+		wantErr   string
+		wantLimit uint32
+		wantMode  core.Mode
+	}{
+		{body: `{"key":"a","lease_ms":100}`},
+		{body: `{"key":"a","lease_ms":100,"limit":1}`},
+		{body: `{"key":"a","lease_ms":100,"limit":3}`, wantLimit: 3},
+		{body: `{"key":"a","lease_ms":100,"limit":1024}`, wantLimit: 1024},
+		{body: `{"key":"a","lease_ms":100,"mode":"shared"}`, wantMode: core.ModeShared},
+		{body: `{"key":"a","lease_ms":100,"mode":"exclusive"}`},
+		{body: `{"key":"a","lease_ms":100,"limit":1025}`, wantErr: "limit 1025 is outside [0, 1024]"},
+		{body: `{"key":"a","lease_ms":100,"limit":-1}`, wantErr: "outside"},
+		{body: `{"key":"a","lease_ms":100,"mode":"read"}`, wantErr: `mode "read"`},
+		{body: `{"key":"a","lease_ms":100,"limit":2,"mode":"shared"}`, wantErr: "no shared mode"},
+	} {
+		r, err := DecodeAcquire([]byte(tc.body))
+		if tc.wantErr != "" {
+			var pe *Error
+			if !errors.As(err, &pe) || pe.Code != CodeInvalidArgument || !strings.Contains(pe.Message, tc.wantErr) {
+				t.Errorf("%s: %v, want invalid_argument %q", tc.body, err, tc.wantErr)
+			}
+			continue
+		}
+		if err != nil {
+			t.Errorf("%s: %v", tc.body, err)
+			continue
+		}
+		if l, m := r.Kind(); l != tc.wantLimit || m != tc.wantMode {
+			t.Errorf("%s: kind %d %v, want %d %v", tc.body, l, m, tc.wantLimit, tc.wantMode)
 		}
 	}
 }
