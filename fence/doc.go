@@ -34,7 +34,8 @@
 //
 // # What it owns
 //
-// The format (format.go: Sign, ParseUnverified, the limits), keys and
+// The format (format.go: Sign, Signer (a key prepared once for many
+// fences), ParseUnverified, the limits), keys and
 // verification (keys.go: KeyID, PublicKey and its text form, Verifier,
 // the cluster ID's text form), the errors and their stable codes
 // (errors.go), the Store contract and MemoryStore (store.go).

@@ -56,22 +56,61 @@ type Fence struct {
 // outside ticketd's limits (1 to MaxKeyLen bytes of UTF-8 without NUL), a
 // zero token and a private key of the wrong size.
 func Sign(priv ed25519.PrivateKey, clusterID uint64, key string, token uint64) (string, error) {
-	if len(priv) != ed25519.PrivateKeySize {
-		return "", errorf(CodeInvalidArgument, "the private key is %d bytes, want %d", len(priv), ed25519.PrivateKeySize)
+	sg, err := NewSigner(priv)
+	if err != nil {
+		return "", err
 	}
+	return sg.Sign(clusterID, key, token)
+}
+
+// Signer signs fences with one private key prepared once: its key ID
+// computed, and the key held in one slice for its whole life, so the
+// standard library's cache of expanded Ed25519 keys (keyed by the
+// slice's address) finds it on every Sign instead of hashing the seed
+// again. A server that signs every grant keeps one per key; Sign gives the
+// same fences. A Signer is safe for concurrent use.
+type Signer struct {
+	priv ed25519.PrivateKey
+	pub  ed25519.PublicKey
+	id   KeyID
+}
+
+// NewSigner prepares priv (copied) for signing. It refuses a private key
+// of the wrong size with ErrInvalidArgument.
+func NewSigner(priv ed25519.PrivateKey) (*Signer, error) {
+	if len(priv) != ed25519.PrivateKeySize {
+		return nil, errorf(CodeInvalidArgument, "the private key is %d bytes, want %d", len(priv), ed25519.PrivateKeySize)
+	}
+	own := append(ed25519.PrivateKey(nil), priv...)
+	pub, _ := own.Public().(ed25519.PublicKey)
+	return &Signer{priv: own, pub: pub, id: keyIDOf(pub)}, nil
+}
+
+// KeyID is the ID of the signer's public key.
+func (sg *Signer) KeyID() KeyID { return sg.id }
+
+// PublicKey is the signer's raw public key; the caller must not modify it.
+func (sg *Signer) PublicKey() ed25519.PublicKey { return sg.pub }
+
+// Sign returns the fence for a grant of key with token by cluster
+// clusterID, with the same refusals as the package's Sign. The signed
+// message and the text are built in stack buffers: the result string and
+// the signature are its only allocations.
+func (sg *Signer) Sign(clusterID uint64, key string, token uint64) (string, error) {
 	if err := ValidateAdvance(key, token); err != nil {
 		return "", err
 	}
-	pub, _ := priv.Public().(ed25519.PublicKey)
-	payload := encodePayload(Fence{ClusterID: clusterID, Key: key, Token: token, KeyID: keyIDOf(pub)})
-	sig := ed25519.Sign(priv, signedMessage(payload))
-	var b strings.Builder
-	b.Grow(len(Prefix) + b64.EncodedLen(len(payload)) + 1 + b64.EncodedLen(len(sig)))
-	b.WriteString(Prefix)
-	b.WriteString(b64.EncodeToString(payload))
-	b.WriteByte('.')
-	b.WriteString(b64.EncodeToString(sig))
-	return b.String(), nil
+	var msg [len(SignatureContext) + MaxPayloadLen]byte
+	m := append(msg[:0], SignatureContext...)
+	m = appendPayload(m, Fence{ClusterID: clusterID, Key: key, Token: token, KeyID: sg.id})
+	payload := m[len(SignatureContext):]
+	sig := ed25519.Sign(sg.priv, m)
+	var text [MaxLen]byte
+	t := append(text[:0], Prefix...)
+	t = b64.AppendEncode(t, payload)
+	t = append(t, '.')
+	t = b64.AppendEncode(t, sig)
+	return string(t), nil
 }
 
 // ParseUnverified decodes a fence WITHOUT checking its signature or
@@ -108,7 +147,11 @@ func ValidateAdvance(key string, token uint64) error {
 //
 // integers big-endian.
 func encodePayload(f Fence) []byte {
-	p := make([]byte, 0, payloadFixedLen+len(f.Key))
+	return appendPayload(make([]byte, 0, payloadFixedLen+len(f.Key)), f)
+}
+
+// appendPayload appends f's payload to p.
+func appendPayload(p []byte, f Fence) []byte {
 	p = append(p, Version)
 	p = binary.BigEndian.AppendUint64(p, f.ClusterID)
 	p = append(p, f.KeyID[:]...)

@@ -22,7 +22,13 @@ import (
 //     leader's table.
 
 // fence signs the fence of a grant of key with token, or returns "" when
-// the cluster has no fence key yet.
+// the cluster has no fence key yet. The key is read from the applied state
+// on every grant, as before, so a rotation applies to the next grant; only
+// its preparation (key ID, expanded key) is kept between grants, in
+// s.signer, and redone when the current public key differs. This runs on
+// the request's own goroutine after its entry applied: signing (one
+// Ed25519 signature, tens of µs) never holds a lock or the raft loop, so
+// grants of different requests sign in parallel.
 func (s *Service) fence(key string, token uint64) string {
 	var k core.FenceKey
 	var ok bool
@@ -30,7 +36,17 @@ func (s *Service) fence(key string, token uint64) string {
 	if !ok {
 		return ""
 	}
-	f, err := fence.Sign(k.Private, s.cfg.ClusterID, key, token)
+	sg := s.signer.Load()
+	if sg == nil || !sg.PublicKey().Equal(k.Public) {
+		var err error
+		if sg, err = fence.NewSigner(k.Private); err != nil {
+			// Cannot happen: core validated the key when it applied it.
+			s.log.Error("fence key not usable", "key_id", k.ID.String(), "err", err)
+			return ""
+		}
+		s.signer.Store(sg)
+	}
+	f, err := sg.Sign(s.cfg.ClusterID, key, token)
 	if err != nil {
 		// Cannot happen: the key and token passed core's validation.
 		s.log.Error("fence not signed", "key", key, "token", token, "err", err)

@@ -6,9 +6,11 @@ import (
 	"fmt"
 	"log/slog"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/fence"
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/raftstore"
 )
@@ -197,6 +199,9 @@ type Service struct {
 	// admission bounds the proposals in raft and queues the rest by
 	// identity (admission.go).
 	admission *admission
+	// signer signs fences with the current fence key, prepared once per
+	// key (fence.go).
+	signer atomic.Pointer[fence.Signer]
 }
 
 // leaderState is valid only while this node is the ready leader; it is
