@@ -49,6 +49,10 @@ type CheckOptions struct {
 	// VisualizeAll).
 	VisualizeDir string
 	VisualizeAll bool
+	// Faults are the round's faults: the FIFO check of semaphores and
+	// read/write locks (kinds_check.go) only judges waiters queued while
+	// no fault was under way.
+	Faults []Fault
 }
 
 // CheckResult is the verdict on one round.
@@ -70,6 +74,9 @@ type CheckResult struct {
 	// valid by its SDK deadline but that the resource rejected (a higher
 	// token had written): each is an overlap, excused or not.
 	Fenced, Accepted int
+	// FIFOPairs counts the pairs of grants on semaphore and read/write
+	// keys the FIFO check judged (kinds_check.go).
+	FIFOPairs int
 }
 
 // Check runs every checker on one round's records.
@@ -90,8 +97,15 @@ func Check(round int, ops []Op, writes []Write, jumps []Jump, opt CheckOptions) 
 		v.Round = round
 		res.Violations = append(res.Violations, v)
 	}
+	kindKeys := map[string]bool{}
 	for _, key := range keys {
 		kops := byKey[key]
+		if kind, limit := keyKind(kops); kind != LockMutex {
+			// Semaphores and read/write locks: kinds_check.go.
+			kindKeys[key] = true
+			res.checkKindsKey(round, key, kind, limit, kops, jt, slack, opt, add)
+			continue
+		}
 		for _, v := range checkTokens(key, kops) {
 			add(v)
 		}
@@ -125,11 +139,17 @@ func Check(round int, ops []Op, writes []Write, jumps []Jump, opt CheckOptions) 
 				Ops: excerpt})
 		}
 	}
-	vs, fenced, accepted := checkWrites(ops, writes, jt, slack)
+	mutexWrites, kindWrites := splitWrites(writes, kindKeys)
+	vs, fenced, accepted := checkWrites(ops, mutexWrites, jt, slack)
 	for _, v := range vs {
 		add(v)
 	}
 	res.Fenced, res.Accepted = fenced, accepted
+	vs, fenced, accepted = checkUses(ops, kindWrites, jt, slack)
+	for _, v := range vs {
+		add(v)
+	}
+	res.Fenced, res.Accepted = res.Fenced+fenced, res.Accepted+accepted
 	return res
 }
 
@@ -328,10 +348,10 @@ func checkAcks(key string, ops []Op, jt jumpTimeline, slack int64) []Violation {
 			if g.Return >= releaseCalled || g.Return >= holdsUntil(a, renews[a.Token], g.Call, g.Return, jt, slack) {
 				continue
 			}
-			if !g.Held || g.Token != a.Token {
+			if !shows(g, a.Token) {
 				what := "free"
 				if g.Held {
-					what = fmt.Sprintf("held by %d", g.Token)
+					what = fmt.Sprintf("held by %v", shownHolders(g))
 				}
 				vs = append(vs, Violation{Checker: "acked-grant", Key: key,
 					Message: fmt.Sprintf("token %d was granted (acknowledged) and its lease (renewed: %v) cannot have ended, but a get shows the key %s", a.Token, renewedBefore(renews[a.Token], g.Call), what),
@@ -348,7 +368,7 @@ func checkAcks(key string, ops []Op, jt jumpTimeline, slack int64) []Violation {
 func releaseUndone(key string, r Op, gets, renews []Op) []Violation {
 	var vs []Violation
 	for _, g := range gets {
-		if g.Call > r.Return && g.Held && g.Token == r.Token {
+		if g.Call > r.Return && shows(g, r.Token) {
 			vs = append(vs, Violation{Checker: "acked-release", Key: key,
 				Message: fmt.Sprintf("token %d was released (acknowledged) but a later get still shows it", r.Token), Ops: []Op{r, g}})
 			break

@@ -266,6 +266,37 @@
 // jumps before the renewal excuse nothing, an unknown renewal extends
 // nothing, refusals and revivals are caught.
 //
+// Semaphores and read/write locks (issue 25; kinds_model.go,
+// kinds_check.go): a key whose acquires name a kind (Op.Lock: a semaphore
+// of Op.Limit, or a read/write lock whose acquires are shared or
+// exclusive) is checked by the same acked-grant, acked-release and
+// renewal checkers per holder token (a get shows every holder,
+// Op.Holders), and in place of the mutex ones by: tokens (unique, and
+// each grant above every token observed before its call; a get's older
+// holders beside newer ones are legal); kinds-exclusion (at the start of
+// every validity window, no more holders valid by their SDK deadlines than
+// the key admits: N for a semaphore, and beside an exclusive holder no
+// other; holders a forward jump can have cut short are excused); fifo
+// (two grants A and B of a key where A's successful attempt was sent
+// 250ms before B was invoked, and no fault was under way from 250ms
+// before that send to 2s after both returned, so one leader queued both:
+// A's token must be the lower one; this includes a shared request
+// granted before an earlier exclusive waiter; CheckResult.FIFOPairs
+// counts the pairs judged); kinds-resource (the workload's guarded
+// resource of such keys refused a use because holders valid by their
+// deadlines filled the key); and linearizability under the kinds model,
+// the lock model with a set of holders: a grant needs room (fewer than N;
+// shared: no exclusive holder; exclusive: none) and a token above every
+// token granted before it in the linearization (so an exclusive grant's
+// token is above every shared one granted before it), a get must show
+// exactly the holders and the mode, any holders whose leases can have
+// ended may expire together, any phantoms may vanish. Held answers given
+// with room while another client's acquire was in flight (a reservation,
+// or FIFO: a shared try behind a waiting exclusive acquire) are left out
+// by the lenient pass, as for mutexes. TestKindsLegalHistories and
+// TestKindsCatchesViolations hold hand-made histories of both kinds: each
+// illegal one must be refused by the checkers it names.
+//
 // Liveness is checked loosely: a leader within 30s of healing, every key
 // free within the longest lease plus all backward jumps plus 15s, replicas
 // converged within 30s, and no node exiting on its own.

@@ -68,6 +68,14 @@ type Op struct {
 	Deadline int64  `json:"deadline_ns,omitempty"`
 	Code     string `json:"code,omitempty"`
 	Err      string `json:"err,omitempty"`
+	// Lock is the kind of the key ("" a mutex; kinds.go): Limit the
+	// semaphore's limit (acquire), Shared a shared hold (acquire) or a
+	// key held shared (get), Holders every holder's token (get ok of a
+	// semaphore or read/write key, token order).
+	Lock    LockKind `json:"lock,omitempty"`
+	Limit   int      `json:"limit,omitempty"`
+	Shared  bool     `json:"shared,omitempty"`
+	Holders []uint64 `json:"holders,omitempty"`
 }
 
 // Since is the earliest moment the lease of a granted acquire can have

@@ -135,7 +135,7 @@ func checkRenewals(key string, ops []Op, jt jumpTimeline, slack int64) []Violati
 // free or held by another token.
 func endedBefore(a, r Op, gets []Op) (Op, bool) {
 	for _, g := range gets {
-		if g.Return < r.Call && g.Call > a.Return && (!g.Held || g.Token != a.Token) {
+		if g.Return < r.Call && g.Call > a.Return && !shows(g, a.Token) {
 			return g, true
 		}
 	}

@@ -221,7 +221,7 @@ func run(cfg Config, c cluster, h *History) *Report {
 		}
 		countOps(rep, ops)
 		checkStart := time.Now()
-		copt := CheckOptions{Slack: time.Millisecond, LinearizabilityTimeout: cfg.CheckTimeout, VisualizeDir: cfg.OutDir}
+		copt := CheckOptions{Slack: time.Millisecond, LinearizabilityTimeout: cfg.CheckTimeout, VisualizeDir: cfg.OutDir, Faults: faults}
 		res := Check(round, ops, writes, jumps, copt)
 		if len(res.Violations) > 0 {
 			// Visualize every key of a failed round, not only the
