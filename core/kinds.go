@@ -443,6 +443,16 @@ func (m *Machine) Holders(key string) []Lock {
 // ForEachHolder and MultiKeys).
 func (m *Machine) IsMulti(key string) bool { return m.kinds.get(key) != nil }
 
+// KeyKind returns multi-holder key key's limit and mode (ok false when
+// key is not one: a mutex or exclusive lock, or no lock), without copying
+// its holders.
+func (m *Machine) KeyKind(key string) (limit uint32, mode Mode, ok bool) {
+	if mk := m.kinds.get(key); mk != nil {
+		return mk.limit, mk.mode, true
+	}
+	return 0, ModeExclusive, false
+}
+
 // KeyHolders returns multi-holder key key: its kind, holders and delayed
 // slots (copies).
 func (m *Machine) KeyHolders(key string) (KeyHolders, bool) {

@@ -201,8 +201,14 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 			// it runs a binary that reads it.
 			return &UndecodableEntryError{Index: e.Index, Term: e.Term, Version: e.Data[0], Err: err}
 		}
+		var ev Applied
+		switch ent.Command.Kind {
+		case core.KindRelease, core.KindExpire, core.KindClearDelay:
+			// Read before: the command may remove the key's last holder.
+			ev.Limit, ev.Mode, _ = n.machine.KeyKind(ent.Command.Key)
+		}
 		res, ended := ra.apply(n.machine, ent.Command)
-		ev := Applied{Index: e.Index, Term: e.Term, Command: ent.Command, Result: res, Ended: ended}
+		ev.Index, ev.Term, ev.Command, ev.Result, ev.Ended = e.Index, e.Term, ent.Command, res, ended
 		for _, l := range ended {
 			ev.Keys = append(ev.Keys, l.Key)
 		}
@@ -210,7 +216,7 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 			// Read now: observers run after the whole Ready, when a later
 			// entry of it may already have released the lock.
 			l, _ := n.machine.Holder(ent.Command.Key, res.Token)
-			ev.LeaseMS = l.LeaseMS
+			ev.LeaseMS, ev.Limit, ev.Mode = l.LeaseMS, l.Limit, l.Mode
 		}
 		ra.events = append(ra.events, ev)
 		ra.requestIDs = append(ra.requestIDs, ent.RequestID)

@@ -18,7 +18,8 @@ import (
 // Release, Expire that removed a lock, and Renew it applies, for each lock
 // a session's close or expiry ended, and for each key whose lock-delay
 // ended (ClearDelay), after the
-// apply, with the entry's index and the lock's token. A watcher therefore
+// apply, with the entry's index and the lock's token (and, for a holder of
+// a semaphore or a shared hold, its limit and mode). A watcher therefore
 // sees each event up to once per node and drops repeats by index.
 //
 // The raft loop never waits for NATS: the observer only offers each event
@@ -119,7 +120,8 @@ func (w *WatchPublisher) offer(a raftstore.Applied) {
 	}
 	session := protocol.FormatSessionID(a.Command.SessionID)
 	for _, l := range a.Ended {
-		w.offerOne(protocol.WatchEvent{Key: l.Key, Type: typ, Token: l.Token, Session: session, Index: a.Index})
+		w.offerOne(protocol.WatchEvent{Key: l.Key, Type: typ, Token: l.Token, Session: session, Index: a.Index,
+			Limit: l.Limit, Mode: protocol.ModeName(l.Mode)})
 	}
 }
 
@@ -157,6 +159,10 @@ func watchEvent(a raftstore.Applied) (protocol.WatchEvent, bool) {
 	default:
 		return ev, false
 	}
+	// The holder's kind, on every event of a semaphore or shared key: a
+	// watcher of such a key sees several holders come and go and tells
+	// them apart by token, and their kind by these.
+	ev.Limit, ev.Mode = a.Limit, protocol.ModeName(a.Mode)
 	return ev, true
 }
 

@@ -135,3 +135,39 @@ func TestWatchSkipsSubjectsWithoutInterest(t *testing.T) {
 		t.Fatalf("published %v, want 2", n)
 	}
 }
+
+// Every event of a semaphore holder or a shared hold names its kind, as
+// the node read it when it applied (raftstore.Applied's Limit and Mode);
+// a session's close or expiry names each ended holder's; a mutex's events
+// name none.
+func TestWatchEventKinds(t *testing.T) {
+	for _, tc := range []struct {
+		a         raftstore.Applied
+		wantLimit uint32
+		wantMode  string
+	}{
+		{raftstore.Applied{Command: core.Grant("k", "o", 1000, 0), Result: core.Result{Kind: core.ResultGranted, Token: 3}}, 0, ""},
+		{raftstore.Applied{Command: core.Grant("k", "o", 1000, 0).WithKind(3, core.ModeExclusive), Result: core.Result{Kind: core.ResultGranted, Token: 3}, Limit: 3}, 3, ""},
+		{raftstore.Applied{Command: core.Grant("k", "o", 1000, 0).WithKind(0, core.ModeShared), Result: core.Result{Kind: core.ResultGranted, Token: 3}, Mode: core.ModeShared}, 0, protocol.ModeShared},
+		{raftstore.Applied{Command: core.Renew("k", 3, 0), Result: core.Result{Kind: core.ResultRenewed, Token: 3}, Limit: 3}, 3, ""},
+		{raftstore.Applied{Command: core.Release("k", 3), Result: core.Result{Kind: core.ResultReleased}, Limit: 5}, 5, ""},
+		{raftstore.Applied{Command: core.Expire("k", 3), Result: core.Result{Kind: core.ResultExpired, Existed: true}, Mode: core.ModeShared}, 0, protocol.ModeShared},
+		{raftstore.Applied{Command: core.ClearDelay("k", 1), Result: core.Result{Kind: core.ResultDelayCleared}, Mode: core.ModeShared}, 0, protocol.ModeShared},
+	} {
+		ev, ok := watchEvent(tc.a)
+		if !ok || ev.Limit != tc.wantLimit || ev.Mode != tc.wantMode {
+			t.Errorf("%v %v → %+v, want limit %d mode %q", tc.a.Command, tc.a.Result, ev, tc.wantLimit, tc.wantMode)
+		}
+	}
+	w := NewWatchPublisher(WatchConfig{Node: 1, Buffer: 4})
+	w.Observer().OnApplied(raftstore.Applied{Index: 8, Command: core.CloseSession(9, ""), Result: core.Result{Kind: core.ResultSessionClosed, Count: 2},
+		Keys: []string{"c", "d"}, Ended: []core.Lock{{Key: "c", Token: 11, Limit: 4}, {Key: "d", Token: 12, Mode: core.ModeShared}}})
+	for _, want := range []protocol.WatchEvent{
+		{Key: "c", Type: protocol.EventRelease, Token: 11, Session: "9", Limit: 4, Index: 8, Node: 1},
+		{Key: "d", Type: protocol.EventRelease, Token: 12, Session: "9", Mode: protocol.ModeShared, Index: 8, Node: 1},
+	} {
+		if got := <-w.events; got != want {
+			t.Errorf("session close: %+v, want %+v", got, want)
+		}
+	}
+}

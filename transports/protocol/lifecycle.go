@@ -126,7 +126,14 @@ type WatchEvent struct {
 	// because its session was closed or expired carries the session and
 	// token 0: one command ended every lock of the session.
 	Session string `json:"session,omitempty"`
-	Index   uint64 `json:"index"`
+	// Limit and Mode are the kind of the holder the event is about, on
+	// every event (grant, renew, release, expire, delay_end) of a
+	// semaphore (Limit N) or a shared hold (Mode "shared"); absent for a
+	// mutex or an exclusive lock. Token names the holder (0 on a
+	// delay_end: a delayed slot has no holder).
+	Limit uint32 `json:"limit,omitempty"`
+	Mode  string `json:"mode,omitempty"`
+	Index uint64 `json:"index"`
 	// Node is the raft id of the node that published the event.
 	Node uint64 `json:"node"`
 }
