@@ -20,7 +20,13 @@ const (
 	envKeep     = "TICKETD_FAULTS_KEEP"
 	envReplay   = "TICKETD_FAULTS_REPLAY"
 	envControl  = "TICKETD_FAULTS_CONTROL"
+	envKinds    = "TICKETD_FAULTS_KINDS"
 )
+
+// defaultSemaphoreLimit is the limit of the workload's semaphore key
+// (TICKETD_FAULTS_KINDS overrides it; 0 leaves the semaphore and
+// read/write keys out).
+const defaultSemaphoreLimit = 3
 
 func testConfig(t *testing.T, mode string) Config {
 	t.Helper()
@@ -32,6 +38,7 @@ func testConfig(t *testing.T, mode string) Config {
 		RoundDuration:     12 * time.Second,
 		Clients:           8,
 		Keys:              3,
+		SemaphoreLimit:    defaultSemaphoreLimit,
 		LeaseMin:          300 * time.Millisecond,
 		LeaseMax:          2 * time.Second,
 		MaxWait:           time.Second,
@@ -64,6 +71,13 @@ func testConfig(t *testing.T, mode string) Config {
 			t.Fatalf("%s=%q: want 3 or 5", envNodes, v)
 		}
 		cfg.Nodes = n
+	}
+	if v := os.Getenv(envKinds); v != "" {
+		n, err := strconv.Atoi(v)
+		if err != nil || n < 0 || n == 1 || n > kindsMaxLimit {
+			t.Fatalf("%s=%q: want a semaphore limit in [2, %d], or 0 for no semaphore and read/write keys", envKinds, v, kindsMaxLimit)
+		}
+		cfg.SemaphoreLimit = n
 	}
 	cfg.Seed = rand.Uint64() >> 1
 	if v := os.Getenv(envSeed); v != "" {

@@ -28,9 +28,13 @@ type Config struct {
 	RoundDuration time.Duration
 	Clients       int
 	Keys          int
-	LeaseMin      time.Duration
-	LeaseMax      time.Duration
-	MaxWait       time.Duration
+	// SemaphoreLimit > 0 adds two keys to the Keys mutex keys: a
+	// counting semaphore of that limit and a read/write lock
+	// (kinds_workload.go).
+	SemaphoreLimit int
+	LeaseMin       time.Duration
+	LeaseMax       time.Duration
+	MaxWait        time.Duration
 	// MaxOpsPerClient and MaxFaultsPerRound bound the loops besides time.
 	MaxOpsPerClient   int
 	MaxFaultsPerRound int
@@ -61,12 +65,22 @@ type Report struct {
 	Files      []string
 	// Anomalies are legal but notable events, counted.
 	Anomalies map[string]int
+	// ByLock counts operations per kind of key (mutex, semaphore, rw) as
+	// "op:outcome", acquires of a read/write key as "acquire-shared:..."
+	// or "acquire-exclusive:..."; FIFOPairs the pairs of grants the FIFO
+	// check judged (kinds_check.go).
+	ByLock    map[LockKind]map[string]int
+	FIFOPairs int
 }
 
 func (r *Report) summary() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%s: %d %s nodes, %d rounds x %v, %d clients, %d keys, seed %d, elapsed %v\n",
-		r.Config.Name, r.Config.Nodes, r.Config.Mode, r.Config.Rounds, r.Config.RoundDuration, r.Config.Clients, r.Config.Keys, r.Config.Seed, r.Elapsed.Round(time.Millisecond))
+	keys := fmt.Sprintf("%d keys", r.Config.Keys)
+	if r.Config.SemaphoreLimit > 0 {
+		keys = fmt.Sprintf("%d mutex keys + a semaphore of %d + a read/write lock", r.Config.Keys, r.Config.SemaphoreLimit)
+	}
+	fmt.Fprintf(&b, "%s: %d %s nodes, %d rounds x %v, %d clients, %s, seed %d, elapsed %v\n",
+		r.Config.Name, r.Config.Nodes, r.Config.Mode, r.Config.Rounds, r.Config.RoundDuration, r.Config.Clients, keys, r.Config.Seed, r.Elapsed.Round(time.Millisecond))
 	kinds := sortedKeys(r.Faults)
 	total := 0
 	for _, k := range kinds {
@@ -100,6 +114,24 @@ func (r *Report) summary() string {
 	}
 	fmt.Fprintf(&b, "  resource writes accepted=%d fenced=%d; linearizability per key-round: Ok=%d Illegal=%d Unknown=%d\n",
 		r.Writes.Accepted, r.Writes.Fenced, r.Lin[porcupine.Ok], r.Lin[porcupine.Illegal], r.Lin[porcupine.Unknown])
+	for _, k := range []LockKind{LockMutex, LockSemaphore, LockRW} {
+		m := r.ByLock[k]
+		if len(m) == 0 {
+			continue
+		}
+		name := string(k)
+		if k == LockMutex {
+			name = "mutex"
+		}
+		fmt.Fprintf(&b, "  %-9s", name)
+		for _, d := range sortedKeys(m) {
+			fmt.Fprintf(&b, " %s=%d", d, m[d])
+		}
+		b.WriteString("\n")
+	}
+	if r.Config.SemaphoreLimit > 0 {
+		fmt.Fprintf(&b, "  fifo: grant pairs judged (queued by one leader, no fault near): %d\n", r.FIFOPairs)
+	}
 	fmt.Fprintf(&b, "  lease overlaps excused by forward clock jumps (fencing held): %d\n", len(r.Excused))
 	for _, a := range sortedKeys(r.Anomalies) {
 		fmt.Fprintf(&b, "  %s: %d\n", a, r.Anomalies[a])
@@ -128,14 +160,17 @@ func sortedKeys[V any](m map[string]V) []string {
 // run drives one cluster through the configured rounds and checks them.
 func run(cfg Config, c cluster, h *History) *Report {
 	start := time.Now()
-	rep := &Report{Config: cfg, Faults: map[string]int{}, Ops: map[OpKind]map[string]int{}, Lin: map[porcupine.CheckResult]int{}, Anomalies: map[string]int{}}
+	rep := &Report{Config: cfg, Faults: map[string]int{}, Ops: map[OpKind]map[string]int{}, Lin: map[porcupine.CheckResult]int{}, Anomalies: map[string]int{},
+		ByLock: map[LockKind]map[string]int{}}
 	logf := cfg.logf
 	rng := rand.New(rand.NewPCG(cfg.Seed, 0x7469636b657464))
 	keys := make([]string, cfg.Keys)
 	for i := range keys {
 		keys[i] = fmt.Sprintf("faults/%s/k%d", cfg.Name, i)
 	}
-	wl := &workload{h: h, res: newResource(h), keys: keys, leaseMin: cfg.LeaseMin, leaseMax: cfg.LeaseMax, maxWait: cfg.MaxWait, opTimeout: 1500 * time.Millisecond}
+	kkeys, kinds := kindKeys(cfg.Name, cfg.SemaphoreLimit)
+	keys = append(keys, kkeys...)
+	wl := &workload{h: h, res: newResource(h, kinds), keys: keys, kinds: kinds, leaseMin: cfg.LeaseMin, leaseMax: cfg.LeaseMax, maxWait: cfg.MaxWait, opTimeout: 1500 * time.Millisecond}
 	workers := make([]*worker, cfg.Clients)
 	for i := range workers {
 		cl, err := connectClient(c.clientURLs())
@@ -157,6 +192,14 @@ func run(cfg Config, c cluster, h *History) *Report {
 
 	liveness := func(round int, what string) {
 		rep.Violations = append(rep.Violations, Violation{Checker: "liveness", Round: round, Message: what})
+	}
+	if cfg.SemaphoreLimit > 0 {
+		if !waitLeader(c, 30*time.Second) {
+			liveness(0, "no leader within 30s of the start")
+		} else if err := waitKinds(checker, cfg.Name, 30*time.Second); err != nil {
+			rep.Violations = append(rep.Violations, Violation{Checker: "setup", Message: fmt.Sprintf("the cluster did not serve semaphores within 30s: %v", err)})
+			return rep
+		}
 	}
 	reportedExits := 0
 	for round := 0; round < cfg.Rounds; round++ {
@@ -234,6 +277,7 @@ func run(cfg Config, c cluster, h *History) *Report {
 		rep.Files = append(rep.Files, res.Visualizations...)
 		rep.Writes.Accepted += res.Accepted
 		rep.Writes.Fenced += res.Fenced
+		rep.FIFOPairs += res.FIFOPairs
 		for _, k := range res.ReservedKeys {
 			rep.Notes = append(rep.Notes, fmt.Sprintf("round %d key %s: linearizable only with the held answers given while another client's acquire was in flight left out (a leader-side reservation: see doc.go)", round, k))
 			rep.Anomalies["key-rounds linearizable only without held answers a reservation may explain"]++
@@ -257,7 +301,11 @@ func run(cfg Config, c cluster, h *History) *Report {
 		byKey[o.Key] = append(byKey[o.Key], o)
 	}
 	for _, k := range sortedKeys(byKey) {
-		for _, v := range checkTokens(k, byKey[k]) {
+		check := checkTokens
+		if kind, _ := keyKind(byKey[k]); kind != LockMutex {
+			check = checkKindsTokens
+		}
+		for _, v := range check(k, byKey[k]) {
 			if v.Ops[0].Round != v.Ops[len(v.Ops)-1].Round {
 				v.Checker, v.Round = "tokens-across-rounds", v.Ops[len(v.Ops)-1].Round
 				rep.Violations = append(rep.Violations, v)
@@ -297,9 +345,41 @@ func countOps(rep *Report, ops []Op) {
 	}
 	seen := map[string]bool{}
 	for _, o := range ops {
-		if id := fmt.Sprintf("%s/%d", o.Key, o.Token); o.Kind == OpGet && o.Held && !known[id] && !seen[id] {
-			seen[id] = true
-			rep.Anomalies["tokens seen by gets that no acquire returned (indeterminate or timed-out grants)"]++
+		if o.Kind != OpGet || o.Result != OutOK {
+			continue
+		}
+		for _, t := range shownHolders(o) {
+			if id := fmt.Sprintf("%s/%d", o.Key, t); !known[id] && !seen[id] {
+				seen[id] = true
+				rep.Anomalies["tokens seen by gets that no acquire returned (indeterminate or timed-out grants)"]++
+			}
+		}
+	}
+	countByLock(rep, ops)
+}
+
+// countByLock counts a round's operations per kind of key.
+func countByLock(rep *Report, ops []Op) {
+	byKey := map[string][]Op{}
+	for _, o := range ops {
+		byKey[o.Key] = append(byKey[o.Key], o)
+	}
+	for _, kops := range byKey {
+		kind, _ := keyKind(kops)
+		m := rep.ByLock[kind]
+		if m == nil {
+			m = map[string]int{}
+			rep.ByLock[kind] = m
+		}
+		for _, o := range kops {
+			name := string(o.Kind)
+			if o.Kind == OpAcquire && kind == LockRW {
+				name = "acquire-exclusive"
+				if o.Shared {
+					name = "acquire-shared"
+				}
+			}
+			m[name+":"+string(o.Result)]++
 		}
 	}
 }

@@ -98,7 +98,7 @@ func newJumpScenario(t *testing.T) *jumpScenario {
 		t.Fatal("single node did not lead")
 	}
 	js := &jumpScenario{c: c, h: NewHistory()}
-	js.res = newResource(js.h)
+	js.res = newResource(js.h, nil)
 	wl := &workload{h: js.h, res: js.res, opTimeout: 2 * time.Second}
 	for i := 0; i < 2; i++ {
 		cl, err := connectClient(c.clientURLs())

@@ -19,20 +19,30 @@ import (
 // holder writes only while its lock is valid by its SDK deadline; the
 // check and the write happen under one mutex, so "valid at write time" is
 // exact.
+//
+// Semaphore and read/write keys (kinds) have a guarded resource instead:
+// use (kinds_workload.go) counts the holders using it.
 type resource struct {
 	h       *History
 	mu      sync.Mutex
 	highest map[string]uint64
+	kinds   map[string]keySpec
+	users   map[string]map[uint64]kindUser // kinds: key -> token -> user
 }
 
-func newResource(h *History) *resource {
-	return &resource{h: h, highest: map[string]uint64{}}
+// newResource is the resource of a run whose semaphore and read/write
+// keys are kinds (nil: mutex keys only).
+func newResource(h *History, kinds map[string]keySpec) *resource {
+	return &resource{h: h, highest: map[string]uint64{}, kinds: kinds, users: map[string]map[uint64]kindUser{}}
 }
 
 // write returns attempted=false when the lock was no longer valid.
 func (r *resource) write(client int, l *sdk.Lock) (attempted, accepted bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	if spec, ok := r.kinds[l.Key]; ok {
+		return r.use(client, l, spec)
+	}
 	if !l.Valid() {
 		return false, false
 	}
@@ -51,6 +61,7 @@ type workload struct {
 	h        *History
 	res      *resource
 	keys     []string
+	kinds    map[string]keySpec // the semaphore and read/write keys among keys
 	leaseMin time.Duration
 	leaseMax time.Duration
 	maxWait  time.Duration
@@ -114,7 +125,8 @@ func classify(kind OpKind, err error) (Outcome, string) {
 	case errors.Is(err, sdk.ErrNotFound) && (kind == OpRelease || kind == OpRenew):
 		return OutNotFound, string(code)
 	case errors.Is(err, sdk.ErrInvalidArgument), errors.Is(err, sdk.ErrMalformed), errors.Is(err, sdk.ErrTooLarge),
-		errors.Is(err, sdk.ErrDenied), errors.Is(err, sdk.ErrControlRefused), errors.Is(err, sdk.ErrPermissionDenied):
+		errors.Is(err, sdk.ErrDenied), errors.Is(err, sdk.ErrControlRefused), errors.Is(err, sdk.ErrPermissionDenied),
+		errors.Is(err, sdk.ErrUnsupported):
 		return OutFail, string(code)
 	case errors.Is(err, sdk.ErrResourceExhausted) && kind == OpAcquire:
 		// A limit (a leader's low disk) refused it before proposing.
@@ -194,6 +206,7 @@ func (wk *worker) cycle(key string, until time.Time) {
 		}
 	}
 	pace(time.Until(end), until.Add(wk.w.leaseMax))
+	wk.w.res.leave(l)
 	if release {
 		wk.releaseRetried(key, l.Token)
 	}
@@ -236,6 +249,7 @@ func (wk *worker) renewing(l *sdk.Lock, until time.Time) {
 		}
 		pace(wait, end)
 	}
+	wk.w.res.leave(l)
 	if wk.rng.IntN(5) > 0 {
 		wk.releaseRetried(l.Key, l.Token)
 	}
@@ -308,8 +322,10 @@ func (wk *worker) acquire(key string, lease, wait time.Duration) *sdk.Lock {
 	ctx, cancel := context.WithTimeout(context.Background(), wait+wk.w.opTimeout)
 	defer cancel()
 	o := Op{Client: wk.id, Kind: OpAcquire, Key: key, Lease: int64(lease), Wait: int64(wait)}
+	opts := append([]sdk.AcquireOption{sdk.WithLease(lease), sdk.WithWait(wait), sdk.WithOwner(fmt.Sprintf("client-%d", wk.id))},
+		wk.kindOptions(key, &o)...)
 	o.Call = h.Now()
-	l, err := wk.cl.Acquire(ctx, key, sdk.WithLease(lease), sdk.WithWait(wait), sdk.WithOwner(fmt.Sprintf("client-%d", wk.id)))
+	l, err := wk.cl.Acquire(ctx, key, opts...)
 	o.Return = h.Now()
 	o.Result, o.Code = classify(OpAcquire, err)
 	if o.Result == OutFail && o.Code == "no_attempt" {
@@ -362,6 +378,7 @@ func recordGet(h *History, cl *sdk.Client, client int, key string, timeout time.
 		o.Err = err.Error()
 	} else {
 		o.Held, o.Token = hd.Held, hd.Token
+		recordHolders(&o, hd)
 	}
 	h.addOp(o)
 	return o.Held, o.Result == OutOK
