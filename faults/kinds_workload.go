@@ -41,9 +41,16 @@ func kindKeys(name string, limit int) ([]string, map[string]keySpec) {
 	return []string{sem, rwk}, specs
 }
 
-// kindOptions are the acquire options of a cycle on key, and records the
-// kind in o.
-func (wk *worker) kindOptions(key string, o *Op) []sdk.AcquireOption {
+// pickShared tells whether a cycle's acquire of key is a shared hold:
+// two in three on a read/write key, so shared holders meet and exclusive
+// ones wait behind them.
+func (wk *worker) pickShared(key string) bool {
+	return wk.w.kinds[key].Lock == LockRW && wk.rng.IntN(3) > 0
+}
+
+// kindOptions are the acquire options of key's kind (shared: a shared
+// hold of a read/write key), and records the kind in o.
+func (wk *worker) kindOptions(key string, shared bool, o *Op) []sdk.AcquireOption {
 	spec, ok := wk.w.kinds[key]
 	if !ok {
 		return nil
@@ -54,7 +61,7 @@ func (wk *worker) kindOptions(key string, o *Op) []sdk.AcquireOption {
 		o.Limit = spec.Limit
 		return []sdk.AcquireOption{sdk.WithLimit(spec.Limit)}
 	case LockRW:
-		if wk.rng.IntN(3) > 0 {
+		if shared {
 			o.Shared = true
 			return []sdk.AcquireOption{sdk.WithShared()}
 		}

@@ -168,11 +168,18 @@ func (wk *worker) dur(lo, hi time.Duration) time.Duration {
 // for longer than its lease, renewing it (renewing).
 func (wk *worker) cycle(key string, until time.Time) {
 	lease := wk.dur(wk.w.leaseMin, wk.w.leaseMax).Truncate(time.Millisecond)
+	shared := wk.pickShared(key)
 	var wait time.Duration
 	if wk.rng.IntN(2) == 0 {
 		wait = wk.dur(50*time.Millisecond, wk.w.maxWait).Truncate(time.Millisecond)
 	}
-	l := wk.acquire(key, lease, wait)
+	if wk.w.kinds[key].Lock == LockRW && !shared {
+		// Shared holders come and go beside each other, so an exclusive
+		// request waits long enough to see them all leave (and queues
+		// the shared requests behind it meanwhile: FIFO across modes).
+		wait = wk.dur(wk.w.maxWait, 2*wk.w.leaseMax).Truncate(time.Millisecond)
+	}
+	l := wk.acquireAs(key, lease, wait, shared)
 	if l == nil {
 		// Do not spin on a held key.
 		pace(wk.dur(10*time.Millisecond, 60*time.Millisecond), until)
@@ -318,12 +325,17 @@ func pace(d time.Duration, limit time.Time) {
 }
 
 func (wk *worker) acquire(key string, lease, wait time.Duration) *sdk.Lock {
+	return wk.acquireAs(key, lease, wait, wk.pickShared(key))
+}
+
+// acquireAs is acquire, shared or exclusive on a read/write key.
+func (wk *worker) acquireAs(key string, lease, wait time.Duration, shared bool) *sdk.Lock {
 	h := wk.w.h
 	ctx, cancel := context.WithTimeout(context.Background(), wait+wk.w.opTimeout)
 	defer cancel()
 	o := Op{Client: wk.id, Kind: OpAcquire, Key: key, Lease: int64(lease), Wait: int64(wait)}
 	opts := append([]sdk.AcquireOption{sdk.WithLease(lease), sdk.WithWait(wait), sdk.WithOwner(fmt.Sprintf("client-%d", wk.id))},
-		wk.kindOptions(key, &o)...)
+		wk.kindOptions(key, shared, &o)...)
 	o.Call = h.Now()
 	l, err := wk.cl.Acquire(ctx, key, opts...)
 	o.Return = h.Now()
