@@ -14,6 +14,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/ticketd/ticketd/sdk"
+	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 // maxSamples bounds the latency samples one bench run keeps.
@@ -24,7 +25,15 @@ const maxSamples = 4 << 20
 // acquire and release latencies, plus, against local nodes, the CPU time
 // they used per cycle.
 type BenchResult struct {
-	Mode         string  `json:"mode"` // try or wait
+	Mode string `json:"mode"` // try or wait
+	// Lock is the kind of lock each cycle takes: mutex, semaphore (Limit
+	// slots per key), shared (every acquire a shared hold of a read/write
+	// lock) or rw (a ReadRatio share of the acquires shared, the rest
+	// exclusive; SharedCycles of the Cycles were shared).
+	Lock         string  `json:"lock"`
+	Limit        int     `json:"limit,omitempty"`
+	ReadRatio    float64 `json:"read_ratio,omitempty"`
+	SharedCycles int     `json:"shared_cycles,omitempty"`
 	Clients      int     `json:"clients"`
 	Keys         int     `json:"keys"`
 	DurationS    float64 `json:"duration_s"`
@@ -66,8 +75,12 @@ type benchConfig struct {
 	warmup   time.Duration
 	lease    time.Duration
 	wait     time.Duration // how long a wait-mode acquire queues
-	cpu      nodeCPU
-	opts     []sdk.Option
+	// limit > 1 makes every key a semaphore of limit slots; readRatio is
+	// the share of acquires that are shared holds of a read/write lock.
+	limit     int
+	readRatio float64
+	cpu       nodeCPU
+	opts      []sdk.Option
 }
 
 // benchOptions are bench's flags.
@@ -77,6 +90,9 @@ type benchOptions struct {
 	duration, warmup, lease, wait time.Duration
 	modes, pids                   string
 	asJSON                        bool
+	limit                         int
+	shared                        bool
+	readRatio                     float64
 }
 
 func benchCmd() *cobra.Command {
@@ -86,9 +102,14 @@ func benchCmd() *cobra.Command {
 		Long: `Run --clients clients (each its own NATS connection) doing acquire+release
 cycles on --keys keys for --duration per mode, after a --warmup, and print
 cycles/s, acquire and release latency percentiles and, against local nodes,
-the nodes' CPU time per cycle.`,
+the nodes' CPU time per cycle. Each cycle takes a mutex, or with --limit N
+one of N slots of a counting semaphore, with --shared a shared hold of a
+read/write lock, with --read-ratio R a shared hold R of the time and an
+exclusive one otherwise (cluster version 5 for all three).`,
 		Example: `  ticketd bench --clients 16 --keys 1000 --duration 10s
-  ticketd bench --mode try --duration 30s --json`,
+  ticketd bench --mode try --duration 30s --json
+  ticketd bench --mode try --keys 8 --limit 4
+  ticketd bench --mode wait --keys 8 --read-ratio 0.9`,
 		Args: exactArgs(),
 	}
 	o := &benchOptions{cf: addClientFlags(cmd)}
@@ -102,6 +123,9 @@ the nodes' CPU time per cycle.`,
 	fs.DurationVar(&o.wait, "wait", 5*time.Second, "how long a wait-mode acquire queues for its key")
 	fs.StringVar(&o.pids, "cpu-pids", "auto", "node processes to charge CPU to: auto (every local `ticketd serve` process, from /proc), none, or pid,pid,...")
 	fs.BoolVar(&o.asJSON, "json", false, "print JSON (one result per mode)")
+	fs.IntVar(&o.limit, "limit", 1, fmt.Sprintf("make every key a counting semaphore of N slots (1..%d; 1: a mutex)", protocol.MaxLimit))
+	fs.BoolVar(&o.shared, "shared", false, "make every acquire a shared hold of a read/write lock (--read-ratio 1)")
+	fs.Float64Var(&o.readRatio, "read-ratio", 0, "share of acquires that are shared holds of a read/write lock, the rest exclusive (0..1; 0: a mutex)")
 	cmd.RunE = bind(o, bench)
 	return cmd
 }
@@ -114,7 +138,12 @@ func bench(ctx context.Context, o *benchOptions, _ []string, stdout, stderr io.W
 	if err != nil {
 		return usagef(stderr, "%v", err)
 	}
-	cfg := benchConfig{url: o.cf.url, clients: o.clients, keys: o.keys, duration: o.duration, warmup: o.warmup, lease: o.lease, wait: o.wait}
+	ratio, err := o.lockKind()
+	if err != nil {
+		return usagef(stderr, "%v", err)
+	}
+	cfg := benchConfig{url: o.cf.url, clients: o.clients, keys: o.keys, duration: o.duration, warmup: o.warmup, lease: o.lease, wait: o.wait,
+		limit: o.limit, readRatio: ratio}
 	if cfg.cpu.pids, err = parsePids(o.pids); err != nil {
 		return usagef(stderr, "%v", err)
 	}
@@ -139,6 +168,39 @@ func bench(ctx context.Context, o *benchOptions, _ []string, stdout, stderr io.W
 	return 0
 }
 
+// lockKind checks --limit, --shared and --read-ratio, and returns the
+// share of shared acquires.
+func (o *benchOptions) lockKind() (float64, error) {
+	ratio := o.readRatio
+	switch {
+	case o.limit < 1 || o.limit > protocol.MaxLimit:
+		return 0, fmt.Errorf("--limit %d is outside [1, %d]", o.limit, protocol.MaxLimit)
+	case !(ratio >= 0 && ratio <= 1):
+		return 0, fmt.Errorf("--read-ratio %v is outside [0, 1]", ratio)
+	case o.shared && ratio != 0 && ratio != 1:
+		return 0, fmt.Errorf("--shared is --read-ratio 1, not %v: give one of them", ratio)
+	case o.shared:
+		ratio = 1
+	}
+	if o.limit > 1 && ratio > 0 {
+		return 0, fmt.Errorf("--limit %d with shared holds: a semaphore has no shared holds (a key is a semaphore or a read/write lock)", o.limit)
+	}
+	return ratio, nil
+}
+
+// lockName is a result's Lock.
+func (cfg benchConfig) lockName() string {
+	switch {
+	case cfg.limit > 1:
+		return "semaphore"
+	case cfg.readRatio == 1:
+		return "shared"
+	case cfg.readRatio > 0:
+		return "rw"
+	}
+	return "mutex"
+}
+
 func parseModes(spec string) ([]string, error) {
 	var out []string
 	for _, m := range strings.Split(spec, ",") {
@@ -151,8 +213,17 @@ func parseModes(spec string) ([]string, error) {
 }
 
 func printBench(w io.Writer, res BenchResult) {
-	fmt.Fprintf(w, "mode=%s clients=%d keys=%d duration=%.1fs cycles=%d (%.0f cycles/s) held=%d errors=%d\n",
-		res.Mode, res.Clients, res.Keys, res.DurationS, res.Cycles, res.CyclesPerSec, res.Held, res.Errors)
+	lock := ""
+	switch res.Lock {
+	case "semaphore":
+		lock = fmt.Sprintf(" lock=semaphore limit=%d", res.Limit)
+	case "shared":
+		lock = " lock=shared"
+	case "rw":
+		lock = fmt.Sprintf(" lock=rw read-ratio=%g shared-cycles=%d", res.ReadRatio, res.SharedCycles)
+	}
+	fmt.Fprintf(w, "mode=%s%s clients=%d keys=%d duration=%.1fs cycles=%d (%.0f cycles/s) held=%d errors=%d\n",
+		res.Mode, lock, res.Clients, res.Keys, res.DurationS, res.Cycles, res.CyclesPerSec, res.Held, res.Errors)
 	if len(res.ErrorCodes) > 0 {
 		fmt.Fprintf(w, "  errors by code: %v\n", res.ErrorCodes)
 	}
@@ -170,6 +241,7 @@ type benchStats struct {
 	mu                 sync.Mutex
 	acq, rel           []time.Duration
 	cycles, held, errs int
+	sharedCycles       int
 	codes              map[string]int
 }
 
@@ -217,7 +289,8 @@ func runBench(ctx context.Context, cfg benchConfig) (BenchResult, error) {
 		return BenchResult{}, err
 	}
 	res := BenchResult{
-		Mode: cfg.mode, Clients: cfg.clients, Keys: cfg.keys, DurationS: elapsed.Seconds(),
+		Mode: cfg.mode, Lock: cfg.lockName(), Limit: cfg.limit, ReadRatio: cfg.readRatio, SharedCycles: st.sharedCycles,
+		Clients: cfg.clients, Keys: cfg.keys, DurationS: elapsed.Seconds(),
 		Cycles: st.cycles, CyclesPerSec: float64(st.cycles) / elapsed.Seconds(), Held: st.held, Errors: st.errs,
 		ErrorCodes: st.codes, Acquire: percentiles(st.acq), Release: percentiles(st.rel),
 		ClientCPUS: (selfCPU() - self0).Seconds(),
@@ -244,7 +317,8 @@ func runCycles(ctx context.Context, cfg benchConfig, conns []*sdk.Client, d time
 			rng := rand.New(rand.NewPCG(uint64(i), 42))
 			owner := fmt.Sprintf("bench-%d", i)
 			for ctx.Err() == nil && time.Now().Before(end) {
-				cycle(ctx, cfg, c, st, fmt.Sprintf("bench/%d", rng.IntN(cfg.keys)), owner)
+				key := fmt.Sprintf("bench/%d", rng.IntN(cfg.keys))
+				cycle(ctx, cfg, c, st, key, owner, cfg.readRatio > 0 && rng.Float64() < cfg.readRatio)
 			}
 		}()
 	}
@@ -255,8 +329,15 @@ func runCycles(ctx context.Context, cfg benchConfig, conns []*sdk.Client, d time
 // cycle is one acquire and, if granted, its release. Each operation has
 // its own deadline, not the run's: a request must not be cut short (and
 // turned indeterminate) by the end of the run.
-func cycle(ctx context.Context, cfg benchConfig, c *sdk.Client, st *benchStats, key, owner string) {
+// A shared cycle takes a shared hold of a read/write lock.
+func cycle(ctx context.Context, cfg benchConfig, c *sdk.Client, st *benchStats, key, owner string, shared bool) {
 	opts := []sdk.AcquireOption{sdk.WithLease(cfg.lease), sdk.WithOwner(owner)}
+	if cfg.limit > 1 {
+		opts = append(opts, sdk.WithLimit(cfg.limit))
+	}
+	if shared {
+		opts = append(opts, sdk.WithShared())
+	}
 	if cfg.mode == "wait" {
 		opts = append(opts, sdk.WithWait(cfg.wait))
 	}
@@ -286,6 +367,9 @@ func cycle(ctx context.Context, cfg benchConfig, c *sdk.Client, st *benchStats, 
 		return
 	}
 	st.cycles++
+	if shared {
+		st.sharedCycles++
+	}
 	if len(st.acq) < maxSamples {
 		st.acq = append(st.acq, t1.Sub(t0))
 		st.rel = append(st.rel, t2.Sub(t1))

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"os/exec"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/ticketd/ticketd/internal/testkit"
@@ -46,6 +47,72 @@ func TestBenchAgainstLocalNode(t *testing.T) {
 			if !slices.Contains(r.NodePids, pid) || r.NodeCPUS <= 0 || r.NodeCPUUSPerCycle <= 0 {
 				t.Errorf("%s --cpu-pids %s: node cpu %v s over %v = %v us/cycle; want pid %d charged", r.Mode, pids, r.NodeCPUS, r.NodePids, r.NodeCPUUSPerCycle, pid)
 			}
+		}
+	}
+}
+
+// TestBenchLockKinds: --limit, --shared and --read-ratio reach the
+// server. Four clients on one key never conflict as holders of a
+// semaphore of 4 or as shared holders (a mutex does), a read-ratio run
+// takes both kinds of hold, and every result names its lock.
+func TestBenchLockKinds(t *testing.T) {
+	bin := binary(t)
+	addr := testkit.FreeAddr(t)
+	url := "nats://" + addr
+	startServe(t, bin, "--data", t.TempDir(), "--nats-listen", addr, "--tick-ms", "20")
+	waitReady(t, bin, url)
+
+	run := func(mode string, kind ...string) BenchResult {
+		t.Helper()
+		var out, errb bytes.Buffer
+		args := append([]string{"bench", "--nats", url, "--clients", "4", "--keys", "1", "--duration", "1s",
+			"--warmup", "200ms", "--mode", mode, "--wait", "1s", "--cpu-pids", "none", "--json"}, kind...)
+		cmd := exec.Command(bin, args...)
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("bench %v: %v\n%s", kind, err, errb.String())
+		}
+		var res []BenchResult
+		if err := json.Unmarshal(out.Bytes(), &res); err != nil || len(res) != 1 {
+			t.Fatalf("bench %v output %q: %v", kind, out.String(), err)
+		}
+		r := res[0]
+		if r.Cycles == 0 || r.Errors != 0 || r.Acquire.P50 <= 0 {
+			t.Errorf("bench %v: figures %+v", kind, r)
+		}
+		return r
+	}
+	if r := run("try"); r.Lock != "mutex" || r.Held == 0 {
+		t.Errorf("mutex, 4 clients on one key: lock %q, %d conflicts; want some", r.Lock, r.Held)
+	}
+	if r := run("try", "--limit", "4"); r.Lock != "semaphore" || r.Limit != 4 || r.Held != 0 {
+		t.Errorf("semaphore of 4, 4 clients: lock %q limit %d, %d conflicts; want none", r.Lock, r.Limit, r.Held)
+	}
+	if r := run("try", "--shared"); r.Lock != "shared" || r.ReadRatio != 1 || r.SharedCycles != r.Cycles || r.Held != 0 {
+		t.Errorf("shared, 4 clients: lock %q ratio %v, %d of %d cycles shared, %d conflicts; want all shared, none", r.Lock, r.ReadRatio, r.SharedCycles, r.Cycles, r.Held)
+	}
+	if r := run("wait", "--read-ratio", "0.5"); r.Lock != "rw" || r.SharedCycles == 0 || r.SharedCycles == r.Cycles {
+		t.Errorf("read-ratio 0.5: lock %q, %d of %d cycles shared; want both kinds", r.Lock, r.SharedCycles, r.Cycles)
+	}
+}
+
+// Bad lock kind flags are usage errors, before anything is sent.
+func TestBenchLockKindUsage(t *testing.T) {
+	nowhere := []string{"--nats", "nats://127.0.0.1:1", "--timeout", "1s"}
+	for _, tc := range []struct {
+		args  []string
+		names string
+	}{
+		{[]string{"--limit", "0"}, "--limit 0 is outside [1, 1024]"},
+		{[]string{"--read-ratio", "1.5"}, "--read-ratio 1.5 is outside [0, 1]"},
+		{[]string{"--shared", "--read-ratio", "0.5"}, "--shared is --read-ratio 1"},
+		{[]string{"--limit", "3", "--shared"}, "a semaphore has no shared holds"},
+		{[]string{"--limit", "3", "--read-ratio", "0.2"}, "a semaphore has no shared holds"},
+	} {
+		code, out, errOut := runInProcess(append(append([]string{"bench"}, tc.args...), nowhere...)...)
+		first, _, _ := strings.Cut(errOut, "\n")
+		if code != exitUsage || out != "" || !strings.Contains(first, tc.names) {
+			t.Errorf("bench %v: exit %d, stdout %q, stderr %q; want exit 2 naming %q", tc.args, code, out, first, tc.names)
 		}
 	}
 }
