@@ -197,21 +197,28 @@ func checkLinearizable(round int, key string, ops []Op, jt jumpTimeline, slack i
 // necessarily the shortest there is) and returns its length and the
 // operations of its last two seconds, the excerpt a reader needs.
 func explainIllegal(ops []Op, jt jumpTimeline, slack int64) (int, []Op) {
-	sorted := append([]Op(nil), ops...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Call < sorted[j].Call })
-	illegal := func(k int) bool {
+	return shortestIllegal(ops, func(prefix []Op) bool {
 		lm := &lockModel{known: map[uint64]bool{}, jumps: jt, slack: slack}
-		for _, o := range sorted {
+		for _, o := range ops {
 			if o.Kind == OpAcquire && o.Result == OutOK {
 				lm.known[o.Token] = true
 			}
 		}
-		r, _ := porcupine.CheckOperationsVerbose(lm.porcupine(), porcupineOps(sorted[:k], true), 10*time.Second)
+		r, _ := porcupine.CheckOperationsVerbose(lm.porcupine(), porcupineOps(prefix, true), 10*time.Second)
 		return r == porcupine.Illegal
-	}
+	})
+}
+
+// shortestIllegal finds, by bisection, the shortest prefix of ops (by
+// call time) that illegal refuses, and returns its length and its
+// operations of the last 2s before its last call (and indeterminate ones
+// of the last 10s), at most 80.
+func shortestIllegal(ops []Op, illegal func(prefix []Op) bool) (int, []Op) {
+	sorted := append([]Op(nil), ops...)
+	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Call < sorted[j].Call })
 	lo, hi := 1, len(sorted)
 	for lo < hi {
-		if m := (lo + hi) / 2; illegal(m) {
+		if m := (lo + hi) / 2; illegal(sorted[:m]) {
 			hi = m
 		} else {
 			lo = m + 1

@@ -101,7 +101,16 @@ func (o Op) String() string {
 	var s string
 	switch o.Kind {
 	case OpAcquire:
-		s = fmt.Sprintf("acquire(%s lease=%v wait=%v)", o.Key, time.Duration(o.Lease), time.Duration(o.Wait))
+		mode := ""
+		switch {
+		case o.Lock == LockSemaphore:
+			mode = fmt.Sprintf(" limit=%d", o.Limit)
+		case o.Shared:
+			mode = " shared"
+		case o.Lock == LockRW:
+			mode = " exclusive"
+		}
+		s = fmt.Sprintf("acquire(%s%s lease=%v wait=%v)", o.Key, mode, time.Duration(o.Lease), time.Duration(o.Wait))
 		if o.Result == OutOK {
 			s += fmt.Sprintf(" -> ok token=%d deadline=%s", o.Token, ms(o.Deadline))
 		} else {
@@ -122,9 +131,14 @@ func (o Op) String() string {
 	case OpGet:
 		s = fmt.Sprintf("get(%s) -> %s", o.Key, o.Result)
 		if o.Result == OutOK {
-			if o.Held {
+			switch {
+			case len(o.Holders) > 0 && o.Shared:
+				s += fmt.Sprintf(" held shared by %v", o.Holders)
+			case len(o.Holders) > 0:
+				s += fmt.Sprintf(" held by %v", o.Holders)
+			case o.Held:
 				s += fmt.Sprintf(" held token=%d", o.Token)
-			} else {
+			default:
 				s += " free"
 			}
 		}
@@ -151,8 +165,10 @@ type Write struct {
 	At       int64  `json:"at_ns"`
 	Accepted bool   `json:"accepted"`
 	// Highest is the highest token the resource had accepted for the key
-	// before this write.
-	Highest uint64 `json:"highest"`
+	// before this write. A refused use of a semaphore or read/write key:
+	// Blocking are the users in the way, Highest the oldest of them.
+	Highest  uint64   `json:"highest"`
+	Blocking []uint64 `json:"blocking,omitempty"`
 }
 
 // Jump is one step of a node's lease clock.

@@ -68,7 +68,7 @@ func (res *CheckResult) checkKindsKey(round int, key string, kind LockKind, limi
 	}
 	model := m.porcupine()
 	verdict, info := porcupine.CheckOperationsVerbose(model, kindsPorcupineOps(ops, false), timeout)
-	if verdict == porcupine.Illegal && len(reservedHeld(ops)) > 0 {
+	if verdict == porcupine.Illegal && len(kindsReservedHeld(ops)) > 0 {
 		if v, i := porcupine.CheckOperationsVerbose(model, kindsPorcupineOps(ops, true), timeout); v != porcupine.Illegal {
 			verdict, info = v, i
 			res.ReservedKeys = append(res.ReservedKeys, key)
@@ -86,20 +86,21 @@ func (res *CheckResult) checkKindsKey(round int, key string, kind LockKind, limi
 		}
 	}
 	if verdict == porcupine.Illegal {
+		n, excerpt := explainKindsIllegal(kind, limit, ops, jt, slack)
 		add(Violation{Checker: "linearizability", Key: key,
-			Message: fmt.Sprintf("the history of this %s key is not linearizable under the kinds model (kinds_model.go); its operations follow%s", kind, seeFile(file)),
-			Ops:     lastOps(ops, 80)})
+			Message: fmt.Sprintf("the history of this %s key is not linearizable under the kinds model (kinds_model.go); the first %d operations (by call time) already are not, ending with #%d; its operations of the last 2s (and indeterminate ones of the last 10s) follow%s",
+				kind, n, excerpt[len(excerpt)-1].ID, seeFile(file)),
+			Ops: excerpt})
 	}
 }
 
-// lastOps is the last n operations of a key by call time.
-func lastOps(ops []Op, n int) []Op {
-	sorted := append([]Op(nil), ops...)
-	sort.Slice(sorted, func(i, j int) bool { return sorted[i].Call < sorted[j].Call })
-	if len(sorted) > n {
-		sorted = sorted[len(sorted)-n:]
-	}
-	return sorted
+// explainKindsIllegal is explainIllegal under the kinds model.
+func explainKindsIllegal(kind LockKind, limit int, ops []Op, jt jumpTimeline, slack int64) (int, []Op) {
+	return shortestIllegal(ops, func(prefix []Op) bool {
+		m := newKindsModel(kind, limit, ops, jt, slack)
+		r, _ := porcupine.CheckOperationsVerbose(m.porcupine(), kindsPorcupineOps(prefix, true), 10*time.Second)
+		return r == porcupine.Illegal
+	})
 }
 
 // checkKindsTokens: tokens of granted acquires are unique per key, and
@@ -294,14 +295,18 @@ func splitWrites(writes []Write, kindKeys map[string]bool) (mutex, kinds []Write
 }
 
 // checkUses: the guarded resource of semaphore and read/write keys
-// (kindsResource). A use is attempted only while the user's lock is valid
+// (resource.use). A use is attempted only while the user's lock is valid
 // by its SDK deadline, and refused when holders valid by theirs already
-// fill what the key admits (Write.Highest names the oldest of them): an
-// overlap that only a forward clock jump may explain (the user's or
-// that holder's lease cut short).
+// fill what the key admits (Write.Blocking): an overlap that only a
+// forward clock jump may explain, by cutting the user's lease short or
+// enough of the blocking holders' that the rest leave room.
 func checkUses(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Violation, int, int) {
 	grants := map[string]map[uint64]Op{}
 	renewOps := map[string][]Op{}
+	byKey := map[string][]Op{}
+	for _, o := range ops {
+		byKey[o.Key] = append(byKey[o.Key], o)
+	}
 	for _, o := range ops {
 		if o.Kind == OpAcquire && o.Result == OutOK {
 			if grants[o.Key] == nil {
@@ -326,13 +331,29 @@ func checkUses(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Violat
 			continue
 		}
 		refused++
+		blocking := w.Blocking
+		if len(blocking) == 0 {
+			blocking = []uint64{w.Highest} // a history from before Blocking
+		}
 		a, ok := grants[w.Key][w.Token]
-		b, okb := grants[w.Key][w.Highest]
-		if !ok || !okb {
-			vs = append(vs, Violation{Checker: "kinds-resource", Key: w.Key, Message: fmt.Sprintf("a use by token %d refused for token %d, one of which no acquire returned", w.Token, w.Highest)})
+		var live []Op // blocking holders no jump can have cut short
+		for _, t := range blocking {
+			b, okb := grants[w.Key][t]
+			if !okb {
+				ok = false
+			} else if !cutShort(promisesOf(b, renews[w.Key][t]), w.At, jt, slack) {
+				live = append(live, b)
+			}
+		}
+		if !ok {
+			vs = append(vs, Violation{Checker: "kinds-resource", Key: w.Key, Message: fmt.Sprintf("a use by token %d refused for tokens %v, one of which no acquire returned", w.Token, blocking)})
 			continue
 		}
-		if cutShort(promisesOf(a, renews[w.Key][w.Token]), w.At, jt, slack) || cutShort(promisesOf(b, renews[w.Key][w.Highest]), w.At, jt, slack) {
+		room := 1 // a read/write lock: no live blocker
+		if kind, limit := keyKind(byKey[w.Key]); kind == LockSemaphore && len(w.Blocking) > 0 {
+			room = limit
+		}
+		if cutShort(promisesOf(a, renews[w.Key][w.Token]), w.At, jt, slack) || len(live)+1 <= room {
 			continue
 		}
 		id := fmt.Sprintf("%s/%d", w.Key, w.Token)
@@ -341,9 +362,9 @@ func checkUses(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Violat
 		}
 		reported[id] = true
 		vs = append(vs, Violation{Checker: "kinds-resource", Key: w.Key,
-			Message: fmt.Sprintf("the holder of token %d (%s), valid by its SDK deadline at %s, found the resource full: token %d and others valid by their deadlines were using it",
-				w.Token, holdMode(a), ms(w.At), w.Highest),
-			Ops: []Op{b, a}})
+			Message: fmt.Sprintf("the holder of token %d (%s), valid by its SDK deadline at %s, found the resource full: %d holders valid by their deadlines (no forward jump can have cut them short) were using it",
+				w.Token, holdMode(a), ms(w.At), len(live)),
+			Ops: append(live, a)})
 	}
 	return vs, refused, accepted
 }

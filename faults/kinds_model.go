@@ -120,7 +120,7 @@ type kindsOutput struct {
 // FIFO across modes (a shared try behind a waiting exclusive acquire is
 // answered held although the key has room for it) is a held answer
 // while another client's acquire is in flight: the lenient check leaves
-// those out, as it does reservations (reservedHeld).
+// those out, as it does reservations (kindsReservedHeld).
 type kindsModel struct {
 	kind  LockKind
 	limit int             // LockSemaphore: N
@@ -453,12 +453,48 @@ func (m *kindsModel) porcupine() porcupine.Model {
 	return nm.ToModel()
 }
 
+// kindsReservedHeld is reservedHeld for a semaphore or read/write key,
+// where a held answer with room may also come from FIFO: a waiting
+// request queued before it. A waiting acquire was queued whatever its
+// outcome, held included (the SDK's last retry of a wait that ran out is
+// a try), so every acquire of another client that waited, or was not
+// answered held, counts as in flight from its call to its return.
+func kindsReservedHeld(ops []Op) map[int]bool {
+	type window struct {
+		call, ret int64
+		client    int
+	}
+	var rs []window
+	for _, o := range ops {
+		if o.Kind == OpAcquire && (o.Result != OutHeld || o.Wait > 0) {
+			r := o.Return
+			if o.Result == OutUnknown {
+				r = math.MaxInt64
+			}
+			rs = append(rs, window{o.Call, r, o.Client})
+		}
+	}
+	out := map[int]bool{}
+	for _, o := range ops {
+		if o.Kind != OpAcquire || o.Result != OutHeld {
+			continue
+		}
+		for _, r := range rs {
+			if r.client != o.Client && r.call < o.Return && r.ret > o.Call {
+				out[o.ID] = true
+				break
+			}
+		}
+	}
+	return out
+}
+
 // kindsPorcupineOps is porcupineOps for a semaphore or read/write key.
 func kindsPorcupineOps(ops []Op, lenient bool) []porcupine.Operation {
 	var out []porcupine.Operation
 	skip := map[int]bool{}
 	if lenient {
-		skip = reservedHeld(ops)
+		skip = kindsReservedHeld(ops)
 	}
 	for _, o := range ops {
 		if o.Result == OutFail || skip[o.ID] || (o.Kind == OpRenew && o.Result == OutUnknown) {

@@ -110,6 +110,14 @@ func TestKindsLegalHistories(t *testing.T) {
 		"rw: a shared try behind a waiting exclusive acquire is held (FIFO across modes)": rw().
 			shared(0, 0, 10, 1, 5000).grantSent(1, 20, 20, 400, 2, 5000, false).acqOut(2, 100, 110, OutHeld, true).
 			rel(0, 300, 310, 1, OutOK).get(3, 500, 510, false, 2),
+		// The long run's round 18 (seed 1425803044203758985): the
+		// exclusive waiter queued behind the shared holder; its wait ran
+		// out over the SDK's retries, whose last attempt is a try,
+		// answered held. While it queued, a shared try was held (FIFO).
+		"rw: a shared try held behind an exclusive waiter answered held": rw().
+			get(3, 0, 1, false).
+			add2(Op{Client: 2, Kind: OpAcquire, Lock: LockRW, Call: 0, Return: 2088 * msec, Result: OutHeld, Lease: 1808 * msec, Wait: 1937 * msec}).
+			shared(0, 0, 3, 1, 1394).acqOut(1, 189, 190, OutHeld, true),
 		"rw: a shared holder expires beside another": rw().
 			shared(0, 0, 10, 1, 300).shared(1, 20, 30, 2, 5000).get(3, 400, 410, true, 2).
 			rel(0, 420, 430, 1, OutNotFound),
@@ -276,5 +284,31 @@ func TestKindsResourceUses(t *testing.T) {
 	res = checkKinds(b, nil, writes, Jump{At: 40 * msec, Node: 1, Delta: 2000 * msec})
 	if strings.Contains(checkers(res), "kinds-resource") {
 		t.Fatalf("a refusal explained by a forward jump reported: %s", checkers(res))
+	}
+}
+
+// The long run's round 0 (seed 1425803044203758985): a semaphore of 3
+// held by 9 (renewed), 13 (renewed) and 16; the leader's lease clock
+// jumps 2.36s forward, which can have ended 13 and 16 but not 9, and 25
+// is granted beside them and refused by the resource for all three. The
+// refusal is excused: the holders no jump can have cut short (9) leave
+// room. Without the jump it is reported; with 9 alone named in the way
+// (a history from before Write.Blocking) it was reported too.
+func TestKindsResourceRefusalCountsEveryBlocker(t *testing.T) {
+	b := sem(3).acq(6, 75, 77, 9, 1707).acq(4, 1314, 1315, 13, 1033).acq(0, 2580, 2581, 16, 1644).
+		renew(6, 1788, 2731, 9, 6060).renew(4, 2938, 2939, 13, 4856).acq(7, 3186, 3188, 25, 1039)
+	writes := []Write{{Key: "k", Token: 25, At: 3188 * msec, Highest: 9, Blocking: []uint64{9, 13, 16}}}
+	jump := Jump{At: 3159 * msec, Node: 3, Delta: 2362 * msec}
+	if got := checkers(checkKinds(b, nil, writes, jump)); strings.Contains(got, "kinds-resource") {
+		t.Fatalf("a refusal the jump explains reported: %s", got)
+	}
+	if got := checkers(checkKinds(b, nil, writes)); !strings.Contains(got, "kinds-resource") {
+		t.Fatalf("a refusal no jump explains not reported: %s", got)
+	}
+	// Renewed past the jump's cut, 13 and 16 are live again: with 9
+	// they fill the key.
+	b.renew(4, 3000, 3001, 13, 6000).renew(0, 3002, 3003, 16, 6000)
+	if got := checkers(checkKinds(b, nil, writes, jump)); !strings.Contains(got, "kinds-resource") {
+		t.Fatalf("a refusal by three holders no jump can have cut short not reported: %s", got)
 	}
 }

@@ -96,8 +96,8 @@ type kindUser struct {
 // its SDK deadline, and it refuses a use that would make more users than
 // the key admits (a semaphore's limit; an exclusive user beside any
 // other). A refusal of a valid holder means the cluster granted more
-// holders than the key admits (checkUses). Highest records the oldest
-// user in the way.
+// holders than the key admits (checkUses). The write records the users in
+// the way (Blocking).
 func (r *resource) use(client int, l *sdk.Lock, spec keySpec) (attempted, accepted bool) {
 	if !l.Valid() {
 		return false, false
@@ -134,7 +134,7 @@ func (r *resource) use(client int, l *sdk.Lock, spec keySpec) (attempted, accept
 	if accepted {
 		users[l.Token] = kindUser{l: l, shared: l.Shared}
 	} else {
-		w.Highest = blocking[0]
+		w.Highest, w.Blocking = blocking[0], blocking
 	}
 	r.h.addWrite(w)
 	return true, accepted
