@@ -195,6 +195,15 @@ func (s *Service) sessionOf(ctx context.Context, id uint64) (core.Session, error
 // The refresh happens under lead.mu after the ReadIndex, in the same
 // critical section as the expiring check, so the timer cannot run out
 // between the check and the refresh.
+//
+// A keepalive counts against its identity's share of the requests in
+// progress (BeginRequest, fair.go) like any other request; it is not
+// exempt. The ReadIndex rounds it waits for are shared (raftstore
+// readindex.go), so it is in progress for one or two rounds: 10,000
+// sessions with a 10 s TTL send about 3,000 keepalives a second and keep
+// about a dozen in progress. Exempting it would leave a flood of
+// keepalives unbounded but for the node's budget, which every identity
+// shares.
 func (s *Service) KeepAlive(ctx context.Context, id uint64) (time.Duration, error) {
 	if id == 0 {
 		return 0, &core.Error{Code: core.CodeInvalidArgument, Detail: "session id must be positive"}
