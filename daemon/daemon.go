@@ -62,6 +62,10 @@ type Options struct {
 	// TuneGC bounds the garbage collector's headroom (gc.go) while the
 	// node runs; only a process that is the node's own sets it.
 	TuneGC bool
+	// MaxClusterVersion, test-only (no flag sets it), makes this node act
+	// as a binary of that older cluster version in an upgrade
+	// (oldversion.go); 0 is core.MaxClusterVersion.
+	MaxClusterVersion uint64
 }
 
 // Daemon is one running node.
@@ -159,7 +163,7 @@ func Start(ctx context.Context, cfg Config, opts Options) (_ *Daemon, err error)
 			return nil, err
 		}
 	}
-	d.ctl.SetVersionProbe(d.api.MemberVersion)
+	d.ctl.SetVersionProbe(versionProbe(d.api.MemberVersion, opts.MaxClusterVersion))
 	if err := d.ctl.Start(); err != nil {
 		return nil, fmt.Errorf("daemon: %w", err)
 	}
@@ -357,6 +361,7 @@ func (d *Daemon) startRaft(ctx context.Context, opts Options, m membership, raft
 		SnapshotEntries: d.cfg.SnapshotEntries,
 		CompactKeep:     d.cfg.CompactKeep,
 		Metrics:         raftMetrics,
+		MaxEntryVersion: maxEntryVersion(opts.MaxClusterVersion),
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: start raft node: %w", err)
@@ -482,6 +487,7 @@ func (d *Daemon) startClientService(ctx context.Context, opts Options) error {
 		Conn: d.nc, Locks: d.locks, Node: d.node, MemberAddr: d.ctl.Address, ClusterID: d.clusterID, Plugins: d.plugins, Disk: d.store.Disk(),
 		Logger: d.log.With("component", "natsapi"), Now: opts.Now, Identity: trust,
 		MaxInflight: d.cfg.MaxInflight, ReplyInterest: d.replyInterest(opts), Partition: d.cfg.Partition(),
+		MaxClusterVersion: opts.MaxClusterVersion,
 	})
 	if err != nil {
 		return fmt.Errorf("daemon: start client service: %w", err)

@@ -31,6 +31,8 @@
 // at once; the metrics listener (http.go), its connections bounded in all
 // and per source, the oldest idle one closed to make room. The garbage collector's
 // headroom of a node that owns its process (Options.TuneGC, gc.go).
+// For upgrade tests only, a node that acts as a binary of an older
+// cluster version (Options.MaxClusterVersion, oldversion.go; no flag).
 // cmd/ticketd parses files, TICKETD_* env and flags into a
 // Config; tests start in-process nodes with Start, directly or through
 // internal/testkit/testcluster.

@@ -69,6 +69,12 @@ type Config struct {
 	// Metrics, if set, observes the time spent applying and persisting each
 	// Ready's committed entries and how many there were.
 	Metrics *Metrics
+	// MaxEntryVersion, when not 0, is the newest entry format this node
+	// applies: a committed entry of a newer one stops it as an entry it
+	// cannot decode does (UndecodableEntryError). Only tests set it
+	// (daemon.Options.MaxClusterVersion), to make a member act as an
+	// older binary in an upgrade.
+	MaxEntryVersion byte
 }
 
 func (c *Config) withDefaults() {

@@ -193,6 +193,9 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 			return nil
 		}
 		ent, err := core.DecodeEntry(e.Data)
+		if err == nil && n.cfg.MaxEntryVersion != 0 && e.Data[0] > n.cfg.MaxEntryVersion {
+			err = fmt.Errorf("entry version %d is above this node's limit %d (a test's older binary)", e.Data[0], n.cfg.MaxEntryVersion)
+		}
 		if err != nil {
 			// Never skip a committed entry: a replica running a binary
 			// that reads it would apply it, and the tables (and tokens)

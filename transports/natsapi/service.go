@@ -13,6 +13,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/nats-io/nats.go/micro"
 
+	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/lockservice"
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/transports/protocol"
@@ -65,6 +66,11 @@ type Config struct {
 	// (docs/scaling.md): it serves the group's subjects and only its keys
 	// (partition.go). The zero value serves the classic subjects.
 	Partition protocol.Partition
+	// MaxClusterVersion is the newest cluster version status reports
+	// this node reads; 0 is core.MaxClusterVersion. Only tests set it
+	// lower (daemon.Options.MaxClusterVersion: a member acting as an older
+	// binary in an upgrade test).
+	MaxClusterVersion uint64
 }
 
 // Service is the running NATS endpoint set of one node.
@@ -171,6 +177,9 @@ func Start(cfg Config) (*Service, error) {
 	}
 	if cfg.ParkSweep <= 0 {
 		cfg.ParkSweep = ParkSweepDefault
+	}
+	if cfg.MaxClusterVersion == 0 || cfg.MaxClusterVersion > core.MaxClusterVersion {
+		cfg.MaxClusterVersion = core.MaxClusterVersion
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Service{cfg: cfg, log: cfg.Logger, acqSem: make(chan struct{}, cfg.MaxInflight), sem: make(chan struct{}, cfg.MaxInflight), ctx: ctx, stop: cancel,

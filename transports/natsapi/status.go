@@ -10,7 +10,6 @@ import (
 	"go.etcd.io/raft/v3"
 	"go.etcd.io/raft/v3/raftpb"
 
-	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/raftstore"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
@@ -53,7 +52,7 @@ func (s *Service) status() protocol.StatusReply {
 	if s.cfg.ClusterID != 0 {
 		out.ClusterID = fmt.Sprintf("%016x", s.cfg.ClusterID)
 	}
-	out.MaxClusterVersion = core.MaxClusterVersion
+	out.MaxClusterVersion = s.cfg.MaxClusterVersion
 	out.Group, out.Groups = s.group(), s.cfg.Partition.Groups
 	// The summary is published by the raft loop once per applied index:
 	// status takes no lock the apply path waits on and does no work
