@@ -323,7 +323,7 @@ func TestSDKIndeterminateWhenReplyIsLate(t *testing.T) {
 
 type slowPolicy struct{ release chan struct{} }
 
-func (p slowPolicy) ValidateGrant(ctx context.Context, key, owner, identity string, leaseMS uint64) (plugins.Verdict, error) {
+func (p slowPolicy) ValidateGrant(ctx context.Context, g plugins.Grant) (plugins.Verdict, error) {
 	<-p.release
 	return plugins.Verdict{Allow: true}, nil
 }

@@ -198,9 +198,9 @@ func TestReleaseOfUnheldTokenIsNotProposed(t *testing.T) {
 // plugin time is spent.
 type spentPolicy struct{}
 
-func (spentPolicy) ValidateGrant(_ context.Context, _, _, identity string, _ uint64) (plugins.Verdict, error) {
-	if identity == "slow" {
-		err := &plugins.ShareError{Plugin: "p", Identity: identity, PerSecond: 250 * time.Millisecond}
+func (spentPolicy) ValidateGrant(_ context.Context, g plugins.Grant) (plugins.Verdict, error) {
+	if g.Identity == "slow" {
+		err := &plugins.ShareError{Plugin: "p", Identity: g.Identity, PerSecond: 250 * time.Millisecond}
 		return plugins.Verdict{Reason: "plugin error"}, err
 	}
 	return plugins.Verdict{Allow: true}, nil

@@ -159,7 +159,7 @@ func (s *Service) checkRenewal(ctx context.Context, key string, token uint64, le
 		return &PermissionError{Identity: id, Op: "renew the lock of another identity on", Key: key}
 	}
 	if leaseMS := uint64(lease / time.Millisecond); leaseMS > held.LeaseMS {
-		return s.checkPolicy(ctx, AcquireParams{Key: key, Owner: held.Owner}, leaseMS)
+		return s.checkPolicy(ctx, AcquireParams{Key: key, Owner: held.Owner, Limit: held.Limit, Mode: held.Mode}, leaseMS)
 	}
 	return nil
 }

@@ -136,9 +136,9 @@ func TestLeaseHeapRenewExpireExclusive(t *testing.T) {
 // leaseCap is a policy that allows leases up to max.
 type leaseCap struct{ max uint64 }
 
-func (p leaseCap) ValidateGrant(_ context.Context, _, _, _ string, leaseMS uint64) (plugins.Verdict, error) {
-	if leaseMS > p.max {
-		return plugins.Verdict{Reason: fmt.Sprintf("lease %d ms over the cap", leaseMS)}, nil
+func (p leaseCap) ValidateGrant(_ context.Context, g plugins.Grant) (plugins.Verdict, error) {
+	if g.LeaseMS > p.max {
+		return plugins.Verdict{Reason: fmt.Sprintf("lease %d ms over the cap", g.LeaseMS)}, nil
 	}
 	return plugins.Verdict{Allow: true}, nil
 }

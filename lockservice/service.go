@@ -488,7 +488,7 @@ func (s *Service) checkPolicy(ctx context.Context, p AcquireParams, leaseMS uint
 	if s.cfg.Policy == nil {
 		return nil
 	}
-	v, err := s.cfg.Policy.ValidateGrant(ctx, p.Key, p.Owner, IdentityFrom(ctx), leaseMS)
+	v, err := s.cfg.Policy.ValidateGrant(ctx, plugins.Grant{Key: p.Key, Owner: p.Owner, Identity: IdentityFrom(ctx), LeaseMS: leaseMS, Limit: p.Limit, Mode: p.Mode})
 	if err == nil && v.Allow {
 		return nil
 	}

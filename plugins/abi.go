@@ -12,9 +12,15 @@ import (
 	"github.com/ticketd/ticketd/core"
 )
 
-// ABIVersion is the plugin ABI this host speaks (see README.md). A module
-// whose ticketd_abi_version export returns anything else is refused.
-const ABIVersion = 1
+// ABI versions this host speaks (see README.md): a module whose
+// ticketd_abi_version export returns MinABIVersion..ABIVersion loads, any
+// other is refused. Version 2 adds the lock kind (limit, mode) to
+// validate_grant and on_applied requests; a version-1 module gets exactly
+// the version-1 requests, byte for byte.
+const (
+	ABIVersion    = 2
+	MinABIVersion = 1
+)
 
 // Size limits of the ABI. Requests are built by the host from validated
 // commands and are far smaller; responses come from the guest and are
@@ -92,6 +98,14 @@ type grantRequest struct {
 	LeaseMS  uint64 `json:"lease_ms"`
 }
 
+// grantRequestV2 is the validate_grant request of ABI version 2: the
+// Grant's kind beside the version-1 fields.
+type grantRequestV2 struct {
+	grantRequest
+	Limit uint32 `json:"limit"`
+	Mode  string `json:"mode"`
+}
+
 type verdictResponse struct {
 	Allow  *bool  `json:"allow"`
 	Reason string `json:"reason"`
@@ -119,6 +133,25 @@ type appliedResult struct {
 	Existed bool   `json:"existed"`
 }
 
+// appliedRequestV2 is the on_applied request of ABI version 2: the kind
+// of the lock the command acted on, and a limit_mismatch's current limit.
+type appliedRequestV2 struct {
+	Index   uint64           `json:"index"`
+	Command appliedCommandV2 `json:"command"`
+	Result  appliedResultV2  `json:"result"`
+}
+
+type appliedCommandV2 struct {
+	appliedCommand
+	Limit uint32 `json:"limit"`
+	Mode  string `json:"mode"`
+}
+
+type appliedResultV2 struct {
+	appliedResult
+	Limit uint32 `json:"limit"`
+}
+
 type appliedResponse struct {
 	Events *[]eventResponse `json:"events"`
 	Error  string           `json:"error"`
@@ -129,24 +162,39 @@ type eventResponse struct {
 	Data json.RawMessage `json:"data"`
 }
 
-func encodeGrant(key, owner, identity string, leaseMS uint64) ([]byte, error) {
-	return json.Marshal(grantRequest{Key: key, Owner: owner, Identity: identity, LeaseMS: leaseMS})
+// encodeGrant is g as a module of ABI version abi reads it: version 1
+// never sees the kind.
+func encodeGrant(abi uint32, g Grant) ([]byte, error) {
+	r := grantRequest{Key: g.Key, Owner: g.Owner, Identity: g.Identity, LeaseMS: g.LeaseMS}
+	if abi < 2 {
+		return json.Marshal(r)
+	}
+	return json.Marshal(grantRequestV2{grantRequest: r, Limit: g.Limit, Mode: g.Mode.String()})
 }
 
 // encodeApplied copies cmd and res into the wire form: the guest sees a
 // serialised copy and nothing else. A control command is shown by its kind
 // only: its request (which can carry credentials and cluster identities)
 // never reaches a plugin.
-func encodeApplied(index uint64, cmd core.Command, res core.Result) ([]byte, error) {
+//
+// From ABI version 2 the command carries the kind of the lock it acted on
+// (cmd.Limit and cmd.Mode: what a Grant asked for; for a Renew, Release,
+// Expire or ClearDelay, what the audit publisher set from
+// raftstore.Applied) and the result a limit_mismatch's current limit.
+func encodeApplied(abi uint32, index uint64, cmd core.Command, res core.Result) ([]byte, error) {
 	c := appliedCommand{Kind: cmd.Kind.String()}
 	if cmd.Kind != core.KindControl {
 		c.Key, c.Owner, c.LeaseMS, c.GrantedAtMS, c.Token = cmd.Key, cmd.Owner, cmd.LeaseMS, cmd.GrantedAtMS, cmd.Token
 	}
-	return json.Marshal(appliedRequest{
-		Index:   index,
-		Command: c,
-		Result:  appliedResult{Kind: res.Kind.String(), Token: res.Token, Existed: res.Existed},
-	})
+	r := appliedResult{Kind: res.Kind.String(), Token: res.Token, Existed: res.Existed}
+	if abi < 2 {
+		return json.Marshal(appliedRequest{Index: index, Command: c, Result: r})
+	}
+	c2 := appliedCommandV2{appliedCommand: c, Mode: core.ModeExclusive.String()}
+	if cmd.Kind != core.KindControl {
+		c2.Limit, c2.Mode = cmd.Limit, cmd.Mode.String()
+	}
+	return json.Marshal(appliedRequestV2{Index: index, Command: c2, Result: appliedResultV2{appliedResult: r, Limit: res.Limit}})
 }
 
 // decodeStrict decodes exactly one JSON value into v, refusing unknown

@@ -18,7 +18,7 @@ func BenchmarkValidateGrant(b *testing.B) {
 	b.ReportAllocs()
 	defer reportCPU(b)()
 	for b.Loop() {
-		v, err := p.ValidateGrant(ctx, "payments/invoice-7", "svc-payments-api-1", "", 1000)
+		v, err := p.ValidateGrant(ctx, Grant{Key: "payments/invoice-7", Owner: "svc-payments-api-1", Identity: "", LeaseMS: 1000})
 		if err != nil || !v.Allow {
 			b.Fatal(v, err)
 		}
@@ -33,7 +33,7 @@ func BenchmarkValidateGrantParallel(b *testing.B) {
 	defer reportCPU(b)()
 	b.RunParallel(func(pb *testing.PB) {
 		for pb.Next() {
-			v, err := p.ValidateGrant(ctx, "payments/invoice-7", "intruder", "", 1000)
+			v, err := p.ValidateGrant(ctx, Grant{Key: "payments/invoice-7", Owner: "intruder", Identity: "", LeaseMS: 1000})
 			if err != nil || v.Allow {
 				b.Fatal(v, err)
 			}

@@ -28,6 +28,8 @@ var guestDirs = map[string]string{
 	"loop":        "./testdata/guests/loop",
 	"membomb":     "./testdata/guests/membomb",
 	"badabi":      "./testdata/guests/badabi",
+	"abi1":        "./testdata/guests/abi1",
+	"kinds":       "./testdata/guests/kinds",
 }
 
 type build struct {

@@ -58,6 +58,9 @@ type Plugin struct {
 	cm wazero.CompiledModule
 
 	hasPolicy, hasAudit bool
+	// abi is the module's ABI version (MinABIVersion..ABIVersion): what
+	// its requests look like.
+	abi uint32
 
 	// idle holds warm instances; slots holds one token per live instance
 	// (idle or busy), so len(slots) <= cfg.MaxInstances.
@@ -197,9 +200,11 @@ func (p *Plugin) checkInstance(ctx context.Context, inst *instance) error {
 	if err != nil {
 		return p.execError(exportABIVersion, err, inst)
 	}
-	if v := uint32(res[0]); v != ABIVersion {
-		return p.abiError(exportABIVersion, fmt.Sprintf("module speaks ABI version %d, this host speaks %d", v, ABIVersion), nil)
+	v := uint32(res[0])
+	if v < MinABIVersion || v > ABIVersion {
+		return p.abiError(exportABIVersion, fmt.Sprintf("module speaks ABI version %d, this host speaks %d to %d", v, MinABIVersion, ABIVersion), nil)
 	}
+	p.abi = v
 	if f := inst.mod.ExportedFunction(exportHooks); f != nil {
 		res, err := f.Call(cctx)
 		if err != nil {
@@ -390,12 +395,13 @@ func (p *Plugin) roundTrip(ctx context.Context, hook string, inst *instance, fn 
 // and the error is a *CallError matching ErrPluginTrap, ErrPluginMemory,
 // ErrPluginTimeout, ErrPluginABI, ErrCanceled or ErrClosed (or ErrNoHook
 // if the plugin has no policy hook).
-func (p *Plugin) ValidateGrant(ctx context.Context, key, owner, identity string, leaseMS uint64) (Verdict, error) {
+func (p *Plugin) ValidateGrant(ctx context.Context, g Grant) (Verdict, error) {
 	if !p.hasPolicy {
 		return Verdict{Reason: "plugin error: " + p.name + ": has no validate_grant hook"},
 			fmt.Errorf("%w: %s validate_grant", ErrNoHook, p.name)
 	}
-	req, err := encodeGrant(key, owner, identity, leaseMS)
+	identity := g.Identity
+	req, err := encodeGrant(p.abi, g)
 	if err != nil {
 		return Verdict{Reason: "plugin error: cannot encode request"}, fmt.Errorf("plugins: encoding grant: %w", err)
 	}
@@ -429,7 +435,7 @@ func (p *Plugin) OnApplied(ctx context.Context, index uint64, cmd core.Command, 
 	if !p.hasAudit {
 		return nil, fmt.Errorf("%w: %s on_applied", ErrNoHook, p.name)
 	}
-	req, err := encodeApplied(index, cmd, res)
+	req, err := encodeApplied(p.abi, index, cmd, res)
 	if err != nil {
 		return nil, fmt.Errorf("plugins: encoding applied command: %w", err)
 	}
@@ -448,6 +454,9 @@ func (p *Plugin) OnApplied(ctx context.Context, index uint64, cmd core.Command, 
 // Name returns the plugin's name (Config.Name or "sha256:" and the first
 // 12 hex digits of its SHA-256).
 func (p *Plugin) Name() string { return p.name }
+
+// ABIVersion returns the ABI version the module speaks.
+func (p *Plugin) ABIVersion() uint32 { return p.abi }
 
 // SHA256 returns the hex SHA-256 of the module bytes given to Load.
 func (p *Plugin) SHA256() string { return p.sha }

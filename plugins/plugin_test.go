@@ -38,7 +38,7 @@ func TestOwnerPrefixAllowDeny(t *testing.T) {
 		{"misc/anything", "", true, ""},
 		{"paymentsX", "nobody", true, ""},
 	} {
-		v, err := p.ValidateGrant(ctx, tc.key, tc.owner, "", 1000)
+		v, err := p.ValidateGrant(ctx, Grant{Key: tc.key, Owner: tc.owner, Identity: "", LeaseMS: 1000})
 		if err != nil {
 			t.Fatalf("ValidateGrant(%q, %q): %v", tc.key, tc.owner, err)
 		}
@@ -108,7 +108,7 @@ func wantFailClosed(t *testing.T, v Verdict, err error, sentinel error) *CallErr
 // failure).
 func wantAllows(t *testing.T, p *Plugin, key string) {
 	t.Helper()
-	v, err := p.ValidateGrant(ctx, key, "owner", "", 1000)
+	v, err := p.ValidateGrant(ctx, Grant{Key: key, Owner: "owner", Identity: "", LeaseMS: 1000})
 	if err != nil || !v.Allow {
 		t.Fatalf("ValidateGrant(%q) after a failure = %+v, %v; want allow", key, v, err)
 	}
@@ -117,7 +117,7 @@ func wantAllows(t *testing.T, p *Plugin, key string) {
 func TestTrapFailsClosed(t *testing.T) {
 	p := load(t, "trap", Config{})
 	for _, key := range []string{"panic", "nil", "exit"} {
-		v, err := p.ValidateGrant(ctx, key, "owner", "", 1000)
+		v, err := p.ValidateGrant(ctx, Grant{Key: key, Owner: "owner", Identity: "", LeaseMS: 1000})
 		ce := wantFailClosed(t, v, err, ErrPluginTrap)
 		if errors.Is(err, ErrPluginTimeout) || errors.Is(err, ErrPluginABI) {
 			t.Errorf("%s: err %v matches another sentinel", key, err)
@@ -143,7 +143,7 @@ func TestInfiniteLoopIsCutOff(t *testing.T) {
 	const timeout = 50 * time.Millisecond
 	p := load(t, "loop", Config{CallTimeout: timeout})
 	start := time.Now()
-	v, err := p.ValidateGrant(ctx, "loop", "owner", "", 1000)
+	v, err := p.ValidateGrant(ctx, Grant{Key: "loop", Owner: "owner", Identity: "", LeaseMS: 1000})
 	elapsed := time.Since(start)
 	wantFailClosed(t, v, err, ErrPluginTimeout)
 	if !errors.Is(err, context.DeadlineExceeded) {
@@ -160,7 +160,7 @@ func TestInfiniteLoopIsCutOff(t *testing.T) {
 	cctx, cancel := context.WithTimeout(ctx, 30*time.Millisecond)
 	defer cancel()
 	start = time.Now()
-	v, err = p2.ValidateGrant(cctx, "loop", "owner", "", 1000)
+	v, err = p2.ValidateGrant(cctx, Grant{Key: "loop", Owner: "owner", Identity: "", LeaseMS: 1000})
 	wantFailClosed(t, v, err, ErrPluginTimeout)
 	if elapsed := time.Since(start); elapsed > 5*time.Second {
 		t.Errorf("caller deadline honoured only after %v", elapsed)
@@ -174,7 +174,7 @@ func TestCanceledContext(t *testing.T) {
 	p := load(t, "ownerprefix", Config{})
 	cctx, cancel := context.WithCancel(ctx)
 	cancel()
-	v, err := p.ValidateGrant(cctx, "payments/x", "svc-payments-1", "", 1000)
+	v, err := p.ValidateGrant(cctx, Grant{Key: "payments/x", Owner: "svc-payments-1", Identity: "", LeaseMS: 1000})
 	wantFailClosed(t, v, err, ErrCanceled)
 	if !errors.Is(err, context.Canceled) {
 		t.Errorf("err %v does not match context.Canceled", err)
@@ -184,7 +184,7 @@ func TestCanceledContext(t *testing.T) {
 	lp := load(t, "loop", Config{CallTimeout: time.Minute})
 	cctx, cancel = context.WithCancel(ctx)
 	time.AfterFunc(20*time.Millisecond, cancel)
-	v, err = lp.ValidateGrant(cctx, "loop", "owner", "", 1000)
+	v, err = lp.ValidateGrant(cctx, Grant{Key: "loop", Owner: "owner", Identity: "", LeaseMS: 1000})
 	wantFailClosed(t, v, err, ErrCanceled)
 	wantAllows(t, lp, "fine")
 }
@@ -194,7 +194,7 @@ func TestMemoryBomb(t *testing.T) {
 	// memory limit however loaded the machine is.
 	p := load(t, "membomb", Config{MemoryLimitPages: 256})
 	start := time.Now()
-	v, err := p.ValidateGrant(ctx, "bomb", "owner", "", 1000)
+	v, err := p.ValidateGrant(ctx, Grant{Key: "bomb", Owner: "owner", Identity: "", LeaseMS: 1000})
 	ce := wantFailClosed(t, v, err, ErrPluginMemory)
 	if !errors.Is(err, ErrPluginTrap) {
 		t.Errorf("err %v does not also match ErrPluginTrap", err)
@@ -224,7 +224,7 @@ func TestBadABIResponses(t *testing.T) {
 		{"error", "cannot think today"},
 		{"array", "not a verdict"},
 	} {
-		v, err := p.ValidateGrant(ctx, tc.key, "owner", "", 1000)
+		v, err := p.ValidateGrant(ctx, Grant{Key: tc.key, Owner: "owner", Identity: "", LeaseMS: 1000})
 		ce := wantFailClosed(t, v, err, ErrPluginABI)
 		if !strings.Contains(ce.Detail, tc.detail) {
 			t.Errorf("%s: detail %q, want it to mention %q", tc.key, ce.Detail, tc.detail)
@@ -269,7 +269,7 @@ func TestNoHook(t *testing.T) {
 		t.Errorf("OnApplied on a policy-only plugin: %v, want ErrNoHook", err)
 	}
 	au := load(t, "audit", Config{})
-	v, err := au.ValidateGrant(ctx, "k", "o", "", 1000)
+	v, err := au.ValidateGrant(ctx, Grant{Key: "k", Owner: "o", Identity: "", LeaseMS: 1000})
 	if !errors.Is(err, ErrNoHook) || v.Allow {
 		t.Errorf("ValidateGrant on an audit-only plugin: %+v, %v; want deny and ErrNoHook", v, err)
 	}
@@ -286,8 +286,8 @@ func TestDeterminism(t *testing.T) {
 	for round := 0; round < 3; round++ {
 		for _, k := range keys {
 			for _, o := range owners {
-				va, errA := a.ValidateGrant(ctx, k, o, "", 1000)
-				vb, errB := b.ValidateGrant(ctx, k, o, "", 1000)
+				va, errA := a.ValidateGrant(ctx, Grant{Key: k, Owner: o, Identity: "", LeaseMS: 1000})
+				vb, errB := b.ValidateGrant(ctx, Grant{Key: k, Owner: o, Identity: "", LeaseMS: 1000})
 				if va != vb || errA != nil || errB != nil {
 					t.Fatalf("ValidateGrant(%q, %q): %+v, %v vs %+v, %v", k, o, va, errA, vb, errB)
 				}
@@ -321,7 +321,7 @@ func TestConcurrentValidateGrant(t *testing.T) {
 				if (g+i)%3 == 0 {
 					owner = "intruder"
 				}
-				v, err := p.ValidateGrant(ctx, "payments/k", owner, "", 1000)
+				v, err := p.ValidateGrant(ctx, Grant{Key: "payments/k", Owner: owner, Identity: "", LeaseMS: 1000})
 				if err != nil || v.Allow != (owner != "intruder") {
 					errs <- fmt.Errorf("ownerprefix %q: %+v, %v", owner, v, err)
 					return
@@ -332,7 +332,7 @@ func TestConcurrentValidateGrant(t *testing.T) {
 				if i%8 == 0 {
 					key = "panic"
 				}
-				v, err = tp.ValidateGrant(ctx, key, "o", "", 1000)
+				v, err = tp.ValidateGrant(ctx, Grant{Key: key, Owner: "o", Identity: "", LeaseMS: 1000})
 				if (key == "panic") != errors.Is(err, ErrPluginTrap) || v.Allow != (key == "fine") {
 					errs <- fmt.Errorf("trap %q: %+v, %v", key, v, err)
 					return
@@ -382,7 +382,7 @@ func TestClose(t *testing.T) {
 	if err := p.Close(ctx); err != nil {
 		t.Fatalf("second Close: %v", err)
 	}
-	v, err := p.ValidateGrant(ctx, "payments/x", "svc-payments-1", "", 1000)
+	v, err := p.ValidateGrant(ctx, Grant{Key: "payments/x", Owner: "svc-payments-1", Identity: "", LeaseMS: 1000})
 	wantFailClosed(t, v, err, ErrClosed)
 }
 
@@ -391,17 +391,17 @@ func TestSet(t *testing.T) {
 	au := load(t, "audit", Config{Name: "audit"})
 	tp := load(t, "trap", Config{Name: "trap"})
 
-	if v, err := NewSet().ValidateGrant(ctx, "k", "o", "", 1000); err != nil || !v.Allow {
+	if v, err := NewSet().ValidateGrant(ctx, Grant{Key: "k", Owner: "o", Identity: "", LeaseMS: 1000}); err != nil || !v.Allow {
 		t.Errorf("empty set: %+v, %v; want allow", v, err)
 	}
 	s := NewSet(au, op, tp)
-	if v, err := s.ValidateGrant(ctx, "payments/x", "svc-payments-1", "", 1000); err != nil || !v.Allow {
+	if v, err := s.ValidateGrant(ctx, Grant{Key: "payments/x", Owner: "svc-payments-1", Identity: "", LeaseMS: 1000}); err != nil || !v.Allow {
 		t.Errorf("all allow: %+v, %v", v, err)
 	}
-	if v, err := s.ValidateGrant(ctx, "payments/x", "intruder", "", 1000); err != nil || v.Allow || !strings.Contains(v.Reason, "svc-payments-") {
+	if v, err := s.ValidateGrant(ctx, Grant{Key: "payments/x", Owner: "intruder", Identity: "", LeaseMS: 1000}); err != nil || v.Allow || !strings.Contains(v.Reason, "svc-payments-") {
 		t.Errorf("ownerprefix denies: %+v, %v", v, err)
 	}
-	v, err := s.ValidateGrant(ctx, "panic", "o", "", 1000)
+	v, err := s.ValidateGrant(ctx, Grant{Key: "panic", Owner: "o", Identity: "", LeaseMS: 1000})
 	wantFailClosed(t, v, err, ErrPluginTrap)
 	if !strings.Contains(v.Reason, "trap") {
 		t.Errorf("reason %q does not name the failing plugin", v.Reason)
@@ -461,7 +461,7 @@ func grantFixture() (core.Command, core.Result) {
 func TestValidateGrantSeesIdentity(t *testing.T) {
 	p := load(t, "trap", Config{Name: "trap"})
 	for _, id := range []string{"TENANT_A/alice", ""} {
-		v, err := p.ValidateGrant(ctx, "identity", "o", id, 1000)
+		v, err := p.ValidateGrant(ctx, Grant{Key: "identity", Owner: "o", Identity: id, LeaseMS: 1000})
 		if err != nil || v.Allow || v.Reason != "identity="+id {
 			t.Fatalf("ValidateGrant with identity %q = %+v, %v; want a deny naming it", id, v, err)
 		}

@@ -7,12 +7,28 @@ import (
 	"github.com/ticketd/ticketd/core"
 )
 
+// Grant is what a policy decides on: a Grant the leader is about to
+// propose (or a renewal that lengthens a lease, with the holder's kind).
+type Grant struct {
+	Key   string
+	Owner string
+	// Identity is who the transport authenticated for the request
+	// ("ACCOUNT" or "ACCOUNT/user", "" when none); unlike Owner, a client
+	// cannot choose it.
+	Identity string
+	LeaseMS  uint64
+	// Limit and Mode are the lock's kind (core/kinds.go): Limit 0 a mutex
+	// or read/write lock, 2..core.MaxSemaphoreLimit a semaphore slot;
+	// Mode core.ModeShared a shared hold. Modules of ABI version 1 never
+	// see them (README.md).
+	Limit uint32
+	Mode  core.Mode
+}
+
 // Policy decides whether a Grant may be proposed. Implementations fail
-// closed: when err is non-nil the Verdict denies. identity is who the
-// transport authenticated for the request ("ACCOUNT" or "ACCOUNT/user",
-// "" when none); unlike owner, a client cannot choose it.
+// closed: when err is non-nil the Verdict denies.
 type Policy interface {
-	ValidateGrant(ctx context.Context, key, owner, identity string, leaseMS uint64) (Verdict, error)
+	ValidateGrant(ctx context.Context, g Grant) (Verdict, error)
 }
 
 // Auditor observes applied commands and returns audit events.
@@ -44,12 +60,12 @@ func (s *Set) Plugins() []*Plugin { return append([]*Plugin(nil), s.plugins...) 
 // that denies or fails; a Grant is allowed only if all allow. A Set with
 // no policy plugin allows everything. A failure denies (fail closed) and
 // returns the plugin's error.
-func (s *Set) ValidateGrant(ctx context.Context, key, owner, identity string, leaseMS uint64) (Verdict, error) {
+func (s *Set) ValidateGrant(ctx context.Context, g Grant) (Verdict, error) {
 	for _, p := range s.plugins {
 		if !p.HasPolicy() {
 			continue
 		}
-		v, err := p.ValidateGrant(ctx, key, owner, identity, leaseMS)
+		v, err := p.ValidateGrant(ctx, g)
 		if err != nil || !v.Allow {
 			return v, err
 		}

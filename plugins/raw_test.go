@@ -51,7 +51,7 @@ func TestRawLoadRefusals(t *testing.T) {
 		{"memory renamed", with(func(m *rawModule) { m.memExport = "mem" }), `does not export its memory`},
 		{"memory too big", with(func(m *rawModule) { m.memPages = 300 }), "over limit of 256 pages"},
 		{"version 0", with(func(m *rawModule) { m.funcs[0] = rawABIVersion(0) }), "ABI version 0"},
-		{"version 2", with(func(m *rawModule) { m.funcs[0] = rawABIVersion(2) }), "module speaks ABI version 2, this host speaks 1"},
+		{"version 3", with(func(m *rawModule) { m.funcs[0] = rawABIVersion(3) }), "module speaks ABI version 3, this host speaks 1 to 2"},
 		{"unknown hook bits", with(func(m *rawModule) {
 			m.funcs = append(m.funcs, rawFunc{export: "ticketd_hooks", results: []byte{tI32}, body: i32Const(5)})
 		}), "unknown hook bits 0x4"},
@@ -137,7 +137,7 @@ func TestRawCallFaults(t *testing.T) {
 			tc.edit(&m)
 			p := loadBytes(t, m.encode(), Config{CallTimeout: CallTimeoutDefault})
 			for i := 0; i < 2; i++ { // the second call runs on a fresh instance
-				v, err := p.ValidateGrant(ctx, "k", "o", "", 1000)
+				v, err := p.ValidateGrant(ctx, Grant{Key: "k", Owner: "o", Identity: "", LeaseMS: 1000})
 				ce := wantFailClosed(t, v, err, tc.sentinel)
 				if !strings.Contains(ce.Error(), tc.detail) {
 					t.Errorf("err = %v, want it to mention %q", err, tc.detail)

@@ -152,7 +152,7 @@ func TestSlowIdentityKeepsToItsShare(t *testing.T) {
 						return
 					default:
 					}
-					_, err := p.ValidateGrant(ctx, "loop", "o", "A", 1000)
+					_, err := p.ValidateGrant(ctx, Grant{Key: "loop", Owner: "o", Identity: "A", LeaseMS: 1000})
 					if errors.Is(err, ErrShareSpent) {
 						refused.Add(1)
 						select { // a refused caller retries, not spins
@@ -166,7 +166,7 @@ func TestSlowIdentityKeepsToItsShare(t *testing.T) {
 		}
 		call := func(i int) time.Duration {
 			start := time.Now()
-			v, err := p.ValidateGrant(ctx, fmt.Sprintf("fine/%d", i), "o", "B", 1000)
+			v, err := p.ValidateGrant(ctx, Grant{Key: fmt.Sprintf("fine/%d", i), Owner: "o", Identity: "B", LeaseMS: 1000})
 			if err != nil || !v.Allow {
 				t.Fatalf("B's call %d: %+v %v", i, v, err)
 			}

@@ -11,6 +11,7 @@ import (
 	"github.com/nats-io/nats.go"
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/plugins"
 	"github.com/ticketd/ticketd/raftstore"
 )
@@ -152,7 +153,14 @@ func (p *Publisher) run() {
 func (p *Publisher) audit(ap raftstore.Applied) {
 	ctx, cancel := context.WithTimeout(context.Background(), CallTimeoutDefault)
 	defer cancel()
-	evs, err := p.auditor.OnApplied(ctx, ap.Index, ap.Command, ap.Result)
+	cmd := ap.Command
+	if cmd.Kind != core.KindGrant && cmd.Kind != core.KindControl {
+		// A Renew, Release, Expire or ClearDelay names no kind: plugins
+		// (ABI version 2) see the holder's, which the node read when it
+		// applied the command (raftstore.Applied).
+		cmd.Limit, cmd.Mode = ap.Limit, ap.Mode
+	}
+	evs, err := p.auditor.OnApplied(ctx, ap.Index, cmd, ap.Result)
 	if err != nil {
 		p.failed.Inc()
 		p.log.Warn("audit plugin failed", "index", ap.Index, "err", err)

@@ -4,9 +4,12 @@ import (
 	"unicode/utf8"
 )
 
-// ABIVersion is the plugin ABI this SDK implements. The host refuses a
-// module that reports another version.
-const ABIVersion = 1
+// ABIVersion is the plugin ABI this SDK implements (plugins/README.md):
+// version 2 shows the lock kind (Limit, Mode) in GrantRequest, Command and
+// Result. A host older than version 2 refuses a module built with it; a
+// module built with an older SDK (version 1) keeps loading and gets the
+// version-1 requests.
+const ABIVersion = 2
 
 // Limits the host enforces on responses (they mirror the constants of the
 // same names in package plugins). A response that breaks one is a protocol
@@ -36,6 +39,12 @@ const (
 	KindControl = "control"
 )
 
+// Modes as they appear in GrantRequest.Mode and Command.Mode.
+const (
+	ModeExclusive = "exclusive"
+	ModeShared    = "shared"
+)
+
 // Result kinds as they appear in Result.Kind.
 const (
 	ResultNoop          = "noop"
@@ -44,6 +53,9 @@ const (
 	ResultReleased      = "released"
 	ResultNotFound      = "not_found"
 	ResultExpired       = "expired"
+	// ResultLimitMismatch: a Grant named another kind than the key's
+	// holders; Result.Limit is the key's current limit.
+	ResultLimitMismatch = "limit_mismatch"
 )
 
 // GrantRequest is the input of a validate_grant call: a Grant the leader
@@ -52,12 +64,24 @@ const (
 // ("ACCOUNT" or "ACCOUNT/user" from nats-server's Nats-Request-Info), ""
 // when the request carried none (an open NATS, or a host older than the
 // field, which never sends it).
+//
+// Limit and Mode are the lock's kind (docs/protocol.md, semaphores and
+// read/write locks): Limit 0 for a mutex or a read/write lock, 2..1024 for
+// a slot of a counting semaphore of that many holders; Mode ModeExclusive
+// (a mutex, a semaphore slot, or a writer) or ModeShared (a reader). A
+// renewal that lengthens a lease is asked like a grant, with the holder's
+// kind.
 type GrantRequest struct {
 	Key      string `json:"key"`
 	Owner    string `json:"owner"`
 	Identity string `json:"identity"`
 	LeaseMS  uint64 `json:"lease_ms"`
+	Limit    uint32 `json:"limit"`
+	Mode     string `json:"mode"`
 }
+
+// Shared reports whether the request is for a shared (read) hold.
+func (r GrantRequest) Shared() bool { return r.Mode == ModeShared }
 
 // Verdict is the output of a validate_grant call.
 type Verdict struct {
@@ -86,7 +110,10 @@ type Applied struct {
 
 // Command is a copy of an applied command. Which fields are meaningful
 // depends on Kind: grant has Key, Owner, LeaseMS and GrantedAtMS; release
-// and expire have Key and Token.
+// and expire have Key and Token. Limit and Mode are the kind of the lock
+// the command acted on (as in GrantRequest): what a grant asked for, or
+// the holder's for a renew, release, expire or the end of a slot's
+// lock-delay; Mode is "exclusive" for a control command.
 type Command struct {
 	Kind        string `json:"kind"`
 	Key         string `json:"key"`
@@ -94,15 +121,19 @@ type Command struct {
 	LeaseMS     uint64 `json:"lease_ms"`
 	GrantedAtMS uint64 `json:"granted_at_ms"`
 	Token       uint64 `json:"token"`
+	Limit       uint32 `json:"limit"`
+	Mode        string `json:"mode"`
 }
 
 // Result is a copy of an apply result. Token is the fencing token issued
 // (granted) or held (grant_rejected); Existed tells, for expired, whether
-// a lock was removed.
+// a lock was removed; Limit, for limit_mismatch, is the key's current
+// limit (1 for a mutex or a read/write lock).
 type Result struct {
 	Kind    string `json:"kind"`
 	Token   uint64 `json:"token"`
 	Existed bool   `json:"existed"`
+	Limit   uint32 `json:"limit"`
 }
 
 // Event is one audit event. Type is 1..MaxEventTypeBytes of

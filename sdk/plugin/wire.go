@@ -31,6 +31,10 @@ func decodeGrantRequest(b []byte) (GrantRequest, error) {
 			return s.str(&r.Identity)
 		case strings.EqualFold(key, "lease_ms"):
 			return s.uint(&r.LeaseMS)
+		case strings.EqualFold(key, "limit"):
+			return s.uint32(&r.Limit)
+		case strings.EqualFold(key, "mode"):
+			return s.str(&r.Mode)
 		}
 		return s.skip()
 	}) && s.end()
@@ -64,6 +68,10 @@ func decodeApplied(b []byte) (Applied, error) {
 					return s.uint(&c.GrantedAtMS)
 				case strings.EqualFold(key, "token"):
 					return s.uint(&c.Token)
+				case strings.EqualFold(key, "limit"):
+					return s.uint32(&c.Limit)
+				case strings.EqualFold(key, "mode"):
+					return s.str(&c.Mode)
 				}
 				return s.skip()
 			})
@@ -77,6 +85,8 @@ func decodeApplied(b []byte) (Applied, error) {
 					return s.uint(&r.Token)
 				case strings.EqualFold(key, "existed"):
 					return s.boolean(&r.Existed)
+				case strings.EqualFold(key, "limit"):
+					return s.uint32(&r.Limit)
 				}
 				return s.skip()
 			})
@@ -322,6 +332,17 @@ func (s *scanner) uint(dst *uint64) bool {
 		return false
 	}
 	*dst = v
+	return true
+}
+
+// uint32 reads an unsigned integer that fits 32 bits (or null), as
+// encoding/json does into a uint32: a larger one is an error.
+func (s *scanner) uint32(dst *uint32) bool {
+	v := uint64(*dst)
+	if !s.uint(&v) || v > math.MaxUint32 {
+		return false
+	}
+	*dst = uint32(v)
 	return true
 }
 

@@ -99,9 +99,9 @@ func TestFieldsEncoding(t *testing.T) {
 func TestDecodersMatchEncodingJSON(t *testing.T) {
 	var inputs []string
 	for _, s := range tricky {
-		g, _ := json.Marshal(GrantRequest{Key: s, Owner: s + "!", Identity: "ACC/" + s, LeaseMS: 12345})
-		a, _ := json.Marshal(Applied{Index: 9, Command: Command{Kind: "grant", Key: s, Owner: s, LeaseMS: 1, GrantedAtMS: 2, Token: 3},
-			Result: Result{Kind: "granted", Token: math.MaxUint64, Existed: true}})
+		g, _ := json.Marshal(GrantRequest{Key: s, Owner: s + "!", Identity: "ACC/" + s, LeaseMS: 12345, Limit: 8, Mode: s})
+		a, _ := json.Marshal(Applied{Index: 9, Command: Command{Kind: "grant", Key: s, Owner: s, LeaseMS: 1, GrantedAtMS: 2, Token: 3, Limit: math.MaxUint32, Mode: s},
+			Result: Result{Kind: "granted", Token: math.MaxUint64, Existed: true, Limit: 1024}})
 		inputs = append(inputs, string(g), string(a))
 	}
 	inputs = append(inputs,
@@ -111,6 +111,8 @@ func TestDecodersMatchEncodingJSON(t *testing.T) {
 		"{\"key\":\"bad \xff\\n \xc3\"}", "{\"key\":\"\xed\xa0\x80\"}", `{"key":"\u12"}`, `{"key":"\x"}`, `{"n":-0.5e+3}`, `{"n":-}`, `{"n":1.}`, `{"n":1e}`, `{"n":01}`, `{"n":-01}`,
 		`{"key":"unterminated}`, `{"key":1}`, `[]`, `null`, `{"key":"k"} trailing`, `{"key":"k",}`, `{"key":"\x01"}`,
 		`{"index":1,"command":null,"result":{"existed":false,"kind":"expired"}}`, `{"command":{"kind":"release","token":"7"}}`,
+		`{"limit":4294967295,"mode":"shared"}`, `{"limit":4294967296}`, `{"limit":-1}`, `{"limit":null,"mode":null}`, `{"LIMIT":3,"Mode":"x"}`,
+		`{"limit":3,"limit":99999999999}`, `{"mode":3}`, `{"command":{"limit":4294967296}}`, `{"result":{"kind":"limit_mismatch","limit":5}}`,
 	)
 	for _, in := range inputs {
 		var wantG GrantRequest
@@ -130,6 +132,7 @@ func TestDecodersMatchEncodingJSON(t *testing.T) {
 
 func FuzzDecodeApplied(f *testing.F) {
 	f.Add(`{"index":1,"command":{"kind":"grant","key":"k","owner":"o","lease_ms":1,"granted_at_ms":2,"token":0},"result":{"kind":"granted","token":3,"existed":false}}`)
+	f.Add(`{"index":1,"command":{"kind":"grant","key":"k","owner":"o","lease_ms":1,"granted_at_ms":2,"token":0,"limit":3,"mode":"exclusive"},"result":{"kind":"limit_mismatch","token":3,"existed":false,"limit":5}}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		var want Applied
 		wantErr := json.Unmarshal([]byte(in), &want)
@@ -144,6 +147,8 @@ func FuzzDecodeGrantRequest(f *testing.F) {
 	f.Add(`{"key":"k","owner":"o","lease_ms":1000}`)
 	f.Add(`{"key":"\u00e9\n","owner":"","lease_ms":0,"x":[{}]}`)
 	f.Add(`{"key":"k","owner":"o","identity":"TENANT_A/alice","lease_ms":1000}`)
+	f.Add(`{"key":"k","owner":"o","identity":"","lease_ms":1000,"limit":8,"mode":"shared"}`)
+	f.Add(`{"key":"k","limit":4294967296,"mode":null}`)
 	f.Fuzz(func(t *testing.T, in string) {
 		var want GrantRequest
 		wantErr := json.Unmarshal([]byte(in), &want)
