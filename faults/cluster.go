@@ -128,6 +128,9 @@ type nemesis struct {
 	logf  func(format string, args ...any)
 	// leaseMax bounds forward clock jumps.
 	leaseMax time.Duration
+	// beforeLeaderCrash, if set, runs just before crash-leader kills the
+	// leader (the sessions workload kills a holder's client there).
+	beforeLeaderCrash func()
 
 	mu         sync.Mutex
 	violations []Violation
@@ -245,6 +248,9 @@ func (n *nemesis) inject(kind string, until time.Time) error {
 		stop := n.c.crash
 		if kind == FaultStopLeader {
 			stop = n.c.stop
+		}
+		if kind == FaultCrashLeader && n.beforeLeaderCrash != nil {
+			n.beforeLeaderCrash()
 		}
 		if err := stop(i); err != nil {
 			return err

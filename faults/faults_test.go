@@ -89,6 +89,9 @@ func testConfig(t *testing.T, mode string) Config {
 	}
 	cfg.Keep = cfg.Keep || os.Getenv(envKeep) == "1" || os.Getenv(envOut) != ""
 	cfg.Kinds = kindsFor(mode, cfg.Nodes)
+	// Sessions need a real-rate lease clock on every node: the process
+	// driver has no clock jumps (sessions_check.go).
+	cfg.Sessions = mode == modeProcess
 	// Control-plane mode (in-process only): always on in long mode.
 	if mode == modeInProcess && (long || os.Getenv(envControl) == "1") {
 		cfg.Control = true

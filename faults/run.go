@@ -48,7 +48,10 @@ type Config struct {
 	// Control forms the in-process cluster through the control plane
 	// (bootstrap and joins) and adds the wipe-node fault.
 	Control bool
-	logf    func(format string, args ...any)
+	// Sessions runs the sessions workload beside the lock workload
+	// (sessions_workload.go, checked by CheckSessions).
+	Sessions bool
+	logf     func(format string, args ...any)
 }
 
 // Report is what a run found.
@@ -71,6 +74,10 @@ type Report struct {
 	// check judged (kinds_check.go).
 	ByLock    map[LockKind]map[string]int
 	FIFOPairs int
+	// Sessions is the sessions workload's line (Config.Sessions), and
+	// sessions its history (saved as sessions.json with the artifacts).
+	Sessions string
+	sessions *SessionHistory
 }
 
 func (r *Report) summary() string {
@@ -136,6 +143,9 @@ func (r *Report) summary() string {
 	for _, a := range sortedKeys(r.Anomalies) {
 		fmt.Fprintf(&b, "  %s: %d\n", a, r.Anomalies[a])
 	}
+	if r.Sessions != "" {
+		fmt.Fprintf(&b, "  %s\n", r.Sessions)
+	}
 	fmt.Fprintf(&b, "  violations: %d\n", len(r.Violations))
 	for _, v := range r.Violations {
 		b.WriteString("    ")
@@ -189,6 +199,11 @@ func run(cfg Config, c cluster, h *History) *Report {
 	defer checker.Close()
 	checkerID := cfg.Clients
 	nem := &nemesis{c: c, h: h, rng: rand.New(rand.NewPCG(rng.Uint64(), 1)), kinds: cfg.Kinds, base: c.electionTimeout(), logf: logf, leaseMax: cfg.LeaseMax}
+	var sw *sessionWorkload
+	if cfg.Sessions {
+		sw = newSessionWorkload(c, h, cfg.Name, logf)
+		nem.beforeLeaderCrash = sw.beforeLeaderCrash
+	}
 
 	liveness := func(round int, what string) {
 		rep.Violations = append(rep.Violations, Violation{Checker: "liveness", Round: round, Message: what})
@@ -223,6 +238,11 @@ func run(cfg Config, c cluster, h *History) *Report {
 			wg.Add(1)
 			go func() { defer wg.Done(); wk.run(until, cfg.MaxOpsPerClient) }()
 		}
+		if sw != nil {
+			wg.Add(1)
+			seed := rng.Uint64()
+			go func() { defer wg.Done(); sw.round(until, seed) }()
+		}
 		nemDone := make(chan struct{})
 		go func() {
 			defer close(nemDone)
@@ -249,6 +269,11 @@ func run(cfg Config, c cluster, h *History) *Report {
 		if held := drain(h, checker, checkerID, keys, cfg.LeaseMax+maxBack+15*time.Second); len(held) > 0 {
 			liveness(round, fmt.Sprintf("keys still held %v after healing (longest lease %v): %v",
 				cfg.LeaseMax+maxBack+15*time.Second, cfg.LeaseMax, held))
+		}
+		if sw != nil {
+			if held := sw.drain(checker, sessionTTL+sessionLockDelay+15*time.Second); len(held) > 0 {
+				liveness(round, fmt.Sprintf("session keys still held %v after healing: %v", sessionTTL+sessionLockDelay+15*time.Second, held))
+			}
 		}
 		if msg := waitConverged(c, 30*time.Second); msg != "" {
 			rep.Violations = append(rep.Violations, Violation{Checker: "convergence", Round: round, Message: msg})
@@ -311,6 +336,16 @@ func run(cfg Config, c cluster, h *History) *Report {
 				rep.Violations = append(rep.Violations, v)
 			}
 		}
+	}
+	if sw != nil {
+		sh := sw.history()
+		res := CheckSessions(sh)
+		for _, v := range res.Violations {
+			v.Round = cfg.Rounds - 1
+			rep.Violations = append(rep.Violations, v)
+		}
+		rep.Sessions = sw.summary(sh, res)
+		rep.sessions = &sh
 	}
 	rep.Elapsed = time.Since(start)
 	return rep
@@ -467,5 +502,10 @@ func saveHistory(dir string, cfg Config, h *History, rep *Report) (string, error
 	ops, writes, jumps, faults := h.snapshot(-1)
 	hf := historyFile{Name: cfg.Name, Seed: cfg.Seed, Nodes: cfg.Nodes, Mode: cfg.Mode, Ops: ops, Writes: writes, Jumps: jumps, Faults: faults, Violations: rep.Violations, Excused: rep.Excused}
 	path := filepath.Join(dir, "history.json")
+	if rep.sessions != nil {
+		if err := writeJSON(filepath.Join(dir, "sessions.json"), rep.sessions); err != nil {
+			return path, err
+		}
+	}
 	return path, writeJSON(path, hf)
 }
