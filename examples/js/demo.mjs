@@ -76,6 +76,47 @@ try {
   expect(released === 2, `close released ${released}`);
   expect(!(await get(nc, k1.key)).held, "a lock of the closed session is still held");
   print("session_closed", { released, keepalives: s.keepalives });
+
+  // A counting semaphore of 2 (§12): two holders, each with its own token;
+  // a third is refused until one leaves, and get shows every holder.
+  const pool = `${key}/pool`;
+  const p1 = await acquire(nc, pool, { owner: "js-p1", limit: 2 });
+  const p2 = await acquire(nc, pool, { owner: "js-p2", limit: 2 });
+  try {
+    await acquire(nc, pool, { owner: "js-p3", limit: 2 });
+    expect(false, "a third slot of a semaphore of 2 was granted");
+  } catch (err) {
+    expect(err instanceof TicketdError && err.code === "held", `third slot failed with ${err}`);
+  }
+  const hp = await get(nc, pool);
+  expect(hp.limit === 2 && hp.holders?.length === 2 && hp.holders[1].token === p2.token, `get of the semaphore says ${JSON.stringify(hp)}`);
+  expect(await p1.release(), "release of a slot said not found");
+  const p3 = await acquire(nc, pool, { owner: "js-p3", limit: 2 });
+  expect(p3.token > p2.token, `the freed slot got token ${p3.token}, not above ${p2.token}`);
+  print("semaphore", { limit: hp.limit, holders: hp.holders.map((h) => h.token), freed_slot_token: p3.token });
+  await p2.release();
+  await p3.release();
+
+  // A read/write lock (§12): readers share it; a writer waits for them, and
+  // a reader that comes after the waiting writer is refused (FIFO across
+  // modes: the writer is not starved).
+  const rw = `${key}/rw`;
+  const r1 = await acquire(nc, rw, { owner: "js-r1", mode: "shared" });
+  const r2 = await acquire(nc, rw, { owner: "js-r2", mode: "shared" });
+  const writer = acquire(nc, rw, { owner: "js-w", waitMs: 5000 });
+  await new Promise((r) => setTimeout(r, 200));
+  try {
+    await acquire(nc, rw, { owner: "js-r3", mode: "shared" });
+    expect(false, "a reader overtook a waiting writer");
+  } catch (err) {
+    expect(err instanceof TicketdError && err.code === "held", `late reader failed with ${err}`);
+  }
+  await r1.release();
+  await r2.release();
+  const w = await writer;
+  expect(w.token > r2.token, `the writer got token ${w.token}, not above the readers' ${r2.token}`);
+  print("rwlock", { readers: [r1.token, r2.token], writer: w.token });
+  await w.release();
 } catch (err) {
   print("error", { message: String(err), code: err.code });
   process.exitCode = 1;

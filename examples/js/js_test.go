@@ -60,7 +60,10 @@ func install(t *testing.T) string {
 // TestJavaScriptClient runs demo.mjs against a three-node cluster: it
 // takes a lock, is refused a second try, reads the holder, renews it,
 // queues a waiter that gets the key with
-// a larger token once the first holder releases, and releases twice.
+// a larger token once the first holder releases, and releases twice; then
+// a semaphore of 2 (a third slot held until one leaves) and a read/write
+// lock (a reader after a waiting writer is held; the writer's token is
+// above the readers').
 func TestJavaScriptClient(t *testing.T) {
 	dir := install(t)
 	c := testcluster.New(t, 3)
@@ -90,13 +93,20 @@ func TestJavaScriptClient(t *testing.T) {
 		steps[name] = v
 		order = append(order, name)
 	}
-	want := []string{"acquired", "held", "get", "renewed", "released", "waited", "done", "session", "session_closed"}
+	want := []string{"acquired", "held", "get", "renewed", "released", "waited", "done", "session", "session_closed", "semaphore", "rwlock"}
 	if strings.Join(order, ",") != strings.Join(want, ",") {
 		t.Fatalf("steps %v, want %v", order, want)
 	}
 	first, second := steps["acquired"]["token"].(float64), steps["waited"]["token"].(float64)
 	if first < 1 || second <= first || steps["get"]["token"].(float64) != first {
 		t.Fatalf("tokens: acquired %v, get %v, waited %v", first, steps["get"]["token"], second)
+	}
+	sem, rw := steps["semaphore"], steps["rwlock"]
+	holders, _ := sem["holders"].([]any)
+	readers, _ := rw["readers"].([]any)
+	if sem["limit"] != float64(2) || len(holders) != 2 || sem["freed_slot_token"].(float64) <= holders[1].(float64) ||
+		len(readers) != 2 || rw["writer"].(float64) <= readers[1].(float64) {
+		t.Fatalf("kinds: semaphore %v, rwlock %v", sem, rw)
 	}
 	// The cluster agrees: the key is free, and the next token is larger.
 	cl, err := sdk.New(testkit.Connect(t, c.ClientURL(lead)))

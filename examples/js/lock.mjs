@@ -65,10 +65,22 @@ async function withRetry(op, deadlineMs) {
  * to a Lock whose `deadline` (performance.now() scale) is the last moment
  * it may be used (§7). A lost reply throws TicketdError("indeterminate"):
  * never retried (§5).
+ *
+ * §12 (cluster version 5): `limit` 2..1024 takes a slot of a counting
+ * semaphore of that many holders; `mode: "shared"` a reader's hold of a
+ * read/write lock (the default, exclusive, is the writer). Each holder
+ * has its own token; every holder and waiter of a key names the same
+ * limit (`invalid_argument` otherwise).
  */
-export async function acquire(nc, key, { owner = "", leaseMs = 10000, waitMs = 0, retryForMs = 5000 } = {}) {
+export async function acquire(nc, key, { owner = "", leaseMs = 10000, waitMs = 0, retryForMs = 5000, limit = 0, mode = "" } = {}) {
   const clientWaitMs = waitMs + 3000; // how long we really wait for a reply
   const body = { key, owner, lease_ms: leaseMs, wait_ms: waitMs, timeout_ms: clientWaitMs - REPLY_SLACK_MS };
+  if (limit > 1) {
+    body.limit = limit;
+  }
+  if (mode) {
+    body.mode = mode;
+  }
   const { reply, sent } = await withRetry(async () => {
     try {
       return await request(nc, "ticketd.v1.lock.acquire", body, clientWaitMs);
