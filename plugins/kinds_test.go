@@ -56,6 +56,14 @@ func TestABIVersionsAndKinds(t *testing.T) {
 			t.Errorf("abi1 OnApplied(%v, %v) = %v, %v; want one abi1.applied", a.cmd, a.res, evs, err)
 		}
 	}
+	// The version-2 module sees the holder's kind on a release too.
+	evs, err := pol.OnApplied(ctx, 8, rel, core.Result{Kind: core.ResultReleased})
+	if err != nil || len(evs) != 1 || evs[0].Type != "kinds.release" || string(evs[0].Data) != `{"key":"k","token":9,"limit":3,"mode":"exclusive"}` {
+		t.Errorf("kinds OnApplied(release of a slot) = %v, %v", evs, err)
+	}
+	if evs, err := pol.OnApplied(ctx, 9, core.Release("m", 4), core.Result{Kind: core.ResultReleased}); err != nil || len(evs) != 0 {
+		t.Errorf("kinds OnApplied(release of a mutex) = %v, %v; want none", evs, err)
+	}
 	// The set asks both: the version-1 module's deny still counts.
 	s := NewSet(old, pol)
 	for g, want := range map[Grant]string{
