@@ -26,7 +26,8 @@ type fakeAuditor struct {
 	mu     sync.Mutex
 	events []plugins.Event
 	calls  int
-	block  chan struct{} // if set, each call waits for it
+	cmds   []core.Command // the commands shown, in order
+	block  chan struct{}  // if set, each call waits for it
 }
 
 func (a *fakeAuditor) OnApplied(ctx context.Context, index uint64, cmd core.Command, res core.Result) ([]plugins.Event, error) {
@@ -36,6 +37,7 @@ func (a *fakeAuditor) OnApplied(ctx context.Context, index uint64, cmd core.Comm
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	a.calls++
+	a.cmds = append(a.cmds, cmd)
 	if index == 13 {
 		return nil, errors.New("plugin trapped")
 	}
@@ -214,5 +216,44 @@ func TestEnsureStream(t *testing.T) {
 	}
 	if info, err = stream.Info(ctx); err != nil || info.State.Bytes > 1<<20 || info.State.FirstSeq == 1 {
 		t.Fatalf("stream state %+v (%v): over its bound, or the oldest event kept", info.State, err)
+	}
+}
+
+// TestPluginsSeeTheHoldersKind: a Renew, Release, Expire or ClearDelay
+// names no kind, so the publisher shows plugins the holder's, as the node
+// read it at apply (raftstore.Applied); a Grant keeps the kind it asked
+// for, a control command gets none.
+func TestPluginsSeeTheHoldersKind(t *testing.T) {
+	a := &fakeAuditor{}
+	p := newPublisher(t, Config{Auditor: a, Logger: testkit.QuietLogger()})
+	p.Start(runNATS(t, false))
+	defer p.Close()
+	grant := core.Grant("k", "o", 1000, 0).WithKind(0, core.ModeShared)
+	in := []raftstore.Applied{
+		{Index: 1, Command: grant, Mode: core.ModeShared},
+		{Index: 2, Command: core.Renew("k", 1, 2000), Mode: core.ModeShared},
+		{Index: 3, Command: core.Release("s", 2), Limit: 4},
+		{Index: 4, Command: core.Expire("s", 3), Limit: 4},
+		{Index: 5, Command: core.ClearDelay("s", 7), Limit: 4},
+		{Index: 6, Command: core.Release("m", 5)},
+		{Index: 7, Command: core.Command{Kind: core.KindControl}, Limit: 9},
+	}
+	for _, ap := range in {
+		p.Offer(ap)
+	}
+	testkit.Eventually(t, 5*time.Second, "every command audited", func() bool {
+		a.mu.Lock()
+		defer a.mu.Unlock()
+		return a.calls == len(in)
+	})
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for i, want := range []struct {
+		limit uint32
+		mode  core.Mode
+	}{{0, core.ModeShared}, {0, core.ModeShared}, {4, 0}, {4, 0}, {4, 0}, {0, 0}, {0, 0}} {
+		if c := a.cmds[i]; c.Limit != want.limit || c.Mode != want.mode || c.Key != in[i].Command.Key || c.Token != in[i].Command.Token {
+			t.Errorf("command %d shown as %+v, want limit %d mode %v", i, c, want.limit, want.mode)
+		}
 	}
 }
