@@ -179,7 +179,10 @@ func TestStatusAndReadIndexWhileLoopIsBusy(t *testing.T) {
 	if d := time.Since(start); d > 3*statusWait {
 		t.Fatalf("status took %v", d)
 	}
-	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	// The caller's deadline is well inside the read round's own timeout
+	// (readRoundTimeoutElections election timeouts, 100 ms here), so it is
+	// the context that ends the wait, not the round.
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
 	defer cancel()
 	if err := n.ReadIndex(ctx); !errors.Is(err, context.DeadlineExceeded) {
 		t.Fatalf("read index on a busy loop: %v, want its deadline", err)
