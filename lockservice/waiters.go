@@ -140,6 +140,10 @@ func (s *Service) await(ctx context.Context, p AcquireParams, w *waiter, deadlin
 		}
 		if q.len() == 0 {
 			delete(s.lead.queues, p.Key)
+		} else {
+			// A waiter behind us may fit now (a reader behind a writer
+			// that gave up).
+			s.handOff(p.Key)
 		}
 	}
 	return cause

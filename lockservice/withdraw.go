@@ -203,10 +203,10 @@ func (s *Service) withdrawWait(ctx context.Context, w *waiter) (Withdrawal, erro
 		// Still queued: nothing was reserved for it.
 		q := s.lead.queues[w.ref.key]
 		q.remove(w)
-		if q.len() == 0 {
-			delete(s.lead.queues, w.ref.key)
-		}
 		s.unqueued(w)
+		// A waiter behind it may fit now (a reader behind a withdrawn
+		// writer); handOff drops the queue when it is empty.
+		s.handOff(w.ref.key)
 		delete(s.lead.waits, w.ref)
 		close(w.gone)
 		s.lead.mu.Unlock()

@@ -1,0 +1,323 @@
+package sdk_test
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ticketd/ticketd/internal/testkit"
+	"github.com/ticketd/ticketd/internal/testkit/testcluster"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// Review of issue 25's API phase (docs/protocol.md §12) through a real
+// node over NATS, with raw requests so that the SDK's own checks do not
+// hide the server's answers.
+
+// rawReply is a decoded reply: its fields, and the error code and message
+// of an error reply.
+type rawReply struct {
+	v    map[string]any
+	code string
+	msg  string
+}
+
+func (r rawReply) num(field string) uint64 {
+	f, _ := r.v[field].(float64)
+	return uint64(f)
+}
+
+func rawReq(t *testing.T, nc *nats.Conn, subject string, body string) rawReply {
+	t.Helper()
+	m, err := nc.Request(subject, []byte(body), 10*time.Second)
+	if err != nil {
+		t.Fatalf("%s %s: %v", subject, body, err)
+	}
+	var r rawReply
+	if err := json.Unmarshal(m.Data, &r.v); err != nil {
+		t.Fatalf("%s %s: reply %q: %v", subject, body, m.Data, err)
+	}
+	if e, ok := r.v["error"].(map[string]any); ok {
+		r.code, _ = e["code"].(string)
+		r.msg, _ = e["message"].(string)
+	}
+	return r
+}
+
+func rawConn(t *testing.T, c *testcluster.Cluster, i int) *nats.Conn {
+	t.Helper()
+	nc, err := nats.Connect(c.ClientURL(i))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(nc.Close)
+	return nc
+}
+
+// rawAcquire sends an acquire and wants a grant; it returns the token.
+func rawAcquire(t *testing.T, nc *nats.Conn, body string) uint64 {
+	t.Helper()
+	r := rawReq(t, nc, protocol.SubjectAcquire, body)
+	if r.code != "" || r.num("token") == 0 {
+		t.Fatalf("acquire %s: %v", body, r.v)
+	}
+	return r.num("token")
+}
+
+// TestReviewKindsDocClaims checks §12's claims one by one on a real node:
+// the field bounds and their messages, the limit mismatch naming the
+// key's limit in the documented words, held, check/release/renew per
+// holder with a foreign, stale or other key's token, and get/list.
+func TestReviewKindsDocClaims(t *testing.T) {
+	c, lead := cluster(t, 1)
+	nc := rawConn(t, c, lead)
+	t1 := rawAcquire(t, nc, `{"key":"pool/gpu","limit":2,"lease_ms":60000,"owner":"w1"}`)
+	t2 := rawAcquire(t, nc, `{"key":"pool/gpu","limit":2,"lease_ms":60000,"owner":"w2"}`)
+	r1 := rawAcquire(t, nc, `{"key":"config/db","mode":"shared","lease_ms":60000,"owner":"r1"}`)
+	r2 := rawAcquire(t, nc, `{"key":"config/db","mode":"shared","lease_ms":60000,"owner":"r2"}`)
+	m1 := rawAcquire(t, nc, `{"key":"plain","lease_ms":60000,"owner":"m"}`)
+	if !(t1 < t2 && t2 < r1 && r1 < r2) {
+		t.Fatalf("tokens %d %d %d %d not rising", t1, t2, r1, r2)
+	}
+
+	for _, tc := range []struct {
+		name, body, code, msg string
+	}{
+		{"limit above the maximum", `{"key":"x","limit":1025,"lease_ms":1000}`, "invalid_argument", "limit 1025 is outside [0, 1024]"},
+		{"negative limit", `{"key":"x","limit":-1,"lease_ms":1000}`, "invalid_argument", "limit -1 is outside [0, 1024]"},
+		{"huge limit", `{"key":"x","limit":4294967298,"lease_ms":1000}`, "invalid_argument", "outside [0, 1024]"},
+		{"unknown mode", `{"key":"x","mode":"SHARED","lease_ms":1000}`, "invalid_argument", "mode"},
+		{"shared semaphore", `{"key":"x","limit":2,"mode":"shared","lease_ms":1000}`, "invalid_argument", "a semaphore (limit 2) has no shared mode"},
+		{"full semaphore", `{"key":"pool/gpu","limit":2,"lease_ms":60000}`, "held", ""},
+		{"other limit", `{"key":"pool/gpu","limit":3,"lease_ms":60000}`, "invalid_argument",
+			`key "pool/gpu" has limit 2, the acquire asked for limit 3: every holder and waiter of a key names the same limit`},
+		{"mutex on a semaphore", `{"key":"pool/gpu","lease_ms":60000}`, "invalid_argument", "has limit 2, the acquire asked for limit 1"},
+		{"explicit limit 1 on a semaphore", `{"key":"pool/gpu","limit":1,"lease_ms":60000}`, "invalid_argument", "has limit 2, the acquire asked for limit 1"},
+		{"shared on a semaphore", `{"key":"pool/gpu","mode":"shared","lease_ms":60000}`, "invalid_argument", "has limit 2, the acquire asked for limit 1"},
+		{"semaphore on a shared key", `{"key":"config/db","limit":2,"lease_ms":60000}`, "invalid_argument", `key "config/db" has limit 1, the acquire asked for limit 2`},
+		{"semaphore on a mutex", `{"key":"plain","limit":2,"lease_ms":60000}`, "invalid_argument", `key "plain" has limit 1, the acquire asked for limit 2`},
+		{"waiting semaphore on a mutex", `{"key":"plain","limit":2,"lease_ms":60000,"wait_ms":100}`, "invalid_argument", `key "plain" has limit 1, the acquire asked for limit 2`},
+		{"exclusive on a shared key", `{"key":"config/db","lease_ms":60000}`, "held", ""},
+		{"shared on a mutex", `{"key":"plain","mode":"shared","lease_ms":60000}`, "held", ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := rawReq(t, nc, protocol.SubjectAcquire, tc.body)
+			if r.code != tc.code || !strings.Contains(r.msg, tc.msg) {
+				t.Fatalf("%s: %v, want %s %q", tc.body, r.v, tc.code, tc.msg)
+			}
+		})
+	}
+
+	// Check: any current holder is current; otherwise false with the
+	// oldest holder's token.
+	for _, tc := range []struct {
+		key     string
+		token   uint64
+		current bool
+		want    uint64
+	}{
+		{"pool/gpu", t1, true, t1}, {"pool/gpu", t2, true, t2},
+		{"pool/gpu", r1, false, t1}, {"pool/gpu", m1 + 100, false, t1},
+		{"config/db", r2, true, r2}, {"config/db", t2, false, r1},
+	} {
+		r := rawReq(t, nc, protocol.SubjectCheck, fmt.Sprintf(`{"key":%q,"token":%d}`, tc.key, tc.token))
+		if r.code != "" || r.v["current"] != tc.current || r.num("token") != tc.want {
+			t.Errorf("check %s %d: %v, want current %v token %d", tc.key, tc.token, r.v, tc.current, tc.want)
+		}
+	}
+
+	// Release and renew with a token of another key, or a future one:
+	// not_found, and every holder stays.
+	for _, body := range []string{
+		fmt.Sprintf(`{"key":"pool/gpu","token":%d}`, r1),
+		fmt.Sprintf(`{"key":"config/db","token":%d}`, t1),
+		fmt.Sprintf(`{"key":"pool/gpu","token":%d}`, m1+100),
+		fmt.Sprintf(`{"key":"pool/gpu","token":%d}`, 0),
+	} {
+		if r := rawReq(t, nc, protocol.SubjectRelease, body); r.code != "not_found" && r.code != "invalid_argument" {
+			t.Errorf("release %s: %v, want not_found", body, r.v)
+		}
+		if r := rawReq(t, nc, protocol.SubjectRenew, strings.TrimSuffix(body, "}")+`,"lease_ms":60000}`); r.code != "not_found" && r.code != "invalid_argument" {
+			t.Errorf("renew %s: %v, want not_found", body, r.v)
+		}
+	}
+
+	// Get: the kind, every holder in token order, the oldest on top.
+	g := rawReq(t, nc, protocol.SubjectGet, `{"key":"pool/gpu"}`)
+	hs, _ := g.v["holders"].([]any)
+	if g.num("limit") != 2 || g.num("token") != t1 || g.v["owner"] != "w1" || len(hs) != 2 || g.v["mode"] != nil {
+		t.Fatalf("get pool/gpu: %v", g.v)
+	}
+	if h := hs[1].(map[string]any); h["token"] != float64(t2) || h["owner"] != "w2" || h["remaining_ms"] == nil {
+		t.Fatalf("get pool/gpu second holder: %v", h)
+	}
+	g = rawReq(t, nc, protocol.SubjectGet, `{"key":"config/db"}`)
+	if g.num("limit") != 1 || g.v["mode"] != "shared" || g.num("token") != r1 {
+		t.Fatalf("get config/db: %v", g.v)
+	}
+	g = rawReq(t, nc, protocol.SubjectGet, `{"key":"plain"}`)
+	if _, ok := g.v["limit"]; ok || g.v["mode"] != nil || g.v["holders"] != nil {
+		t.Fatalf("get plain: %v", g.v)
+	}
+
+	// A stale token: the released slot's token is not_found on release,
+	// renew, and not current; the other holder keeps its slot.
+	if r := rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"pool/gpu","token":%d}`, t1)); r.v["released"] != true {
+		t.Fatalf("release t1: %v", r.v)
+	}
+	if r := rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"pool/gpu","token":%d}`, t1)); r.code != "not_found" {
+		t.Fatalf("second release of t1: %v", r.v)
+	}
+	if r := rawReq(t, nc, protocol.SubjectRenew, fmt.Sprintf(`{"key":"pool/gpu","token":%d,"lease_ms":60000}`, t1)); r.code != "not_found" {
+		t.Fatalf("renew of released t1: %v", r.v)
+	}
+	if r := rawReq(t, nc, protocol.SubjectCheck, fmt.Sprintf(`{"key":"pool/gpu","token":%d}`, t1)); r.v["current"] != false || r.num("token") != t2 {
+		t.Fatalf("check of released t1: %v", r.v)
+	}
+	// List: one entry per holder, each with its kind and no holders.
+	l := rawReq(t, nc, protocol.SubjectList, `{"prefix":""}`)
+	locks, _ := l.v["locks"].([]any)
+	var got []string
+	for _, e := range locks {
+		m := e.(map[string]any)
+		if m["holders"] != nil {
+			t.Errorf("list entry with holders: %v", m)
+		}
+		got = append(got, fmt.Sprintf("%s/%v/%v/%v", m["key"], m["token"], m["limit"], m["mode"]))
+	}
+	want := fmt.Sprintf("[config/db/%d/1/shared config/db/%d/1/shared plain/%d/<nil>/<nil> pool/gpu/%d/2/<nil>]", r1, r2, m1, t2)
+	if fmt.Sprint(got) != want {
+		t.Fatalf("list: %v, want %s", got, want)
+	}
+	_ = testkit.Eventually
+}
+
+// waitRaw sends a waiting acquire in the background and returns once the
+// leader has it queued as the n-th waiter of key.
+func waitRaw(t *testing.T, c *testcluster.Cluster, lead int, nc *nats.Conn, key, body string, n int) <-chan rawReply {
+	t.Helper()
+	out := make(chan rawReply, 1)
+	go func() {
+		var r rawReply
+		m, err := nc.Request(protocol.SubjectAcquire, []byte(body), 30*time.Second)
+		if err != nil {
+			r.code = "transport: " + err.Error()
+		} else if err := json.Unmarshal(m.Data, &r.v); err != nil {
+			r.code = "decode: " + err.Error()
+		} else if e, ok := r.v["error"].(map[string]any); ok {
+			r.code, _ = e["code"].(string)
+			r.msg, _ = e["message"].(string)
+		}
+		out <- r
+	}()
+	testkit.Eventually(t, 10*time.Second, body+" queued", func() bool { return c.Node(lead).Locks().Waiting(key) == n })
+	return out
+}
+
+func granted(t *testing.T, name string, ch <-chan rawReply) uint64 {
+	t.Helper()
+	select {
+	case r := <-ch:
+		if r.code != "" || r.num("token") == 0 {
+			t.Fatalf("%s: %v %s %s", name, r.v, r.code, r.msg)
+		}
+		return r.num("token")
+	case <-time.After(5 * time.Second):
+		t.Fatalf("%s was not granted", name)
+	}
+	return 0
+}
+
+func notYet(t *testing.T, name string, ch <-chan rawReply) {
+	t.Helper()
+	select {
+	case r := <-ch:
+		t.Fatalf("%s answered out of turn: %v %s", name, r.v, r.code)
+	case <-time.After(200 * time.Millisecond):
+	}
+}
+
+// TestReviewKindsQueueGivesUp: a waiter that gives up in the middle or at
+// the head of a key's queue (withdraw, its wait running out) must not
+// keep blocking the waiters behind it (§12: the leader serves the head
+// while it fits; a waiter that left is no longer in the queue).
+func TestReviewKindsQueueGivesUp(t *testing.T) {
+	c, lead := cluster(t, 1)
+	nc := rawConn(t, c, lead)
+
+	t.Run("writer withdraws before a reader", func(t *testing.T) {
+		r1 := rawAcquire(t, nc, `{"key":"rw1","mode":"shared","lease_ms":60000}`)
+		w := waitRaw(t, c, lead, nc, "rw1", `{"key":"rw1","lease_ms":60000,"wait_ms":20000,"wait_id":"w"}`, 1)
+		r2 := waitRaw(t, c, lead, nc, "rw1", `{"key":"rw1","mode":"shared","lease_ms":60000,"wait_ms":20000}`, 2)
+		if r := rawReq(t, nc, protocol.SubjectWithdraw, `{"key":"rw1","wait_id":"w"}`); r.v["withdrawn"] != true {
+			t.Fatalf("withdraw: %v", r.v)
+		}
+		if tok := granted(t, "the reader behind the withdrawn writer", r2); tok <= r1 {
+			t.Fatalf("reader token %d", tok)
+		}
+		if r := <-w; r.code != "timeout" {
+			t.Fatalf("withdrawn writer: %v %s", r.v, r.code)
+		}
+	})
+	t.Run("writer's wait runs out before a reader", func(t *testing.T) {
+		rawAcquire(t, nc, `{"key":"rw2","mode":"shared","lease_ms":60000}`)
+		w := waitRaw(t, c, lead, nc, "rw2", `{"key":"rw2","lease_ms":60000,"wait_ms":500}`, 1)
+		r2 := waitRaw(t, c, lead, nc, "rw2", `{"key":"rw2","mode":"shared","lease_ms":60000,"wait_ms":20000}`, 2)
+		if r := <-w; r.code != "timeout" {
+			t.Fatalf("writer: %v %s", r.v, r.code)
+		}
+		granted(t, "the reader behind the timed-out writer", r2)
+	})
+	t.Run("semaphore waiter withdraws in the middle", func(t *testing.T) {
+		h1 := rawAcquire(t, nc, `{"key":"sem","limit":2,"lease_ms":60000}`)
+		h2 := rawAcquire(t, nc, `{"key":"sem","limit":2,"lease_ms":60000}`)
+		a := waitRaw(t, c, lead, nc, "sem", `{"key":"sem","limit":2,"lease_ms":60000,"wait_ms":20000}`, 1)
+		b := waitRaw(t, c, lead, nc, "sem", `{"key":"sem","limit":2,"lease_ms":60000,"wait_ms":20000,"wait_id":"b"}`, 2)
+		cc := waitRaw(t, c, lead, nc, "sem", `{"key":"sem","limit":2,"lease_ms":60000,"wait_ms":20000}`, 3)
+		// A waiter of another limit is refused at once, not queued.
+		if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"sem","limit":3,"lease_ms":60000,"wait_ms":20000}`); r.code != "invalid_argument" || !strings.Contains(r.msg, "has limit 2") {
+			t.Fatalf("a waiter of limit 3: %v", r.v)
+		}
+		if r := rawReq(t, nc, protocol.SubjectWithdraw, `{"key":"sem","wait_id":"b"}`); r.v["withdrawn"] != true {
+			t.Fatalf("withdraw b: %v", r.v)
+		}
+		if r := <-b; r.code != "timeout" {
+			t.Fatalf("withdrawn b: %v %s", r.v, r.code)
+		}
+		rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"sem","token":%d}`, h1))
+		ta := granted(t, "a", a)
+		notYet(t, "c", cc)
+		rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"sem","token":%d}`, h2))
+		if tc := granted(t, "c", cc); tc <= ta {
+			t.Fatalf("tokens a %d c %d", ta, tc)
+		}
+	})
+	t.Run("readers behind a writer are granted together, up to the next writer", func(t *testing.T) {
+		w1 := rawAcquire(t, nc, `{"key":"rw3","lease_ms":60000}`)
+		ra := waitRaw(t, c, lead, nc, "rw3", `{"key":"rw3","mode":"shared","lease_ms":60000,"wait_ms":20000}`, 1)
+		rb := waitRaw(t, c, lead, nc, "rw3", `{"key":"rw3","mode":"shared","lease_ms":60000,"wait_ms":20000}`, 2)
+		w2 := waitRaw(t, c, lead, nc, "rw3", `{"key":"rw3","lease_ms":60000,"wait_ms":20000}`, 3)
+		rc := waitRaw(t, c, lead, nc, "rw3", `{"key":"rw3","mode":"shared","lease_ms":60000,"wait_ms":20000}`, 4)
+		rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"rw3","token":%d}`, w1))
+		ta, tb := granted(t, "ra", ra), granted(t, "rb", rb)
+		notYet(t, "w2", w2)
+		notYet(t, "rc", rc)
+		if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"rw3","mode":"shared","lease_ms":60000}`); r.code != "held" {
+			t.Fatalf("shared try while a writer waits: %v", r.v)
+		}
+		rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"rw3","token":%d}`, ta))
+		notYet(t, "w2", w2)
+		rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"rw3","token":%d}`, tb))
+		tw := granted(t, "w2", w2)
+		if tw <= tb || tw <= ta {
+			t.Fatalf("writer token %d not above readers' %d %d", tw, ta, tb)
+		}
+		notYet(t, "rc", rc)
+		rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"rw3","token":%d}`, tw))
+		granted(t, "rc", rc)
+	})
+}
