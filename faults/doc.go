@@ -343,6 +343,20 @@
 // answers came from FIFO rather than a full key (both are left to the
 // lenient pass).
 //
+// Sessions (issue 24; sessions_workload.go, sessions_check.go): with
+// Config.Sessions (the process driver: TestProcessFaults and
+// TestProcessSessions) holders keep keys in sessions and close them or
+// die, every crash-leader first kills one holder's client, contenders
+// try the keys, and a poller records every node's term and role.
+// CheckSessions reports a keepalive refused before the session's local
+// deadline (session-lost), a grant of a session's key before that
+// deadline plus the lock-delay (session-exclusion), and before the full
+// TTL a leader that took over while the session lived owes it, plus the
+// lock-delay (session-rearm; the takeover bounded from below by the
+// status answers). All on the harness's monotonic clock, assuming the
+// servers' clocks run at the real rate; README.md says what the checks
+// cannot see. TestInProcessSessions checks the same in process.
+//
 // Liveness is checked loosely: a leader within 30s of healing, every key
 // free within the longest lease plus all backward jumps plus 15s, replicas
 // converged within 30s, and no node exiting on its own.
