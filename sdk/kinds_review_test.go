@@ -321,3 +321,144 @@ func TestReviewKindsQueueGivesUp(t *testing.T) {
 		granted(t, "rc", rc)
 	})
 }
+
+// TestReviewKindsRequestIDRetry: a retried semaphore acquire (§5.1) is
+// answered with the first grant's token, never a second slot: while the
+// semaphore has room, once it is full, and while the first attempt waits
+// (the retry takes over the wait, so the queue holds it once).
+func TestReviewKindsRequestIDRetry(t *testing.T) {
+	c, lead := cluster(t, 1)
+	nc := rawConn(t, c, lead)
+	body := `{"key":"sem","limit":3,"lease_ms":60000,"request_id":"r-1"}`
+	first := rawAcquire(t, nc, body)
+	holders := func() int {
+		hs, _ := rawReq(t, nc, protocol.SubjectGet, `{"key":"sem"}`).v["holders"].([]any)
+		return len(hs)
+	}
+	for i, want := range []int{1, 3} {
+		r := rawReq(t, nc, protocol.SubjectAcquire, body)
+		if r.num("token") != first || r.v["repeated"] != true {
+			t.Fatalf("retry %d: %v, want token %d repeated", i, r.v, first)
+		}
+		if got := holders(); got != want {
+			t.Fatalf("retry %d: %d holders, want %d", i, got, want)
+		}
+		if i == 0 {
+			rawAcquire(t, nc, `{"key":"sem","limit":3,"lease_ms":60000}`)
+			rawAcquire(t, nc, `{"key":"sem","limit":3,"lease_ms":60000}`)
+		}
+	}
+	// The same request id with another limit is not a new acquire either.
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"sem","limit":4,"lease_ms":60000,"request_id":"r-1"}`); r.num("token") != first && r.code != "invalid_argument" {
+		t.Fatalf("retry naming limit 4: %v", r.v)
+	}
+
+	// A waiting attempt and its retry: one waiter, one slot.
+	wbody := `{"key":"sem","limit":3,"lease_ms":60000,"wait_ms":20000,"request_id":"r-2"}`
+	a := waitRaw(t, c, lead, nc, "sem", wbody, 1)
+	b := make(chan rawReply, 1)
+	go func() {
+		m, err := nc.Request(protocol.SubjectAcquire, []byte(wbody), 30*time.Second)
+		var r rawReply
+		if err == nil && json.Unmarshal(m.Data, &r.v) == nil {
+			if e, ok := r.v["error"].(map[string]any); ok {
+				r.code, _ = e["code"].(string)
+			}
+		}
+		b <- r
+	}()
+	if n := c.Node(lead).Locks().Waiting("sem"); n != 1 {
+		t.Fatalf("%d waiters after the retry, want 1", n)
+	}
+	if r := rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"sem","token":%d}`, first)); r.v["released"] != true {
+		t.Fatalf("release: %v", r.v)
+	}
+	// Whether the retry attached before the grant (the first attempt is
+	// then answered indeterminate) or after (it is answered with the
+	// recorded grant), the two attempts hold one slot, one token.
+	var tok uint64
+	for _, ch := range []<-chan rawReply{a, b} {
+		select {
+		case r := <-ch:
+			switch {
+			case r.code == "indeterminate":
+			case r.code == "" && (tok == 0 || r.num("token") == tok):
+				tok = r.num("token")
+			default:
+				t.Fatalf("an attempt: %v %s", r.v, r.code)
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("an attempt was not answered")
+		}
+	}
+	if tok == 0 {
+		t.Fatal("neither attempt got the grant")
+	}
+	if got := holders(); got != 3 {
+		t.Fatalf("%d holders after the retry's grant, want 3", got)
+	}
+	if r := rawReq(t, nc, protocol.SubjectAcquire, wbody); r.num("token") != tok || r.v["repeated"] != true {
+		t.Fatalf("a third send: %v, want token %d", r.v, tok)
+	}
+	if got := holders(); got != 3 {
+		t.Fatalf("%d holders after a third send, want 3", got)
+	}
+}
+
+// TestReviewKindsSessionsAndDelay: a session's close ends each of its
+// holders (slots of a semaphore, shared holds); a failed semaphore
+// holder's lock-delay keeps exactly one slot occupied until it ends.
+func TestReviewKindsSessionsAndDelay(t *testing.T) {
+	c, lead := cluster(t, 1)
+	nc := rawConn(t, c, lead)
+	open := rawReq(t, nc, protocol.SubjectSessionOpen, `{"ttl_ms":60000,"lock_delay_ms":5000}`)
+	sess, _ := open.v["session"].(string)
+	if sess == "" {
+		t.Fatalf("open: %v", open.v)
+	}
+	for _, body := range []string{
+		`{"key":"s/sem","limit":3,"session":%q}`, `{"key":"s/sem","limit":3,"session":%q}`,
+		`{"key":"s/rw","mode":"shared","session":%q}`, `{"key":"s/rw","mode":"shared","session":%q}`,
+	} {
+		rawAcquire(t, nc, fmt.Sprintf(body, sess))
+	}
+	other := rawAcquire(t, nc, `{"key":"s/sem","limit":3,"lease_ms":60000}`)
+	if r := rawReq(t, nc, protocol.SubjectSessionClose, fmt.Sprintf(`{"session":%q}`, sess)); r.num("released") != 4 {
+		t.Fatalf("close: %v, want 4 released", r.v)
+	}
+	g := rawReq(t, nc, protocol.SubjectGet, `{"key":"s/sem"}`)
+	if g.num("token") != other || g.v["holders"] != nil && len(g.v["holders"].([]any)) != 1 {
+		t.Fatalf("s/sem after the close: %v", g.v)
+	}
+	if g := rawReq(t, nc, protocol.SubjectGet, `{"key":"s/rw"}`); g.v["held"] != false {
+		t.Fatalf("s/rw after the close: %v", g.v)
+	}
+	// A close is no failure: both slots are free at once, and a writer
+	// gets the read/write key.
+	rawAcquire(t, nc, `{"key":"s/sem","limit":3,"lease_ms":60000}`)
+	rawAcquire(t, nc, `{"key":"s/sem","limit":3,"lease_ms":60000}`)
+	rawAcquire(t, nc, `{"key":"s/rw","lease_ms":60000}`)
+
+	// A failed holder of a semaphore of 2 with a lock-delay.
+	rawAcquire(t, nc, `{"key":"d/sem","limit":2,"lease_ms":300,"lock_delay_ms":3000}`)
+	keep := rawAcquire(t, nc, `{"key":"d/sem","limit":2,"lease_ms":60000}`)
+	testkit.Eventually(t, 10*time.Second, "the short holder expired", func() bool {
+		return rawReq(t, nc, protocol.SubjectGet, `{"key":"d/sem"}`).num("token") == keep
+	})
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"d/sem","limit":2,"lease_ms":60000}`); r.code != "held" {
+		t.Fatalf("try beside a holder and a delayed slot: %v", r.v)
+	}
+	rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"d/sem","token":%d}`, keep))
+	rawAcquire(t, nc, `{"key":"d/sem","limit":2,"lease_ms":60000}`)
+	r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"d/sem","limit":2,"lease_ms":60000}`)
+	if r.code != "held" {
+		t.Fatalf("second try while one slot is delayed: %v", r.v)
+	}
+	// The delayed slot comes back when its delay ends, and only then.
+	testkit.Eventually(t, 10*time.Second, "the delayed slot freed", func() bool {
+		return rawReq(t, nc, protocol.SubjectAcquire, `{"key":"d/sem","limit":2,"lease_ms":60000}`).code == ""
+	})
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"d/sem","limit":2,"lease_ms":60000}`); r.code != "held" {
+		t.Fatalf("a third holder of a semaphore of 2: %v", r.v)
+	}
+}
