@@ -1,0 +1,47 @@
+package daemon_test
+
+import (
+	"os"
+	"testing"
+
+	"github.com/ticketd/ticketd/daemon"
+	"github.com/ticketd/ticketd/transports/protocol"
+)
+
+// TestSettledRequestIsNotGrantedLater: an acquire the SDK settled as
+// "nothing was granted" (a withdraw by request_id answered not_granted)
+// must not be granted afterwards when an attempt of it that was still in
+// the network (buffered by a paused NATS server, say) arrives: the SDK
+// has told its caller nothing is held, so such a grant holds the key for
+// a whole lease with nobody holding it, and breaks the SDK's promise
+// that the acquire took no effect after it returned. Found by the
+// process fault driver's long run (pause-leader; faults/README.md,
+// "Found by the harness"): the key was held by a token no acquire
+// returned for 1.3 s after the acquire gave up.
+//
+// Here the late attempt is simply sent after the settle, with the same
+// request_id. It fails today (lockservice.withdrawRequest answers
+// NotGranted without recording the id as settled), so it is skipped
+// unless TICKETD_KNOWN_BUGS=1; remove the skip with the fix.
+func TestSettledRequestIsNotGrantedLater(t *testing.T) {
+	if os.Getenv("TICKETD_KNOWN_BUGS") != "1" {
+		t.Skip("known bug (a settled request_id granted by a late attempt); TICKETD_KNOWN_BUGS=1 runs it")
+	}
+	d := startNode(t, t.TempDir(), daemon.Options{})
+	defer d.Close()
+	nc, _ := connect(t, d)
+	const id = "settled-request-0123456789"
+	var wr protocol.WithdrawReply
+	if e := rawRequest(t, nc, protocol.SubjectWithdraw, `{"key":"k","request_id":"`+id+`"}`, &wr); e != nil {
+		t.Fatalf("withdraw: %v", e)
+	}
+	if !wr.NotGranted {
+		t.Fatalf("withdraw of an unknown request: %+v, want not_granted", wr)
+	}
+	var ar protocol.AcquireReply
+	e := rawRequest(t, nc, protocol.SubjectAcquire, `{"key":"k","lease_ms":60000,"request_id":"`+id+`"}`, &ar)
+	if e == nil {
+		t.Fatalf("the late attempt of a request settled as not granted was granted token %d: the key is held by nobody for the lease", ar.Token)
+	}
+	t.Logf("the late attempt was refused: %v", e)
+}
