@@ -5,11 +5,11 @@
 //
 // # Running it
 //
-// The default suite runs a short version of both drivers (about a minute,
-// with or without -race):
+// The default suite runs a short version of both drivers (about two
+// minutes, with or without -race):
 //
-//	go test ./faults/                 # in-process + process-level, 2 rounds x 12s each, plus one wipe (~70s)
-//	go test -race ./faults/           # what CI runs (~75s)
+//	go test ./faults/                 # in-process + process-level, 2 rounds x 12s each, a wipe, storage faults, sessions
+//	go test -race ./faults/           # what CI runs (~125s)
 //	go test -short ./faults/          # in-process only, 1 round of 7s (~12s)
 //
 // The long run is opt-in:

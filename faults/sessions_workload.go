@@ -210,17 +210,25 @@ func (sw *sessionWorkload) died(ls *liveSession, withLeader bool) {
 
 // beforeLeaderCrash is the nemesis hook of crash-leader: one holder's
 // client dies just before the leader is killed -9, so that session is
-// neither kept alive nor closed, and only the next leader can end it.
+// neither kept alive nor closed, and only the next leader can end it. It
+// waits up to 1.5s for a holder that holds its key (they spend part of
+// their time waiting for it or off it), then lets the kill go ahead.
 func (sw *sessionWorkload) beforeLeaderCrash() {
-	sw.mu.Lock()
 	var victim *liveSession
-	for i := range sw.keys {
-		if ls := sw.live[i]; ls != nil && ls.hold >= 0 && !ls.dead {
-			victim = ls
-			break
+	deadline := time.Now().Add(1500 * time.Millisecond)
+	for victim == nil && time.Now().Before(deadline) {
+		sw.mu.Lock()
+		for i := range sw.keys {
+			if ls := sw.live[i]; ls != nil && ls.hold >= 0 && !ls.dead {
+				victim = ls
+				break
+			}
+		}
+		sw.mu.Unlock()
+		if victim == nil {
+			time.Sleep(20 * time.Millisecond) // poll period
 		}
 	}
-	sw.mu.Unlock()
 	if victim == nil {
 		return
 	}
