@@ -171,6 +171,9 @@ func lockAcquire(ctx context.Context, o *acquireOptions, pos []string, stdout, s
 	if !cf.fs.Changed("owner") {
 		o.owner = defaultOwner()
 	}
+	if err := o.kind.check(); err != nil {
+		return fail(stderr, err)
+	}
 	cl, ctx, done, err := cf.connect(ctx)
 	if err != nil {
 		return fail(stderr, err)

@@ -113,6 +113,9 @@ TICKETD_TOKEN of the first key. Needs cluster version 4.`,
 	fs.DurationVar(&o.lockDelay, "lock-delay", 0, "if this process dies and its lease or session runs out, the keys stay unavailable this long more (at most 60s; cluster version 4)")
 	o.kind.add(fs)
 	cmd.RunE = bind(o, func(ctx context.Context, o *execOptions, args []string, stdout, stderr io.Writer) int {
+		if err := o.kind.check(); err != nil {
+			return fail(stderr, err)
+		}
 		if o.cf.fs.Changed("session-ttl") {
 			n := o.cf.fs.ArgsLenAtDash() // Args checked it: 1..maxExecKeys keys
 			return sessionExec(ctx, o, args[:n], args[n:], stdout, stderr)

@@ -21,6 +21,16 @@ func (k *kindFlags) add(fs *pflag.FlagSet) {
 	fs.BoolVar(&k.shared, "shared", false, "a shared (reader's) hold of a read/write lock: beside other shared holders, never beside an exclusive one (cluster version 5)")
 }
 
+// check refuses a --limit outside the flag's 1..MaxLimit before anything
+// is sent: the wire reads limit 0 as a mutex, so --limit 0 (a typo, or a
+// guess at "no limit") would otherwise take the key exclusively.
+func (k *kindFlags) check() error {
+	if k.limit < 1 || k.limit > protocol.MaxLimit {
+		return protocol.Errorf(protocol.CodeInvalidArgument, "--limit: limit %d is outside [1, %d] (1: a mutex)", k.limit, protocol.MaxLimit)
+	}
+	return nil
+}
+
 // options are the SDK options of the flags (the SDK validates them).
 func (k *kindFlags) options() []sdk.AcquireOption {
 	var opts []sdk.AcquireOption
