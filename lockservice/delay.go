@@ -3,6 +3,7 @@ package lockservice
 import (
 	"context"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/ticketd/ticketd/core"
@@ -61,12 +62,55 @@ func (s *Service) delayedErr(key string) error {
 	return &DelayedError{Key: key, Remaining: left}
 }
 
-// heldErr is the error of a try of a busy key. s.lead.mu held.
-func (s *Service) heldErr(key string) error {
-	if left, ok := s.lead.sess.delayLeft(key, s.cfg.Now()); ok {
+// heldErr is the error of a try of (limit, mode) of a busy key. s.lead.mu
+// held.
+func (s *Service) heldErr(key string, limit uint32, mode core.Mode) error {
+	now := s.cfg.Now()
+	if left, ok := s.lead.sess.delayLeft(key, now); ok {
+		return &DelayedError{Key: key, Remaining: left}
+	}
+	if left, ok := s.slotDelayLeft(key, limit, mode, now); ok {
 		return &DelayedError{Key: key, Remaining: left}
 	}
 	return fmt.Errorf("%w: %q", ErrHeld, key)
+}
+
+// slotDelayLeft is how long a try of (limit, mode) stays refused by key's
+// delayed slots alone (a semaphore's, or a failed reader's for a writer):
+// ok false when something else refuses it too (holders, Grants in flight,
+// waiters) or a slot's timer is not armed yet. s.lead.mu held.
+func (s *Service) slotDelayLeft(key string, limit uint32, mode core.Mode, now time.Time) (time.Duration, bool) {
+	v := s.lead.multi[key]
+	if v == nil || len(v.slots) == 0 || v.limit != limit {
+		return 0, false
+	}
+	if _, reserved := s.lead.reserved[key]; reserved {
+		return 0, false
+	}
+	if q := s.lead.queues[key]; q != nil && q.len() > 0 {
+		return 0, false
+	}
+	var need int // how many slots must end before it fits
+	used := len(v.holders) + len(s.lead.multiRes[key])
+	switch {
+	case limit > 1 && used < int(limit):
+		need = used + len(v.slots) - int(limit) + 1
+	case limit <= 1 && mode == core.ModeExclusive && used == 0:
+		need = len(v.slots)
+	}
+	if need <= 0 {
+		return 0, false
+	}
+	lefts := make([]time.Duration, 0, len(v.slots))
+	for _, seq := range v.slots {
+		t, ok := s.lead.sess.delays[slotRef(key, seq)]
+		if !ok {
+			return 0, false
+		}
+		lefts = append(lefts, max(0, t.deadline.Sub(now)))
+	}
+	slices.Sort(lefts)
+	return lefts[need-1], true
 }
 
 // sessionHold is the lease timer of a session lock: it has no lease (its

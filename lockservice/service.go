@@ -451,7 +451,7 @@ func (s *Service) acquireOnce(ctx context.Context, p AcquireParams, cmd core.Com
 		return g, false, err
 	}
 	if p.Wait <= 0 {
-		err := s.heldErr(p.Key)
+		err := s.heldErr(p.Key, p.Limit, p.Mode)
 		s.lead.mu.Unlock()
 		return Grant{}, !confirmed, err
 	}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/nats-io/nats.go"
 
+	"github.com/ticketd/ticketd/daemon"
 	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/transports/protocol"
@@ -451,8 +452,8 @@ func TestReviewKindsSessionsAndDelay(t *testing.T) {
 	rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"d/sem","token":%d}`, keep))
 	rawAcquire(t, nc, `{"key":"d/sem","limit":2,"lease_ms":60000}`)
 	r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"d/sem","limit":2,"lease_ms":60000}`)
-	if r.code != "held" {
-		t.Fatalf("second try while one slot is delayed: %v", r.v)
+	if r.code != "held" || delayMS(r) <= 0 || delayMS(r) > 3000 {
+		t.Fatalf("second try while one slot is delayed and the other held: %v, want held with delay_ms (when the slot frees)", r.v)
 	}
 	// The delayed slot comes back when its delay ends, and only then.
 	testkit.Eventually(t, 10*time.Second, "the delayed slot freed", func() bool {
@@ -461,4 +462,100 @@ func TestReviewKindsSessionsAndDelay(t *testing.T) {
 	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"d/sem","limit":2,"lease_ms":60000}`); r.code != "held" {
 		t.Fatalf("a third holder of a semaphore of 2: %v", r.v)
 	}
+}
+
+// TestReviewKindsBounds: §12's bounds through a node: the waiters of one
+// key whatever their kind (--max-waiters-per-key), the holders of one key
+// (a read/write key's shared holders: resource_exhausted key_holders, a
+// bound and not a wait), and the lock-delay of a failed shared holder,
+// which delays exclusive acquires only, against a failed writer's, which
+// delays everyone.
+func TestReviewKindsBounds(t *testing.T) {
+	if testing.Short() {
+		t.Skip("in-process cluster skipped in -short mode")
+	}
+	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *daemon.Config) { cfg.MaxWaitersPerKey = 2 }))
+	lead := c.Leader(10 * time.Second)
+	testkit.Eventually(t, 10*time.Second, "a settled leader", func() bool { return testcluster.Settled(c.Node(lead)) })
+	nc := rawConn(t, c, lead)
+
+	// Two waiters of a full semaphore fill its queue; a read/write key's
+	// waiters of both modes count alike.
+	rawAcquire(t, nc, `{"key":"b/sem","limit":2,"lease_ms":60000}`)
+	rawAcquire(t, nc, `{"key":"b/sem","limit":2,"lease_ms":60000}`)
+	waitRaw(t, c, lead, nc, "b/sem", `{"key":"b/sem","limit":2,"lease_ms":60000,"wait_ms":20000}`, 1)
+	waitRaw(t, c, lead, nc, "b/sem", `{"key":"b/sem","limit":2,"lease_ms":60000,"wait_ms":20000}`, 2)
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"b/sem","limit":2,"lease_ms":60000,"wait_ms":20000}`); r.code != "resource_exhausted" {
+		t.Fatalf("a third waiter of the semaphore: %v", r.v)
+	}
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"b/sem","limit":2,"lease_ms":60000}`); r.code != "held" || delayMS(r) != 0 {
+		t.Fatalf("a try of the full semaphore: %v", r.v)
+	}
+	rawAcquire(t, nc, `{"key":"b/rw","mode":"shared","lease_ms":60000}`)
+	waitRaw(t, c, lead, nc, "b/rw", `{"key":"b/rw","lease_ms":60000,"wait_ms":20000}`, 1)
+	waitRaw(t, c, lead, nc, "b/rw", `{"key":"b/rw","mode":"shared","lease_ms":60000,"wait_ms":20000}`, 2)
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"b/rw","mode":"shared","lease_ms":60000,"wait_ms":20000}`); r.code != "resource_exhausted" {
+		t.Fatalf("a third waiter of the read/write key: %v", r.v)
+	}
+
+	// 1,024 shared holders, then key_holders, with or without a wait.
+	const workers, holders = 8, 1024
+	errs := make(chan string, workers)
+	for w := 0; w < workers; w++ {
+		go func() {
+			wc := rawConn(t, c, lead)
+			for i := 0; i < holders/workers; i++ {
+				m, err := wc.Request(protocol.SubjectAcquire, []byte(`{"key":"b/many","mode":"shared","lease_ms":120000}`), 10*time.Second)
+				if err != nil || !strings.Contains(string(m.Data), `"token"`) || strings.Contains(string(m.Data), `"error"`) {
+					errs <- fmt.Sprintf("shared holder: %v %s", err, m.Data)
+					return
+				}
+			}
+			errs <- ""
+		}()
+	}
+	for w := 0; w < workers; w++ {
+		if e := <-errs; e != "" {
+			t.Fatal(e)
+		}
+	}
+	for _, body := range []string{
+		`{"key":"b/many","mode":"shared","lease_ms":60000}`,
+		`{"key":"b/many","mode":"shared","lease_ms":60000,"wait_ms":5000}`,
+	} {
+		if r := rawReq(t, nc, protocol.SubjectAcquire, body); r.code != "resource_exhausted" || !strings.Contains(r.msg, "key_holders at its limit of 1024") {
+			t.Fatalf("shared holder 1025 (%s): %v", body, r.v)
+		}
+	}
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"b/many","lease_ms":60000}`); r.code != "held" {
+		t.Fatalf("a writer's try beside 1,024 readers: %v", r.v)
+	}
+
+	// A failed reader delays writers only.
+	rawAcquire(t, nc, `{"key":"b/d","mode":"shared","lease_ms":300,"lock_delay_ms":3000}`)
+	testkit.Eventually(t, 10*time.Second, "the reader expired", func() bool {
+		return rawReq(t, nc, protocol.SubjectGet, `{"key":"b/d"}`).v["held"] == false
+	})
+	r2 := rawAcquire(t, nc, `{"key":"b/d","mode":"shared","lease_ms":60000}`)
+	rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"b/d","token":%d}`, r2))
+	// A writer's try is held with delay_ms, as for a mutex's delay (§11):
+	// nothing else keeps the writer out.
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"b/d","lease_ms":60000}`); r.code != "held" || delayMS(r) <= 0 || delayMS(r) > 3000 {
+		t.Fatalf("a writer in a failed reader's delay: %v, want held with delay_ms", r.v)
+	}
+	// A failed writer delays readers too.
+	rawAcquire(t, nc, `{"key":"b/x","lease_ms":300,"lock_delay_ms":3000}`)
+	testkit.Eventually(t, 10*time.Second, "the writer expired", func() bool {
+		return rawReq(t, nc, protocol.SubjectGet, `{"key":"b/x"}`).v["held"] == false
+	})
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"b/x","mode":"shared","lease_ms":60000}`); r.code != "held" {
+		t.Fatalf("a reader in a failed writer's delay: %v", r.v)
+	}
+}
+
+// delayMS is an error reply's delay_ms (0: none).
+func delayMS(r rawReply) float64 {
+	e, _ := r.v["error"].(map[string]any)
+	d, _ := e["delay_ms"].(float64)
+	return d
 }
