@@ -559,3 +559,52 @@ func delayMS(r rawReply) float64 {
 	d, _ := e["delay_ms"].(float64)
 	return d
 }
+
+// TestReviewKindsGiveUpAfterGrant: the ways a client gives up on a
+// semaphore slot it may have been granted release exactly that slot:
+// withdraw of a wait granted moments ago (released_token), withdraw by
+// request_id, and a waiter whose connection closed before its grant (the
+// lost-reply release); the other holders keep theirs.
+func TestReviewKindsGiveUpAfterGrant(t *testing.T) {
+	c, lead := cluster(t, 1)
+	nc := rawConn(t, c, lead)
+	keep := rawAcquire(t, nc, `{"key":"g/sem","limit":2,"lease_ms":60000}`)
+	holders := func() []uint64 {
+		hs, _ := rawReq(t, nc, protocol.SubjectGet, `{"key":"g/sem"}`).v["holders"].([]any)
+		var out []uint64
+		for _, h := range hs {
+			out = append(out, uint64(h.(map[string]any)["token"].(float64)))
+		}
+		return out
+	}
+	// Granted with a wait id, then withdrawn: that slot is released.
+	w := rawAcquire(t, nc, `{"key":"g/sem","limit":2,"lease_ms":60000,"wait_ms":1000,"wait_id":"gw"}`)
+	if r := rawReq(t, nc, protocol.SubjectWithdraw, `{"key":"g/sem","wait_id":"gw"}`); r.num("released_token") != w {
+		t.Fatalf("withdraw of a granted wait: %v, want released_token %d", r.v, w)
+	}
+	if hs := holders(); fmt.Sprint(hs) != fmt.Sprint([]uint64{keep}) {
+		t.Fatalf("holders after the withdraw: %v, want [%d]", hs, keep)
+	}
+	// By request id.
+	q := rawAcquire(t, nc, `{"key":"g/sem","limit":2,"lease_ms":60000,"request_id":"gq"}`)
+	if r := rawReq(t, nc, protocol.SubjectWithdraw, `{"key":"g/sem","request_id":"gq"}`); r.num("released_token") != q {
+		t.Fatalf("withdraw by request id: %v, want released_token %d", r.v, q)
+	}
+	if hs := holders(); fmt.Sprint(hs) != fmt.Sprint([]uint64{keep}) {
+		t.Fatalf("holders after the request id's withdraw: %v, want [%d]", hs, keep)
+	}
+	// A waiter whose connection is gone when its slot comes.
+	full := rawAcquire(t, nc, `{"key":"g/sem","limit":2,"lease_ms":60000}`)
+	gone, err := nats.Connect(c.ClientURL(lead))
+	if err != nil {
+		t.Fatal(err)
+	}
+	waitRaw(t, c, lead, gone, "g/sem", `{"key":"g/sem","limit":2,"lease_ms":60000,"wait_ms":20000}`, 1)
+	next := waitRaw(t, c, lead, nc, "g/sem", `{"key":"g/sem","limit":2,"lease_ms":60000,"wait_ms":20000}`, 2)
+	gone.Close()
+	rawReq(t, nc, protocol.SubjectRelease, fmt.Sprintf(`{"key":"g/sem","token":%d}`, full))
+	tok := granted(t, "the waiter behind the one that left", next)
+	if hs := holders(); fmt.Sprint(hs) != fmt.Sprint([]uint64{keep, tok}) {
+		t.Fatalf("holders: %v, want [%d %d]", hs, keep, tok)
+	}
+}
