@@ -3,6 +3,7 @@ package sdk_test
 import (
 	"encoding/json"
 	"fmt"
+	"os"
 	"strings"
 	"testing"
 	"time"
@@ -606,5 +607,43 @@ func TestReviewKindsGiveUpAfterGrant(t *testing.T) {
 	tok := granted(t, "the waiter behind the one that left", next)
 	if hs := holders(); fmt.Sprint(hs) != fmt.Sprint([]uint64{keep, tok}) {
 		t.Fatalf("holders: %v, want [%d %d]", hs, keep, tok)
+	}
+}
+
+// TestReviewKindsListEveryHolder: §12 says a get that had to leave holders
+// out sets holders_more, and that listing the key's prefix reads them
+// all. A key whose holders do not fit one NATS message (long keys and
+// owners of control characters, which JSON escapes to six bytes: about
+// 4.8 KB per entry, so some 200 holders pass the default 1 MB) is cut by
+// list too, and the next page starts after that key: its last holders
+// cannot be read at all. Known bug, skipped unless TICKETD_KNOWN_BUGS is
+// set: the fix needs a list cursor inside a key (a holder token beside
+// "after"), a protocol and SDK change.
+func TestReviewKindsListEveryHolder(t *testing.T) {
+	if os.Getenv("TICKETD_KNOWN_BUGS") == "" {
+		t.Skip("known bug (issue 25 review): list cannot page through one key's holders; set TICKETD_KNOWN_BUGS=1 to run")
+	}
+	c, lead := cluster(t, 1)
+	nc := rawConn(t, c, lead)
+	key := strings.Repeat("\u0001", 511) + "k"
+	owner := strings.Repeat("\u0001", 256)
+	const n = 300
+	for i := 0; i < n; i++ {
+		b, _ := json.Marshal(map[string]any{"key": key, "mode": "shared", "lease_ms": 120000, "owner": owner})
+		rawAcquire(t, nc, string(b))
+	}
+	seen, after := 0, ""
+	for page := 0; page < 10; page++ {
+		b, _ := json.Marshal(map[string]any{"prefix": "", "after": after, "limit": 1000})
+		r := rawReq(t, nc, protocol.SubjectList, string(b))
+		locks, _ := r.v["locks"].([]any)
+		seen += len(locks)
+		if r.v["more"] != true || len(locks) == 0 {
+			break
+		}
+		after = locks[len(locks)-1].(map[string]any)["key"].(string)
+	}
+	if seen != n {
+		t.Fatalf("listing read %d of the key's %d holders", seen, n)
 	}
 }
