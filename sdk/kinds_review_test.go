@@ -647,3 +647,43 @@ func TestReviewKindsListEveryHolder(t *testing.T) {
 		t.Fatalf("listing read %d of the key's %d holders", seen, n)
 	}
 }
+
+// TestReviewKindsSessionExpiryAndMaxLocks: a session that expires with
+// two slots of a semaphore of 3 leaves two delayed slots, each blocking
+// exactly one slot; and every holder counts in --max-locks like a mutex
+// (a slot beyond it is resource_exhausted, not held).
+func TestReviewKindsSessionExpiryAndMaxLocks(t *testing.T) {
+	if testing.Short() {
+		t.Skip("in-process cluster skipped in -short mode")
+	}
+	c := testcluster.New(t, 1, testcluster.WithConfig(func(_ int, cfg *daemon.Config) { cfg.MaxLocks = 4 }))
+	lead := c.Leader(10 * time.Second)
+	testkit.Eventually(t, 10*time.Second, "a settled leader", func() bool { return testcluster.Settled(c.Node(lead)) })
+	nc := rawConn(t, c, lead)
+
+	sess, _ := rawReq(t, nc, protocol.SubjectSessionOpen, `{"ttl_ms":1000,"lock_delay_ms":4000}`).v["session"].(string)
+	if sess == "" {
+		t.Fatal("no session")
+	}
+	for i := 0; i < 2; i++ {
+		rawAcquire(t, nc, fmt.Sprintf(`{"key":"e/sem","limit":3,"session":%q}`, sess))
+	}
+	testkit.Eventually(t, 10*time.Second, "the session expired", func() bool {
+		return rawReq(t, nc, protocol.SubjectGet, `{"key":"e/sem"}`).v["held"] == false
+	})
+	rawAcquire(t, nc, `{"key":"e/sem","limit":3,"lease_ms":60000}`)
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"e/sem","limit":3,"lease_ms":60000}`); r.code != "held" || delayMS(r) <= 0 {
+		t.Fatalf("a try beside two delayed slots and a holder: %v, want held with delay_ms", r.v)
+	}
+
+	// --max-locks 4: one holder above, three more slots of another key.
+	for i := 0; i < 3; i++ {
+		rawAcquire(t, nc, `{"key":"e/big","limit":10,"lease_ms":60000}`)
+	}
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"e/big","limit":10,"lease_ms":60000}`); r.code != "resource_exhausted" {
+		t.Fatalf("a fifth lock beside --max-locks 4: %v, want resource_exhausted", r.v)
+	}
+	if r := rawReq(t, nc, protocol.SubjectAcquire, `{"key":"e/rw","mode":"shared","lease_ms":60000}`); r.code != "resource_exhausted" {
+		t.Fatalf("a shared hold beside --max-locks 4: %v, want resource_exhausted", r.v)
+	}
+}
