@@ -6,6 +6,7 @@ import (
 	"os"
 	"slices"
 	"strconv"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"syscall"
@@ -30,7 +31,10 @@ import (
 // bound of what the nodes spend on it (the clients' keepalive and renew
 // loops are in it too). Sizes: TICKETD_SESSION_SCALE_SESSIONS (default
 // 1000), _LOCKS (per session, default 10), _SECONDS (each holding phase,
-// split evenly between its quiet and loaded windows; default 30).
+// split evenly between its quiet and loaded windows; default 30),
+// _TTL_SECONDS (the session TTL and the auto-renew lease, default 10; the
+// SDK keeps alive every (TTL - margin)/3, margin a tenth of the TTL up to
+// 1 s), and _RENEW=0 skips the auto-renew phase.
 func TestSessionScaleFigure(t *testing.T) {
 	if os.Getenv("TICKETD_SESSION_SCALE") == "" {
 		t.Skip("opt-in: TICKETD_SESSION_SCALE=1")
@@ -47,7 +51,7 @@ func TestSessionScaleFigure(t *testing.T) {
 	cl := client(t, c, lead)
 	loadCl := client(t, c, lead) // the acquire load has its own connection, as another service would
 	ctx := t.Context()
-	const ttl = 10 * time.Second
+	ttl := time.Duration(num("TTL_SECONDS", 10)) * time.Second
 	var figures []scaleFigure
 	measure := func(phase string, loaded bool, d time.Duration) {
 		leader := c.Leader(10 * time.Second) // the one the entries are counted on
@@ -66,6 +70,7 @@ func TestSessionScaleFigure(t *testing.T) {
 		f.cpu = (processCPU(t) - startCPU).Seconds() / el
 		f.rounds, f.reads = float64(rounds-rounds0)/el, float64(reads-reads0)/el
 		f.seconds = el
+		f.loadavg = loadAverage()
 		if now := c.Leader(10 * time.Second); now != leader {
 			f.leaderMoved = true
 		}
@@ -135,6 +140,9 @@ func TestSessionScaleFigure(t *testing.T) {
 	}
 	for _, s := range ss {
 		_, _ = s.Close(ctx)
+	}
+	if os.Getenv("TICKETD_SESSION_SCALE_RENEW") == "0" {
+		return
 	}
 
 	// The same locks with per-lock auto-renew. At full size that is more
@@ -206,7 +214,8 @@ type scaleFigure struct {
 	rounds, reads float64 // leader's ReadIndex rounds and reads per second
 	cpu           float64 // process CPU seconds per second
 	load          loadResult
-	leaderMoved   bool // the leader changed during the window
+	leaderMoved   bool   // the leader changed during the window
+	loadavg       string // the machine's 1-minute load average at the window's end
 }
 
 func (f scaleFigure) String() string {
@@ -218,7 +227,7 @@ func (f scaleFigure) String() string {
 	if f.leaderMoved {
 		s += " (the leader changed during the window)"
 	}
-	return s
+	return s + "; load average " + f.loadavg
 }
 
 func (f scaleFigure) loadName() string {
@@ -299,6 +308,17 @@ func acquireLoad(ctx context.Context, cl *sdk.Client, tag int, d time.Duration) 
 // ttlLoad is the lease of the acquire load's locks (each is released at
 // once).
 const ttlLoad = 10 * time.Second
+
+// loadAverage is the machine's 1-minute load average, "?" where
+// /proc/loadavg cannot be read: the machine is shared, so every figure
+// goes with it.
+func loadAverage() string {
+	b, err := os.ReadFile("/proc/loadavg")
+	if f := strings.Fields(string(b)); err == nil && len(f) > 0 {
+		return f[0]
+	}
+	return "?"
+}
 
 // processCPU is the process's user + system CPU time so far.
 func processCPU(t *testing.T) time.Duration {
