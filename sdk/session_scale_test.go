@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"runtime/pprof"
 	"slices"
 	"strconv"
 	"strings"
@@ -13,6 +14,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/daemon"
+	"github.com/ticketd/ticketd/internal/testkit"
 	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/sdk"
 )
@@ -34,7 +37,10 @@ import (
 // split evenly between its quiet and loaded windows; default 30),
 // _TTL_SECONDS (the session TTL and the auto-renew lease, default 10; the
 // SDK keeps alive every (TTL - margin)/3, margin a tenth of the TTL up to
-// 1 s), and _RENEW=0 skips the auto-renew phase.
+// 1 s), and _RENEW=0 skips the auto-renew phase. With
+// TICKETD_SESSION_SCALE_PROFILE=<prefix> each quiet window writes a CPU
+// profile to <prefix>-<window>.pprof: the process's CPU split between the
+// nodes' code and the clients' (sdk, nats.go).
 func TestSessionScaleFigure(t *testing.T) {
 	if os.Getenv("TICKETD_SESSION_SCALE") == "" {
 		t.Skip("opt-in: TICKETD_SESSION_SCALE=1")
@@ -47,7 +53,17 @@ func TestSessionScaleFigure(t *testing.T) {
 	}
 	sessions, perSession, seconds := num("SESSIONS", 1000), num("LOCKS", 10), num("SECONDS", 30)
 	window := time.Duration(max(seconds/2, 1)) * time.Second
-	c, lead := cluster(t, 3)
+	// The daemon's default ticks (100 ms, election after 10), not the
+	// tests' fast ones: on a loaded machine the 200 ms election timeout of
+	// the tests moves the leader during the windows, and users run the
+	// defaults.
+	if testing.Short() {
+		t.Skip("in-process cluster skipped in -short mode")
+	}
+	def := daemon.Defaults()
+	c := testcluster.New(t, 3, testcluster.WithTicks(def.TickMS, def.ElectionTicks))
+	lead := c.Leader(30 * time.Second)
+	testkit.Eventually(t, 30*time.Second, "a settled leader", func() bool { return testcluster.Settled(c.Node(lead)) })
 	cl := client(t, c, lead)
 	loadCl := client(t, c, lead) // the acquire load has its own connection, as another service would
 	ctx := t.Context()
@@ -59,12 +75,14 @@ func TestSessionScaleFigure(t *testing.T) {
 		startIdx, startCPU, start := node.AppliedIndex(), processCPU(t), time.Now()
 		rounds0, reads0 := readIndexRounds(c)
 		f := scaleFigure{phase: phase, loaded: loaded}
+		stopProfile := profileWindow(t, len(figures), loaded)
 		if loaded {
 			f.load = acquireLoad(ctx, loadCl, len(figures), d)
 		} else {
 			time.Sleep(d) // the measured window: nothing to wait for
 		}
 		el := time.Since(start).Seconds()
+		stopProfile()
 		rounds, reads := readIndexRounds(c)
 		f.entries = float64(node.AppliedIndex()-startIdx) / el
 		f.cpu = (processCPU(t) - startCPU).Seconds() / el
@@ -308,6 +326,30 @@ func acquireLoad(ctx context.Context, cl *sdk.Client, tag int, d time.Duration) 
 // ttlLoad is the lease of the acquire load's locks (each is released at
 // once).
 const ttlLoad = 10 * time.Second
+
+// profileWindow starts a CPU profile of window n when
+// TICKETD_SESSION_SCALE_PROFILE names a file prefix and the window is
+// quiet, and returns what stops it.
+func profileWindow(t *testing.T, n int, loaded bool) (stop func()) {
+	prefix := os.Getenv("TICKETD_SESSION_SCALE_PROFILE")
+	if prefix == "" || loaded {
+		return func() {}
+	}
+	f, err := os.Create(fmt.Sprintf("%s-%d.pprof", prefix, n))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pprof.StartCPUProfile(f); err != nil {
+		_ = f.Close()
+		t.Fatal(err)
+	}
+	return func() {
+		pprof.StopCPUProfile()
+		if err := f.Close(); err != nil {
+			t.Error(err)
+		}
+	}
+}
 
 // loadAverage is the machine's 1-minute load average, "?" where
 // /proc/loadavg cannot be read: the machine is shared, so every figure
