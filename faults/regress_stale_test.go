@@ -1,0 +1,152 @@
+package faults
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/nats-io/nats.go"
+
+	"github.com/ticketd/ticketd/sdk"
+)
+
+// envKnownBugs runs the regression tests of bugs not fixed yet.
+const envKnownBugs = "TICKETD_KNOWN_BUGS"
+
+// TestStaleAttemptIsNotGrantedLater: an acquire attempt that sat in a
+// paused node's NATS server must not be granted when that node resumes,
+// after the acquire was answered by a later attempt.
+//
+// Found by the 10-minute process run with the semaphore and read/write
+// keys (issue 25; seed 3420935398091713583: its 3 violations, on a mutex
+// key after pause-leader and on the read/write key after pause-leader and
+// pause-follower, are all this bug). A client connected to a node that is
+// paused (SIGSTOP) sends a try-acquire; the request sits in that node's
+// NATS server. The SDK's retry, after its NATS connection failed over,
+// reaches the leader and is answered held, a definite answer: nothing
+// granted. When the paused node resumes, its NATS server delivers the
+// first attempt, and the leader takes it as a new request (its deadline
+// counts from its arrival) and grants it: the owner is the client, but no
+// Acquire call has the token, for the whole lease the dead request asked
+// (20s here). The key or semaphore slot stays taken until that lease ends:
+// gets show a token no acquire returned, tries are answered held, and the
+// porcupine models call the history non-linearizable. Mutual exclusion
+// and fencing hold (nobody uses the token); availability does not. Not
+// fixed: lockservice, natsapi or the SDK (a leader could keep the request
+// ids it answered for a while, or an attempt could carry the deadline of
+// the first). Seen in 2 of 3 attempts once, in none of 4 another time
+// (which node's NATS server holds the attempt and which routes survive
+// the pause varies), so the test makes up to 8, pausing a follower or the
+// leader in turn.
+//
+//	TICKETD_KNOWN_BUGS=1 go test -run TestStaleAttemptIsNotGrantedLater -v ./faults/
+func TestStaleAttemptIsNotGrantedLater(t *testing.T) {
+	if os.Getenv(envKnownBugs) != "1" {
+		t.Skip("known bug, not fixed: set " + envKnownBugs + "=1 to run it (see the comment)")
+	}
+	bin, err := buildBinary(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := startProcesses(t, bin, t.TempDir(), 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(c.close)
+	for attempt := 0; attempt < 8; attempt++ {
+		// Pause a follower, then the leader, in turn.
+		if token, ok := staleAttempt(t, c, fmt.Sprintf("stale/%d", attempt), attempt%2 == 1); ok {
+			t.Fatalf("attempt %d: the try-acquire answered held was granted %v later, after the node holding its first attempt resumed: token %d",
+				attempt, token.after, token.token)
+		}
+	}
+}
+
+type lateGrant struct {
+	token uint64
+	after time.Duration
+}
+
+// staleAttempt runs the scenario once on key and reports a late grant to
+// the late client (owner "late").
+func staleAttempt(t *testing.T, c *procCluster, key string, pauseLeader bool) (lateGrant, bool) {
+	t.Helper()
+	if !waitLeader(c, 30*time.Second) {
+		t.Fatal("no leader")
+	}
+	paused := (c.leader() + 1) % 3 // a follower
+	if pauseLeader {
+		paused = c.leader()
+	}
+	urls := c.clientURLs()
+	var others []string
+	for i, u := range urls {
+		if i != paused {
+			others = append(others, u)
+		}
+	}
+	holder, err := connectClient(others)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer holder.Close()
+	// The late client is connected to the follower to be paused, and
+	// fails over to the others.
+	late, err := sdk.Connect(strings.Join(append([]string{urls[paused]}, others...), ","),
+		append(clientOptions(), sdk.WithNATSOptions(nats.DontRandomize()))...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer late.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	l, err := holder.Acquire(ctx, key, sdk.WithLease(20*time.Second), sdk.WithWait(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := c.pause(paused); err != nil {
+		t.Fatal(err)
+	}
+	resumed := false
+	defer func() {
+		if !resumed {
+			_ = c.resume(paused)
+		}
+	}()
+	start := time.Now()
+	actx, acancel := context.WithTimeout(ctx, 8*time.Second)
+	_, err = late.Acquire(actx, key, sdk.WithLease(20*time.Second), sdk.WithOwner("late"))
+	acancel()
+	if !errors.Is(err, sdk.ErrHeld) {
+		t.Fatalf("try-acquire of a held key while the client's node is paused: %v, want held after failing over", err)
+	}
+	// A paused leader is replaced first (leader() skips paused nodes).
+	if !waitLeader(c, 10*time.Second) {
+		t.Fatal("no leader while one node is paused")
+	}
+	var rerr error
+	for i := 0; i < 5; i++ {
+		if rerr = l.Release(ctx); rerr == nil || errors.Is(rerr, sdk.ErrNotFound) {
+			break
+		}
+	}
+	if rerr != nil {
+		t.Fatal(rerr)
+	}
+	if err := c.resume(paused); err != nil {
+		t.Fatal(err)
+	}
+	resumed = true
+	// The key must stay free: poll it for a few seconds.
+	for deadline := time.Now().Add(3 * time.Second); time.Now().Before(deadline); time.Sleep(10 * time.Millisecond) {
+		h, err := holder.Get(ctx, key)
+		if err == nil && h.Held && h.Owner == "late" {
+			return lateGrant{token: h.Token, after: time.Since(start)}, true
+		}
+	}
+	return lateGrant{}, false
+}
