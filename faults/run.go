@@ -304,7 +304,7 @@ func run(cfg Config, c cluster, h *History) *Report {
 		rep.Writes.Fenced += res.Fenced
 		rep.FIFOPairs += res.FIFOPairs
 		for _, k := range res.ReservedKeys {
-			rep.Notes = append(rep.Notes, fmt.Sprintf("round %d key %s: linearizable only with the held answers given while another client's acquire was in flight left out (a leader-side reservation: see doc.go)", round, k))
+			rep.Notes = append(rep.Notes, fmt.Sprintf("round %d key %s: linearizable only with the held answers given while another client's acquire was in flight left out (a leader-side reservation, or on a semaphore or read/write key a waiter queued first: see doc.go)", round, k))
 			rep.Anomalies["key-rounds linearizable only without held answers a reservation may explain"]++
 		}
 		for _, v := range res.Linearizable {
