@@ -460,33 +460,7 @@ func (m *kindsModel) porcupine() porcupine.Model {
 // a try), so every acquire of another client that waited, or was not
 // answered held, counts as in flight from its call to its return.
 func kindsReservedHeld(ops []Op) map[int]bool {
-	type window struct {
-		call, ret int64
-		client    int
-	}
-	var rs []window
-	for _, o := range ops {
-		if o.Kind == OpAcquire && (o.Result != OutHeld || o.Wait > 0) {
-			r := o.Return
-			if o.Result == OutUnknown {
-				r = math.MaxInt64
-			}
-			rs = append(rs, window{o.Call, r, o.Client})
-		}
-	}
-	out := map[int]bool{}
-	for _, o := range ops {
-		if o.Kind != OpAcquire || o.Result != OutHeld {
-			continue
-		}
-		for _, r := range rs {
-			if r.client != o.Client && r.call < o.Return && r.ret > o.Call {
-				out[o.ID] = true
-				break
-			}
-		}
-	}
-	return out
+	return heldWhileInFlight(ops, func(o Op) bool { return o.Result != OutHeld || o.Wait > 0 })
 }
 
 // kindsPorcupineOps is porcupineOps for a semaphore or read/write key.

@@ -318,13 +318,21 @@ func (m *lockModel) porcupine() porcupine.Model {
 // linearizability check; a held answer with no acquire of another client
 // in flight must still be explained by a holder.
 func reservedHeld(ops []Op) map[int]bool {
+	return heldWhileInFlight(ops, func(o Op) bool { return o.Result != OutHeld })
+}
+
+// heldWhileInFlight returns the ids of the acquires answered held while
+// an acquire of another client that inFlight accepts was between its
+// call and its return (to the end of the history when its outcome is
+// unknown).
+func heldWhileInFlight(ops []Op, inFlight func(Op) bool) map[int]bool {
 	type window struct {
 		call, ret int64
 		client    int
 	}
 	var rs []window
 	for _, o := range ops {
-		if o.Kind == OpAcquire && o.Result != OutHeld {
+		if o.Kind == OpAcquire && inFlight(o) {
 			r := o.Return
 			if o.Result == OutUnknown {
 				r = math.MaxInt64
