@@ -486,23 +486,7 @@ func checkExclusion(key string, ops []Op, jt jumpTimeline, slack int64) ([]Viola
 // overlap that only a forward clock jump may explain. Accepted writes per
 // key must carry non-decreasing tokens (the resource's own invariant).
 func checkWrites(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Violation, int, int) {
-	grants := map[string]map[uint64]Op{}
-	byKey := map[string][]Op{}
-	for _, o := range ops {
-		if o.Kind == OpAcquire && o.Result == OutOK {
-			if grants[o.Key] == nil {
-				grants[o.Key] = map[uint64]Op{}
-			}
-			grants[o.Key][o.Token] = o
-		}
-		if o.Kind == OpRenew {
-			byKey[o.Key] = append(byKey[o.Key], o)
-		}
-	}
-	renews := map[string]map[uint64][]Op{}
-	for k, kops := range byKey {
-		renews[k] = confirmedRenewals(kops)
-	}
+	grants, renews := grantsAndRenewals(ops)
 	var vs []Violation
 	fenced, accepted := 0, 0
 	reported := map[string]bool{}
@@ -542,4 +526,27 @@ func checkWrites(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Viol
 			Ops: append([]Op{a}, higher...)})
 	}
 	return vs, fenced, accepted
+}
+
+// grantsAndRenewals indexes the granted acquires by key and token, and
+// the confirmed renewals by key and token (confirmedRenewals).
+func grantsAndRenewals(ops []Op) (map[string]map[uint64]Op, map[string]map[uint64][]Op) {
+	grants := map[string]map[uint64]Op{}
+	renewOps := map[string][]Op{}
+	for _, o := range ops {
+		if o.Kind == OpAcquire && o.Result == OutOK {
+			if grants[o.Key] == nil {
+				grants[o.Key] = map[uint64]Op{}
+			}
+			grants[o.Key][o.Token] = o
+		}
+		if o.Kind == OpRenew {
+			renewOps[o.Key] = append(renewOps[o.Key], o)
+		}
+	}
+	renews := map[string]map[uint64][]Op{}
+	for k, kops := range renewOps {
+		renews[k] = confirmedRenewals(kops)
+	}
+	return grants, renews
 }

@@ -301,26 +301,10 @@ func splitWrites(writes []Write, kindKeys map[string]bool) (mutex, kinds []Write
 // forward clock jump may explain, by cutting the user's lease short or
 // enough of the blocking holders' that the rest leave room.
 func checkUses(ops []Op, writes []Write, jt jumpTimeline, slack int64) ([]Violation, int, int) {
-	grants := map[string]map[uint64]Op{}
-	renewOps := map[string][]Op{}
+	grants, renews := grantsAndRenewals(ops)
 	byKey := map[string][]Op{}
 	for _, o := range ops {
 		byKey[o.Key] = append(byKey[o.Key], o)
-	}
-	for _, o := range ops {
-		if o.Kind == OpAcquire && o.Result == OutOK {
-			if grants[o.Key] == nil {
-				grants[o.Key] = map[uint64]Op{}
-			}
-			grants[o.Key][o.Token] = o
-		}
-		if o.Kind == OpRenew {
-			renewOps[o.Key] = append(renewOps[o.Key], o)
-		}
-	}
-	renews := map[string]map[uint64][]Op{}
-	for k, kops := range renewOps {
-		renews[k] = confirmedRenewals(kops)
 	}
 	var vs []Violation
 	refused, accepted := 0, 0
