@@ -21,8 +21,10 @@ type Page struct {
 // one page from the node's store (raftstore.Store.ScanLocks: a seek and at
 // most limit+1 rows of Pebble's sorted lock rows; the state machine's lock
 // is not taken, so a large table costs a list nothing more than a small
-// one). The access list is checked against the prefix (OpList).
-func (s *Service) List(ctx context.Context, prefix, after string, limit int) (Page, error) {
+// one). afterToken, when not 0, resumes inside key `after`: its holders
+// with a higher token come first. The access list is checked against the
+// prefix (OpList).
+func (s *Service) List(ctx context.Context, prefix, after string, afterToken uint64, limit int) (Page, error) {
 	if limit <= 0 {
 		return Page{}, &core.Error{Code: core.CodeInvalidArgument, Detail: fmt.Sprintf("list limit %d must be positive", limit)}
 	}
@@ -35,7 +37,7 @@ func (s *Service) List(ctx context.Context, prefix, after string, limit int) (Pa
 	if err := s.node.ReadIndex(ctx); err != nil {
 		return Page{}, s.nodeErr(err)
 	}
-	p, err := s.node.ScanLocks(prefix, after, limit)
+	p, err := s.node.ScanLocks(prefix, after, afterToken, limit)
 	if err != nil {
 		return Page{}, s.nodeErr(err)
 	}

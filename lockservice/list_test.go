@@ -21,16 +21,19 @@ func TestListACLAndRemaining(t *testing.T) {
 	}
 	tests := []struct {
 		prefix, after string
+		afterToken    uint64
 		want          []string
 		err           error
 	}{
 		{prefix: "a/", want: []string{"a/1", "a/2"}},
 		{prefix: "a/", after: "a/1", want: []string{"a/2"}},
+		{prefix: "a/", after: "a/1", afterToken: 1, want: []string{"a/1", "a/2"}}, // a/1 holds token 2
+		{prefix: "a/", after: "a/1", afterToken: 2, want: []string{"a/2"}},
 		{prefix: "", err: ErrPermissionDenied}, // listing everything is wider than a/
 		{prefix: "b/", err: ErrPermissionDenied},
 	}
 	for _, tc := range tests {
-		p, err := s.List(ctx, tc.prefix, tc.after, 10)
+		p, err := s.List(ctx, tc.prefix, tc.after, tc.afterToken, 10)
 		if tc.err != nil {
 			if !errors.Is(err, tc.err) {
 				t.Fatalf("list %q: %v, want %v", tc.prefix, err, tc.err)

@@ -74,7 +74,7 @@ func (f *fakeNode) View(fn func(m *core.Machine)) {
 	defer f.mu.Unlock()
 	fn(f.m)
 }
-func (f *fakeNode) ScanLocks(prefix, after string, limit int) (raftstore.LockPage, error) {
+func (f *fakeNode) ScanLocks(prefix, after string, afterToken uint64, limit int) (raftstore.LockPage, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	p := raftstore.LockPage{Applied: f.index}
@@ -84,7 +84,7 @@ func (f *fakeNode) ScanLocks(prefix, after string, limit int) (raftstore.LockPag
 	}
 	sort.SliceStable(locks, func(i, j int) bool { return locks[i].Key < locks[j].Key }) // tokens stay in order
 	for _, l := range locks {
-		if !strings.HasPrefix(l.Key, prefix) || l.Key <= after {
+		if !strings.HasPrefix(l.Key, prefix) || l.Key < after || l.Key == after && (afterToken == 0 || l.Token <= afterToken) {
 			continue
 		}
 		if len(p.Locks) == limit {

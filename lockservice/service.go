@@ -40,8 +40,9 @@ type Node interface {
 	ReadIndex(ctx context.Context) error
 	View(f func(m *core.Machine))
 	// ScanLocks reads a page of held locks in key order from the
-	// node's durable view (raftstore.Store.ScanLocks).
-	ScanLocks(prefix, after string, limit int) (raftstore.LockPage, error)
+	// node's durable view (raftstore.Store.ScanLocks), resuming inside
+	// key after when afterToken is not 0.
+	ScanLocks(prefix, after string, afterToken uint64, limit int) (raftstore.LockPage, error)
 	// ClusterVersion is the applied cluster version, read without waiting
 	// for the raft loop.
 	ClusterVersion() uint64

@@ -29,12 +29,18 @@ type LockPage struct {
 // never splits a key, so it may hold fewer than limit locks, or more when
 // one key alone has more holders than limit.
 //
+// afterToken, when not 0, resumes inside key `after` instead: its holders
+// with a token above afterToken come first (a transport cuts a page
+// between a key's holders when they do not fit one message; the client
+// passes back the last key and token it got). 0 keeps the whole of
+// `after` out, as before.
+//
 // Cost: one seek in each namespace and at most limit+1 row reads and
 // decodes, O(log n + limit), under the store's read lock; the raft loop's
 // next write waits for that lock only to swap its view in, so a page of
 // 1000 locks delays it by well under a millisecond. A node that has
 // applied index i (see Node.AppliedIndex) reads a view at or after i.
-func (s *Store) ScanLocks(prefix, after string, limit int) (LockPage, error) {
+func (s *Store) ScanLocks(prefix, after string, afterToken uint64, limit int) (LockPage, error) {
 	s.mu.RLock()
 	defer s.mu.RUnlock()
 	if s.closed {
@@ -43,7 +49,10 @@ func (s *Store) ScanLocks(prefix, after string, limit int) (LockPage, error) {
 	page := LockPage{Applied: s.st.applied}
 	lower := prefix
 	if after >= lower {
-		lower = after + "\x00" // the smallest key after `after`
+		lower = after
+		if afterToken == 0 {
+			lower += "\x00" // the smallest key after `after`
+		}
 	}
 	upper, bounded := prefixEnd(prefix)
 	if bounded && lower >= upper {
@@ -65,17 +74,38 @@ func (s *Store) ScanLocks(prefix, after string, limit int) (LockPage, error) {
 		_ = locks.Close()
 		return LockPage{}, fmt.Errorf("raftstore: scan locks: %w", err)
 	}
-	err = mergeLockRows(locks, multi, s.st.lastToken, limit, &page)
+	resume := cursor{key: after, token: afterToken}
+	err = mergeLockRows(locks, multi, s.st.lastToken, resume, limit, &page)
 	if err = errors.Join(err, locks.Error(), locks.Close(), multi.Error(), multi.Close()); err != nil {
 		return LockPage{}, fmt.Errorf("raftstore: scan locks: %w", err)
 	}
 	return page, nil
 }
 
+// cursor is where a scan resumes inside a key: its holders with a token
+// above token (token 0: none, the key was read whole).
+type cursor struct {
+	key   string
+	token uint64
+}
+
+// rest is the part of a key's holders (in token order) after c.
+func (c cursor) rest(holders []core.Lock) []core.Lock {
+	if c.token == 0 || len(holders) == 0 || holders[0].Key != c.key {
+		return holders
+	}
+	i := 0
+	for i < len(holders) && holders[i].Token <= c.token {
+		i++
+	}
+	return holders[i:]
+}
+
 // mergeLockRows fills page from the lock rows and the holder rows in key
 // order (a key is in one or the other), stopping at a key boundary once
-// limit locks are in it.
-func mergeLockRows(locks, multi *pebble.Iterator, lastToken uint64, limit int, page *LockPage) error {
+// limit locks are in it; the key of resume gives only its holders after
+// resume.token.
+func mergeLockRows(locks, multi *pebble.Iterator, lastToken uint64, resume cursor, limit int, page *LockPage) error {
 	okL, okM := locks.First(), multi.First()
 	for okL || okM {
 		useLock := okL && (!okM || bytes.Compare(locks.Key()[len(prefixLock):], multi.Key()[len(prefixHolder):]) < 0)
@@ -93,6 +123,7 @@ func mergeLockRows(locks, multi *pebble.Iterator, lastToken uint64, limit int, p
 			}
 			add = kh.Holders
 		}
+		add = resume.rest(add)
 		if len(add) > 0 && len(page.Locks) > 0 && len(page.Locks)+len(add) > limit || len(page.Locks) >= limit && len(add) > 0 {
 			page.More = true
 			return nil
@@ -123,8 +154,8 @@ func prefixEnd(prefix string) (string, bool) {
 // ScanLocks reads a page of held locks from the node's store
 // (Store.ScanLocks). It is not linearizable by itself: call ReadIndex
 // first.
-func (n *Node) ScanLocks(prefix, after string, limit int) (LockPage, error) {
-	return n.cfg.Store.ScanLocks(prefix, after, limit)
+func (n *Node) ScanLocks(prefix, after string, afterToken uint64, limit int) (LockPage, error) {
+	return n.cfg.Store.ScanLocks(prefix, after, afterToken, limit)
 }
 
 // iterHolders decodes and validates the holder row under it.

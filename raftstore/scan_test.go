@@ -38,7 +38,7 @@ func TestScanLocks(t *testing.T) {
 		{"z", "", 10, nil, false},
 	}
 	for _, tc := range tests {
-		p, err := s.ScanLocks(tc.prefix, tc.after, tc.limit)
+		p, err := s.ScanLocks(tc.prefix, tc.after, 0, tc.limit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -50,7 +50,7 @@ func TestScanLocks(t *testing.T) {
 			t.Errorf("scan(%q, %q, %d) = %q more=%v applied=%d; want %q more=%v", tc.prefix, tc.after, tc.limit, got, p.More, p.Applied, tc.want, tc.more)
 		}
 	}
-	if p, _ := s.ScanLocks("a/2", "", 10); len(p.Locks) != 1 || p.Locks[0].Token != 3 {
+	if p, _ := s.ScanLocks("a/2", "", 0, 10); len(p.Locks) != 1 || p.Locks[0].Token != 3 {
 		t.Errorf("lock record not decoded: %+v", p.Locks)
 	}
 }
@@ -98,7 +98,7 @@ func TestScanLocksHolders(t *testing.T) {
 		{"c", 10, []uint64{6}, false}, // d has only a delayed slot
 		{"a", 0, nil, true},
 	} {
-		p, err := s.ScanLocks("", tc.after, tc.limit)
+		p, err := s.ScanLocks("", tc.after, 0, tc.limit)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -111,6 +111,75 @@ func TestScanLocksHolders(t *testing.T) {
 		}
 		if !slices.Equal(got, tc.want) || p.More != tc.more {
 			t.Errorf("scan(after %q, %d) = %v more=%v; want %v more=%v", tc.after, tc.limit, got, p.More, tc.want, tc.more)
+		}
+	}
+}
+
+// TestScanLocksResumeInsideKey: a scan resumed at (key, token) lists
+// exactly what a whole listing has after that holder: the key's holders
+// with a higher token, then the keys after it, for a cursor at every
+// listed holder, under a prefix, and at keys and tokens that are not held.
+func TestScanLocksResumeInsideKey(t *testing.T) {
+	s := openTestStore(t, t.TempDir())
+	m := v5Ref(t, s)
+	run := []core.Command{
+		core.Grant("a", "", 1000, 1),                                 // 1
+		core.Grant("b", "", 1000, 1).WithKind(3, core.ModeExclusive), // 2
+		core.Grant("b", "", 1000, 1).WithKind(3, core.ModeExclusive), // 3
+		core.Grant("c", "", 1000, 1).WithKind(0, core.ModeShared),    // 4
+		core.Grant("b", "", 1000, 1).WithKind(3, core.ModeExclusive), // 5
+		core.Grant("c", "", 1000, 1).WithKind(0, core.ModeShared),    // 6
+		core.Grant("c/x", "", 1000, 1),                               // 7
+		core.Release("b", 3),                                         // b holds 2 and 5
+		core.Grant("c", "", 1000, 1).WithKind(0, core.ModeShared),    // 8
+	}
+	mustWrite(t, s, ReadyWrite{Entries: cmdEntries(1, 2, run...), HardState: raftpb.HardState{Term: 1, Commit: 10}, State: applyRun(m, 10, run...)})
+	tokens := func(p LockPage) []uint64 {
+		var got []uint64
+		for _, l := range p.Locks {
+			got = append(got, l.Token)
+		}
+		return got
+	}
+	whole, err := s.ScanLocks("", "", 0, 100)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := tokens(whole), []uint64{1, 2, 5, 4, 6, 8, 7}; !slices.Equal(got, want) {
+		t.Fatalf("whole listing %v, want %v", got, want)
+	}
+	for i, l := range whole.Locks {
+		p, err := s.ScanLocks("", l.Key, l.Token, 100)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got, want := tokens(p), tokens(LockPage{Locks: whole.Locks[i+1:]}); !slices.Equal(got, want) || p.More {
+			t.Errorf("resume at (%q, %d) = %v more=%v; want %v", l.Key, l.Token, got, p.More, want)
+		}
+	}
+	for _, tc := range []struct {
+		prefix, after string
+		afterToken    uint64
+		limit         int
+		want          []uint64
+		more          bool
+	}{
+		{"", "b", 1, 100, []uint64{2, 5, 4, 6, 8, 7}, false}, // a token below every holder: the whole key
+		{"", "b", 3, 100, []uint64{5, 4, 6, 8, 7}, false},    // a released holder's token
+		{"", "b", 9, 100, []uint64{4, 6, 8, 7}, false},       // above every holder: none of the key
+		{"", "c", 4, 1, []uint64{6, 8}, true},                // the rest of a key is never split
+		{"", "c", 8, 1, []uint64{7}, false},
+		{"", "bb", 1, 100, []uint64{4, 6, 8, 7}, false}, // a key not held
+		{"c", "c", 6, 100, []uint64{8, 7}, false},       // inside the prefix
+		{"c/", "c", 6, 100, []uint64{7}, false},         // after before the prefix
+		{"b", "b", 2, 0, nil, true},                     // limit 0 reads nothing
+	} {
+		p, err := s.ScanLocks(tc.prefix, tc.after, tc.afterToken, tc.limit)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tokens(p); !slices.Equal(got, tc.want) || p.More != tc.more {
+			t.Errorf("scan(%q, after (%q, %d), %d) = %v more=%v; want %v more=%v", tc.prefix, tc.after, tc.afterToken, tc.limit, got, p.More, tc.want, tc.more)
 		}
 	}
 }

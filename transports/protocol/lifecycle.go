@@ -54,19 +54,27 @@ type RenewReply struct {
 
 // ListRequest pages through the held locks whose keys start with Prefix,
 // in byte order of the key, read linearizably. After is the last key of
-// the previous page ("" for the first page).
+// the previous page ("" for the first page). AfterToken, the previous
+// page's NextAfterToken, resumes inside key After: its holders with a
+// higher token come first; 0 (absent) starts after the whole key.
 type ListRequest struct {
-	Prefix string `json:"prefix,omitempty"`
-	After  string `json:"after,omitempty"`
-	Limit  int    `json:"limit,omitempty"`
+	Prefix     string `json:"prefix,omitempty"`
+	After      string `json:"after,omitempty"`
+	AfterToken uint64 `json:"after_token,omitempty"`
+	Limit      int    `json:"limit,omitempty"`
 }
 
 // ListReply is one page of held locks. More reports that locks after the
-// last one returned exist; pass the last key as After to read on. A page
-// may hold fewer than the limit even with More set.
+// last one returned exist; pass the last key as After (and NextAfterToken
+// as AfterToken) to read on. A page may hold fewer than the limit even
+// with More set.
 type ListReply struct {
 	Locks []GetReply `json:"locks"`
 	More  bool       `json:"more,omitempty"`
+	// NextAfterToken is set when the page ends inside its last key's
+	// holders (a key's holders did not fit one message): it is the last
+	// lock's token, and the rest of that key's holders come next.
+	NextAfterToken uint64 `json:"next_after_token,omitempty"`
 	// Index is the applied index the page was read at.
 	Index uint64 `json:"index"`
 }
@@ -197,6 +205,9 @@ func (r *ListRequest) Validate() (int, error) {
 	}
 	if len(r.After) > core.MaxKeyLen {
 		return 0, Errorf(CodeInvalidArgument, "after is %d bytes, the limit is %d", len(r.After), core.MaxKeyLen)
+	}
+	if r.AfterToken != 0 && r.After == "" {
+		return 0, Errorf(CodeInvalidArgument, "after_token %d needs the key it is in as after", r.AfterToken)
 	}
 	if r.Limit < 0 || r.Limit > MaxListLimit {
 		return 0, Errorf(CodeInvalidArgument, "limit %d is outside [0, %d]", r.Limit, MaxListLimit)

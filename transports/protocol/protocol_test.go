@@ -142,6 +142,7 @@ func FuzzDecodeRequests(f *testing.F) {
 		`{}`, `[]`, `null`, ``, `{"key":`,
 		`{"key":"a","token":3,"lease_ms":60000}`,
 		`{"prefix":"a/","after":"a/1","limit":1000}`,
+		`{"prefix":"a/","after":"a/1","after_token":7,"limit":10}`,
 		`{"key":"a","wait_id":"w-1"}`,
 		`{"key":"a","lease_ms":100,"wait_ms":50,"wait_id":"w-1"}`,
 		`{"key":"a","session":"3"}`, `{"key":"a","lease_ms":100,"lock_delay_ms":15000}`, `{"ttl_ms":10000,"lock_delay_ms":15000}`, `{"session":"3"}`,
@@ -178,7 +179,7 @@ func FuzzDecodeRequests(f *testing.F) {
 			t.Fatalf("accepted bad renew %+v", r)
 		}
 		if r, err := DecodeList(data); err == nil {
-			if limit, err := r.Validate(); err != nil || limit < 1 || limit > MaxListLimit {
+			if limit, err := r.Validate(); err != nil || limit < 1 || limit > MaxListLimit || r.AfterToken != 0 && r.After == "" {
 				t.Fatalf("accepted bad list %+v", r)
 			}
 		}
@@ -280,6 +281,9 @@ func TestDecodeLifecycle(t *testing.T) {
 		{"renew negative lease", func(b []byte) error { _, err := DecodeRenew(b); return err }, `{"key":"a","token":1,"lease_ms":-1}`, CodeInvalidArgument},
 		{"list empty", func(b []byte) error { _, err := DecodeList(b); return err }, `{}`, ""},
 		{"list page", func(b []byte) error { _, err := DecodeList(b); return err }, `{"prefix":"a/","after":"a/3","limit":1000}`, ""},
+		{"list resume in a key", func(b []byte) error { _, err := DecodeList(b); return err }, `{"prefix":"a/","after":"a/3","after_token":12,"limit":10}`, ""},
+		{"list token without key", func(b []byte) error { _, err := DecodeList(b); return err }, `{"after_token":12}`, CodeInvalidArgument},
+		{"list negative token", func(b []byte) error { _, err := DecodeList(b); return err }, `{"after":"a","after_token":-1}`, CodeMalformed},
 		{"list over limit", func(b []byte) error { _, err := DecodeList(b); return err }, `{"limit":1001}`, CodeInvalidArgument},
 		{"list negative", func(b []byte) error { _, err := DecodeList(b); return err }, `{"limit":-1}`, CodeInvalidArgument},
 		{"list unknown", func(b []byte) error { _, err := DecodeList(b); return err }, `{"prefixes":"a"}`, CodeMalformed},
