@@ -1,9 +1,9 @@
 package sdk_test
 
 import (
+	"context"
 	"encoding/json"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -615,36 +615,64 @@ func TestReviewKindsGiveUpAfterGrant(t *testing.T) {
 // all. A key whose holders do not fit one NATS message (long keys and
 // owners of control characters, which JSON escapes to six bytes: about
 // 4.8 KB per entry, so some 200 holders pass the default 1 MB) is cut by
-// list too, and the next page starts after that key: its last holders
-// cannot be read at all. Known bug, skipped unless TICKETD_KNOWN_BUGS is
-// set: the fix needs a list cursor inside a key (a holder token beside
-// "after"), a protocol and SDK change.
+// list between its holders; the reply's next_after_token, passed back as
+// after_token with the key as after, reads the rest. Every holder is read
+// exactly once, by raw requests and by the SDK's ListAll.
 func TestReviewKindsListEveryHolder(t *testing.T) {
-	if os.Getenv("TICKETD_KNOWN_BUGS") == "" {
-		t.Skip("known bug (issue 25 review): list cannot page through one key's holders; set TICKETD_KNOWN_BUGS=1 to run")
-	}
 	c, lead := cluster(t, 1)
 	nc := rawConn(t, c, lead)
 	key := strings.Repeat("\u0001", 511) + "k"
 	owner := strings.Repeat("\u0001", 256)
 	const n = 300
+	want := map[uint64]bool{}
 	for i := 0; i < n; i++ {
 		b, _ := json.Marshal(map[string]any{"key": key, "mode": "shared", "lease_ms": 120000, "owner": owner})
-		rawAcquire(t, nc, string(b))
+		want[rawAcquire(t, nc, string(b))] = true
 	}
-	seen, after := 0, ""
-	for page := 0; page < 10; page++ {
-		b, _ := json.Marshal(map[string]any{"prefix": "", "after": after, "limit": 1000})
+	seen, cuts := map[uint64]bool{}, 0
+	after, afterToken := "", uint64(0)
+	for page := 0; ; page++ {
+		if page == 10 {
+			t.Fatalf("still paging after %d pages (%d of %d holders read)", page, len(seen), n)
+		}
+		b, _ := json.Marshal(protocol.ListRequest{After: after, AfterToken: afterToken, Limit: protocol.MaxListLimit})
 		r := rawReq(t, nc, protocol.SubjectList, string(b))
 		locks, _ := r.v["locks"].([]any)
-		seen += len(locks)
+		for _, l := range locks {
+			tok := uint64(l.(map[string]any)["token"].(float64))
+			if seen[tok] || !want[tok] {
+				t.Fatalf("page %d lists token %d again or a token never granted", page, tok)
+			}
+			seen[tok] = true
+		}
 		if r.v["more"] != true || len(locks) == 0 {
 			break
 		}
+		afterToken = r.num("next_after_token")
+		if afterToken != 0 {
+			cuts++
+		}
 		after = locks[len(locks)-1].(map[string]any)["key"].(string)
 	}
-	if seen != n {
-		t.Fatalf("listing read %d of the key's %d holders", seen, n)
+	if len(seen) != n || cuts == 0 {
+		t.Fatalf("listing read %d of the key's %d holders, %d pages cut inside the key", len(seen), n, cuts)
+	}
+
+	cl := client(t, c, lead)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	seen = map[uint64]bool{}
+	for h, err := range cl.ListAll(ctx, "", 0) {
+		if err != nil {
+			t.Fatal(err)
+		}
+		if h.Key != key || seen[h.Token] || !want[h.Token] || h.Owner != owner {
+			t.Fatalf("ListAll yields %.20q token %d (seen before: %v)", h.Key, h.Token, seen[h.Token])
+		}
+		seen[h.Token] = true
+	}
+	if len(seen) != n {
+		t.Fatalf("ListAll read %d of the key's %d holders", len(seen), n)
 	}
 }
 

@@ -402,3 +402,32 @@ func TestListRefusesBrokenPages(t *testing.T) {
 		})
 	}
 }
+
+// TestCheckPageCursor: a page read after a cursor inside a key may start
+// with that key's later holders, and only those; next_after_token must be
+// the last lock's token of a page with more.
+func TestCheckPageCursor(t *testing.T) {
+	lock := func(k string, tok uint64) protocol.GetReply {
+		return protocol.GetReply{Key: k, Held: true, Token: tok, LeaseMS: 1000}
+	}
+	for _, tc := range []struct {
+		name string
+		req  protocol.ListRequest
+		lr   protocol.ListReply
+		ok   bool
+	}{
+		{"rest of the key", protocol.ListRequest{After: "a/1", AfterToken: 4}, protocol.ListReply{Locks: []protocol.GetReply{lock("a/1", 5), lock("a/1", 7), lock("a/2", 1)}}, true},
+		{"a holder at the cursor", protocol.ListRequest{After: "a/1", AfterToken: 4}, protocol.ListReply{Locks: []protocol.GetReply{lock("a/1", 4)}}, false},
+		{"the key without a token", protocol.ListRequest{After: "a/1"}, protocol.ListReply{Locks: []protocol.GetReply{lock("a/1", 5)}}, false},
+		{"holders out of token order", protocol.ListRequest{}, protocol.ListReply{Locks: []protocol.GetReply{lock("a/1", 5), lock("a/1", 3)}}, false},
+		{"next token of the last lock", protocol.ListRequest{Limit: 2}, protocol.ListReply{More: true, NextAfterToken: 3, Locks: []protocol.GetReply{lock("a/1", 1), lock("a/1", 3)}}, true},
+		{"next token of another lock", protocol.ListRequest{Limit: 2}, protocol.ListReply{More: true, NextAfterToken: 1, Locks: []protocol.GetReply{lock("a/1", 1), lock("a/1", 3)}}, false},
+		{"next token without more", protocol.ListRequest{Limit: 2}, protocol.ListReply{NextAfterToken: 3, Locks: []protocol.GetReply{lock("a/1", 1), lock("a/1", 3)}}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if err := checkPage(&tc.lr, tc.req); (err == nil) != tc.ok {
+				t.Fatalf("checkPage = %v, want ok %v", err, tc.ok)
+			}
+		})
+	}
+}

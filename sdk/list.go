@@ -16,8 +16,12 @@ import (
 type Page struct {
 	Locks []Holder
 	// More reports that held locks after the last one exist: pass its key
-	// as after to read on.
+	// as after (and NextAfterToken as afterToken, ListFrom) to read on.
 	More bool
+	// NextAfterToken is not 0 when the page ends inside the holders of its
+	// last key (they did not fit one reply): it is the last lock's token,
+	// and ListFrom with the last key and it reads the key's other holders.
+	NextAfterToken uint64
 	// Index is the applied index the page was read at.
 	Index uint64
 }
@@ -27,9 +31,17 @@ type Page struct {
 // the server's default, protocol.DefaultListLimit; at most
 // protocol.MaxListLimit). Each page is a linearizable read; pages read
 // one after another are not one snapshot. It is read-only and retried
-// like Get.
+// like Get. A page may end inside a key's holders (NextAfterToken): read
+// on with ListFrom, or use ListAll, which does.
 func (c *Client) List(ctx context.Context, prefix, after string, limit int) (Page, error) {
-	req := protocol.ListRequest{Prefix: prefix, After: after, Limit: limit}
+	return c.ListFrom(ctx, prefix, after, 0, limit)
+}
+
+// ListFrom is List resuming inside key after: its holders with a token
+// above afterToken come first (afterToken is the previous page's
+// NextAfterToken; 0 starts after the whole key, as List does).
+func (c *Client) ListFrom(ctx context.Context, prefix, after string, afterToken uint64, limit int) (Page, error) {
+	req := protocol.ListRequest{Prefix: prefix, After: after, AfterToken: afterToken, Limit: limit}
 	if _, err := req.Validate(); err != nil {
 		return Page{}, &Error{Code: protocol.CodeInvalidArgument, Message: err.(*protocol.Error).Message, Op: "list", Key: prefix}
 	}
@@ -40,7 +52,7 @@ func (c *Client) List(ctx context.Context, prefix, after string, limit int) (Pag
 	if err != nil {
 		return Page{}, err
 	}
-	p := Page{More: lr.More, Index: lr.Index, Locks: make([]Holder, 0, len(lr.Locks))}
+	p := Page{More: lr.More, NextAfterToken: lr.NextAfterToken, Index: lr.Index, Locks: make([]Holder, 0, len(lr.Locks))}
 	for _, g := range lr.Locks {
 		p.Locks = append(p.Locks, listed(g, nil))
 	}
@@ -67,7 +79,7 @@ func (c *Client) listOn(ctx context.Context, subject string, group *uint32, req 
 	if err := json.Unmarshal(rep.data, &lr); err != nil {
 		return protocol.ListReply{}, c.newError(r, protocol.CodeMalformed, fmt.Sprintf("unreadable list reply: %v", err), nil)
 	}
-	if err := checkPage(&lr, req.Prefix, req.After, req.Limit); err != nil {
+	if err := checkPage(&lr, req); err != nil {
 		return protocol.ListReply{}, c.newError(r, protocol.CodeMalformed, "list reply: "+err.Error(), nil)
 	}
 	return lr, nil
@@ -84,9 +96,12 @@ func listed(gr protocol.GetReply, g *uint32) Holder {
 
 // checkPage refuses a page that breaks the protocol's promises, which a
 // caller paging on would otherwise loop on or trust: keys in strictly
-// increasing order, after after, under the prefix, within the limit, and
-// progress when More is set.
-func checkPage(lr *protocol.ListReply, prefix, after string, limit int) error {
+// increasing order (a key's holders together, in token order), after the
+// request's cursor, under the prefix, within the limit, progress when More
+// is set, and NextAfterToken only as the last lock's token of a page with
+// more.
+func checkPage(lr *protocol.ListReply, req protocol.ListRequest) error {
+	limit := req.Limit
 	if limit == 0 {
 		limit = protocol.DefaultListLimit
 	}
@@ -97,18 +112,20 @@ func checkPage(lr *protocol.ListReply, prefix, after string, limit int) error {
 	if lr.More && len(lr.Locks) == 0 {
 		return fmt.Errorf("more locks announced on an empty page")
 	}
-	prev, prevToken := after, uint64(0)
+	if lr.NextAfterToken != 0 && (!lr.More || lr.Locks[len(lr.Locks)-1].Token != lr.NextAfterToken) {
+		return fmt.Errorf("next_after_token %d is not the last lock's token of a page with more", lr.NextAfterToken)
+	}
+	// The cursor: the first lock may be a later holder of after itself.
+	prev, prevToken, inKey := req.After, req.AfterToken, req.AfterToken != 0
 	for i, g := range lr.Locks {
-		if err := core.ValidateKey(g.Key); err != nil || !strings.HasPrefix(g.Key, prefix) {
+		if err := core.ValidateKey(g.Key); err != nil || !strings.HasPrefix(g.Key, req.Prefix) {
 			return fmt.Errorf("key %.80q is not a key under the prefix", g.Key)
 		}
-		// The holders of a semaphore or a shared key come together, in
-		// token order.
-		sameKey := i > 0 && g.Key == prev && g.Token > prevToken
-		if (i > 0 || after != "") && g.Key <= prev && !sameKey {
+		sameKey := inKey && g.Key == prev && g.Token > prevToken
+		if (i > 0 || req.After != "") && g.Key <= prev && !sameKey {
 			return fmt.Errorf("key %.80q is out of order", g.Key)
 		}
-		prev, prevToken = g.Key, g.Token
+		prev, prevToken, inKey = g.Key, g.Token, true
 	}
 	return nil
 }
@@ -116,17 +133,21 @@ func checkPage(lr *protocol.ListReply, prefix, after string, limit int) error {
 // ListAll pages through every held lock under prefix, pageSize at a time
 // (0: the server's default), yielding each, or one error and stopping.
 // Locks taken or released while it pages may or may not be seen; a lock
-// held throughout is seen exactly once.
+// held throughout is seen exactly once, even among thousands of holders
+// of one key (pages cut inside a key resume there: NextAfterToken).
 func (c *Client) ListAll(ctx context.Context, prefix string, pageSize int) iter.Seq2[Holder, error] {
-	return listAll(ctx, prefix, pageSize, c.List)
+	return listAll(ctx, prefix, pageSize, c.ListFrom)
 }
 
+// listPage reads one page after a cursor (ListFrom's signature).
+type listPage func(ctx context.Context, prefix, after string, afterToken uint64, limit int) (Page, error)
+
 // listAll pages through list.
-func listAll(ctx context.Context, prefix string, pageSize int, list func(ctx context.Context, prefix, after string, limit int) (Page, error)) iter.Seq2[Holder, error] {
+func listAll(ctx context.Context, prefix string, pageSize int, list listPage) iter.Seq2[Holder, error] {
 	return func(yield func(Holder, error) bool) {
-		after := ""
+		after, afterToken := "", uint64(0)
 		for {
-			p, err := list(ctx, prefix, after, pageSize)
+			p, err := list(ctx, prefix, after, afterToken, pageSize)
 			if err != nil {
 				yield(Holder{}, err)
 				return
@@ -139,7 +160,7 @@ func listAll(ctx context.Context, prefix string, pageSize int, list func(ctx con
 			if !p.More {
 				return
 			}
-			after = p.Locks[len(p.Locks)-1].Key
+			after, afterToken = p.Locks[len(p.Locks)-1].Key, p.NextAfterToken
 		}
 	}
 }

@@ -51,7 +51,12 @@ func (c *Client) GroupNodeStatus(ctx context.Context, g uint32, id uint64) (*Sta
 // groups (docs/scaling.md, "Adding groups"): it needs no group count, so
 // it works while the nodes disagree on it.
 func (c *Client) ListGroup(ctx context.Context, g uint32, prefix, after string, limit int) (Page, error) {
-	req := protocol.ListRequest{Prefix: prefix, After: after, Limit: limit}
+	return c.ListGroupFrom(ctx, g, prefix, after, 0, limit)
+}
+
+// ListGroupFrom is ListGroup resuming inside key after, as ListFrom.
+func (c *Client) ListGroupFrom(ctx context.Context, g uint32, prefix, after string, afterToken uint64, limit int) (Page, error) {
+	req := protocol.ListRequest{Prefix: prefix, After: after, AfterToken: afterToken, Limit: limit}
 	if _, err := req.Validate(); err != nil {
 		return Page{}, &Error{Code: protocol.CodeInvalidArgument, Message: err.(*protocol.Error).Message, Op: "list", Key: prefix}
 	}
@@ -59,7 +64,7 @@ func (c *Client) ListGroup(ctx context.Context, g uint32, prefix, after string, 
 	if err != nil {
 		return Page{}, groupError(g, err)
 	}
-	p := Page{More: lr.More, Index: lr.Index, Locks: make([]Holder, 0, len(lr.Locks))}
+	p := Page{More: lr.More, NextAfterToken: lr.NextAfterToken, Index: lr.Index, Locks: make([]Holder, 0, len(lr.Locks))}
 	for _, l := range lr.Locks {
 		p.Locks = append(p.Locks, listed(l, &g))
 	}
@@ -69,8 +74,8 @@ func (c *Client) ListGroup(ctx context.Context, g uint32, prefix, after string, 
 // ListGroupAll pages through group g's held locks under prefix, as
 // ListAll does across the deployment.
 func (c *Client) ListGroupAll(ctx context.Context, g uint32, prefix string, pageSize int) iter.Seq2[Holder, error] {
-	return listAll(ctx, prefix, pageSize, func(ctx context.Context, prefix, after string, limit int) (Page, error) {
-		return c.ListGroup(ctx, g, prefix, after, limit)
+	return listAll(ctx, prefix, pageSize, func(ctx context.Context, prefix, after string, afterToken uint64, limit int) (Page, error) {
+		return c.ListGroupFrom(ctx, g, prefix, after, afterToken, limit)
 	})
 }
 
@@ -100,10 +105,10 @@ func (c *Client) groups(ctx context.Context, op, key string) (uint32, error) {
 }
 
 // listGroups reads one page of held locks across every group: each
-// group's page after req.After, merged in key order. A group may answer
-// a short page with more set (its page did not fit a NATS message); its
-// locks after its last key are unseen, so the merged page stops at the
-// smallest last key of the groups with more. A group that does not answer
+// group's page after the request's cursor, merged in key order. A group
+// may answer a short page with more set (its page did not fit a NATS
+// message); its locks after its last one are unseen, so the merged page
+// stops at the smallest last lock of the groups with more. A group that does not answer
 // fails the whole list (its error names the group): a page without it
 // would silently miss its locks.
 func (c *Client) listGroups(ctx context.Context, req protocol.ListRequest) (Page, error) {
@@ -148,13 +153,16 @@ func groupError(g uint32, err error) error {
 }
 
 // mergePages merges the checked pages of every group (index = group)
-// into one page of at most limit locks (0: protocol.DefaultListLimit).
+// into one page of at most limit locks (0: protocol.DefaultListLimit),
+// setting NextAfterToken when it ends inside a key's holders.
 func mergePages(pages []protocol.ListReply, limit int) Page {
 	if limit == 0 {
 		limit = protocol.DefaultListLimit
 	}
 	var out Page
-	cut, bounded := "", false // the smallest last key of a page with more
+	// The smallest last lock of a page with more: its key, and its token
+	// when that page ended inside the key (0: the whole key is in it).
+	cutKey, cutToken, bounded := "", uint64(0), false
 	for g, p := range pages {
 		group := uint32(g)
 		for _, l := range p.Locks {
@@ -162,24 +170,33 @@ func mergePages(pages []protocol.ListReply, limit int) Page {
 		}
 		if p.More {
 			out.More = true
-			if last := p.Locks[len(p.Locks)-1].Key; !bounded || last < cut {
-				cut, bounded = last, true
+			last := p.Locks[len(p.Locks)-1].Key
+			if !bounded || last < cutKey || last == cutKey && p.NextAfterToken != 0 && (cutToken == 0 || p.NextAfterToken < cutToken) {
+				cutKey, cutToken, bounded = last, p.NextAfterToken, true
 			}
 		}
 	}
+	// A key lives in one group, so its holders stay in token order.
 	slices.SortFunc(out.Locks, func(a, b Holder) int {
-		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(*a.Group, *b.Group))
+		return cmp.Or(cmp.Compare(a.Key, b.Key), cmp.Compare(*a.Group, *b.Group), cmp.Compare(a.Token, b.Token))
 	})
 	if bounded {
-		i, _ := slices.BinarySearchFunc(out.Locks, cut, func(h Holder, k string) int {
-			if h.Key <= k {
+		i, _ := slices.BinarySearchFunc(out.Locks, cutKey, func(h Holder, k string) int {
+			if h.Key < k || h.Key == k && (cutToken == 0 || h.Token <= cutToken) {
 				return -1
 			}
 			return 1
 		})
 		out.Locks = out.Locks[:i]
+		if cutToken != 0 && i > 0 && out.Locks[i-1].Key == cutKey {
+			out.NextAfterToken = cutToken
+		}
 	}
 	if len(out.Locks) > limit {
+		out.NextAfterToken = 0
+		if out.Locks[limit-1].Key == out.Locks[limit].Key {
+			out.NextAfterToken = out.Locks[limit-1].Token
+		}
 		out.Locks, out.More = out.Locks[:limit], true
 	}
 	return out

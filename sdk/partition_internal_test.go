@@ -3,6 +3,8 @@ package sdk
 import (
 	"fmt"
 	"slices"
+	"strconv"
+	"strings"
 	"testing"
 
 	"github.com/ticketd/ticketd/transports/protocol"
@@ -44,6 +46,53 @@ func TestMergePages(t *testing.T) {
 			}
 			if !slices.Equal(got, c.want) || p.More != c.more {
 				t.Fatalf("got %v more=%v, want %v more=%v", got, p.More, c.want, c.more)
+			}
+		})
+	}
+}
+
+// TestMergePagesInsideKey: holders of one key (key:token) stay in token
+// order, a group page that ended inside a key cuts the merged page after
+// its last holder, and a merged page cut inside a key (by a group or by
+// the limit) says where to resume (NextAfterToken).
+func TestMergePagesInsideKey(t *testing.T) {
+	page := func(more bool, next uint64, locks ...string) protocol.ListReply {
+		p := protocol.ListReply{More: more, NextAfterToken: next}
+		for _, l := range locks {
+			k, tok, _ := strings.Cut(l, ":")
+			n, _ := strconv.ParseUint(tok, 10, 64)
+			p.Locks = append(p.Locks, protocol.GetReply{Key: k, Held: true, Token: n})
+		}
+		return p
+	}
+	cases := []struct {
+		name  string
+		pages []protocol.ListReply
+		limit int
+		want  []string // key:token
+		more  bool
+		next  uint64
+	}{
+		{"holders in token order", []protocol.ListReply{page(false, 0, "a:1", "c:2", "c:5", "c:9"), page(false, 0, "b:3", "d:4")}, 10,
+			[]string{"a:1", "b:3", "c:2", "c:5", "c:9", "d:4"}, false, 0},
+		{"a group cut inside a key", []protocol.ListReply{page(true, 5, "a:1", "c:2", "c:5"), page(false, 0, "b:3", "d:4")}, 10,
+			[]string{"a:1", "b:3", "c:2", "c:5"}, true, 5},
+		{"a group cut before another's key", []protocol.ListReply{page(true, 5, "c:2", "c:5"), page(true, 0, "b:3")}, 10,
+			[]string{"b:3"}, true, 0},
+		{"the limit cuts inside a key", []protocol.ListReply{page(false, 0, "a:1", "c:2", "c:5", "c:9"), page(false, 0, "b:3")}, 4,
+			[]string{"a:1", "b:3", "c:2", "c:5"}, true, 5},
+		{"the limit cuts between keys", []protocol.ListReply{page(true, 9, "a:1", "c:2", "c:5", "c:9"), page(false, 0, "b:3")}, 2,
+			[]string{"a:1", "b:3"}, true, 0},
+	}
+	for _, c := range cases {
+		t.Run(c.name, func(t *testing.T) {
+			p := mergePages(c.pages, c.limit)
+			var got []string
+			for _, h := range p.Locks {
+				got = append(got, fmt.Sprintf("%s:%d", h.Key, h.Token))
+			}
+			if !slices.Equal(got, c.want) || p.More != c.more || p.NextAfterToken != c.next {
+				t.Fatalf("got %v more=%v next=%d, want %v more=%v next=%d", got, p.More, p.NextAfterToken, c.want, c.more, c.next)
 			}
 		})
 	}

@@ -43,7 +43,7 @@ func (s *Service) list(req *request) {
 	limit, _ := lr.Validate()
 	ctx, cancel := context.WithTimeout(req.context(s.ctx), protocol.DefaultReplyMargin*2)
 	defer cancel()
-	p, err := s.cfg.Locks.List(ctx, lr.Prefix, lr.After, limit)
+	p, err := s.cfg.Locks.List(ctx, lr.Prefix, lr.After, lr.AfterToken, limit)
 	if err != nil {
 		s.replyLockErr(req, err)
 		return
@@ -67,10 +67,13 @@ func (s *Service) list(req *request) {
 const listReplyHeadroom = 4 << 10
 
 // fitListPage encodes out, dropping locks from the end of the page (and
-// setting More, so the client reads on after the last key it got) until the
-// body fits in max bytes. Keys and owners may hold control characters,
-// which JSON escapes to six bytes each, so a page of protocol.MaxListLimit
-// locks can far exceed NATS's maximum payload; one lock always fits.
+// setting More) until the body fits in max bytes. Keys and owners may hold
+// control characters, which JSON escapes to six bytes each, so a page of
+// protocol.MaxListLimit locks can far exceed NATS's maximum payload; one
+// lock always fits. It cuts between keys where it can, so that a client
+// that knows only after (the last key) loses nothing; a page that is one
+// key's holders alone is cut between them, and NextAfterToken (the last
+// lock's token) tells the client to resume inside that key.
 func fitListPage(out protocol.ListReply, max int) ([]byte, error) {
 	for {
 		body, err := json.Marshal(out)
@@ -78,15 +81,16 @@ func fitListPage(out protocol.ListReply, max int) ([]byte, error) {
 			return body, err
 		}
 		n := len(out.Locks) / 2
-		// Cut between keys: the next page starts after the last key, so a
-		// key's holders split across pages would lose the rest (unless
-		// the page is one key's holders alone: then they are cut).
 		k := n
 		for k > 0 && out.Locks[k-1].Key == out.Locks[n].Key {
 			k--
 		}
 		if k > 0 {
 			n = k
+		}
+		out.NextAfterToken = 0
+		if out.Locks[n-1].Key == out.Locks[n].Key {
+			out.NextAfterToken = out.Locks[n-1].Token
 		}
 		out.Locks, out.More = out.Locks[:n], true
 	}
