@@ -74,7 +74,8 @@
 //
 // # Listing, watching, electing
 //
-// List and ListAll page through the held locks under a prefix. Watch
+// List and ListAll page through the held locks under a prefix (ListFrom
+// reads on inside a key whose holders did not fit one page). Watch
 // delivers a key's grant, release, expire and renew events, without
 // repeats; it may miss events (see Watch), so read with Get when it
 // matters. NewElection / Campaign / Resign / Leader / Observe run a
