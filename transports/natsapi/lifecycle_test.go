@@ -28,8 +28,8 @@ func TestFitListPage(t *testing.T) {
 	if err := json.Unmarshal(body, &got); err != nil {
 		t.Fatal(err)
 	}
-	if !got.More || len(got.Locks) == 0 || len(got.Locks) >= len(out.Locks) {
-		t.Fatalf("cut page: %d locks, more %v", len(got.Locks), got.More)
+	if !got.More || len(got.Locks) == 0 || len(got.Locks) >= len(out.Locks) || got.NextAfterToken != 0 {
+		t.Fatalf("cut page: %d locks, more %v, next_after_token %d (every key is one lock)", len(got.Locks), got.More, got.NextAfterToken)
 	}
 	for i, l := range got.Locks {
 		if l.Token != out.Locks[i].Token {
