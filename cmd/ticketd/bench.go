@@ -105,7 +105,10 @@ cycles/s, acquire and release latency percentiles and, against local nodes,
 the nodes' CPU time per cycle. Each cycle takes a mutex, or with --limit N
 one of N slots of a counting semaphore, with --shared a shared hold of a
 read/write lock, with --read-ratio R a shared hold R of the time and an
-exclusive one otherwise (cluster version 5 for all three).`,
+exclusive one otherwise (cluster version 5 for all three).
+
+'ticketd bench hold' holds many locks in sessions, or with per-lock
+auto-renew, for a while: what their keepalives cost (issue 24).`,
 		Example: `  ticketd bench --clients 16 --keys 1000 --duration 10s
   ticketd bench --mode try --duration 30s --json
   ticketd bench --mode try --keys 8 --limit 4
@@ -127,6 +130,7 @@ exclusive one otherwise (cluster version 5 for all three).`,
 	fs.BoolVar(&o.shared, "shared", false, "make every acquire a shared hold of a read/write lock (--read-ratio 1)")
 	fs.Float64Var(&o.readRatio, "read-ratio", 0, "share of acquires that are shared holds of a read/write lock, the rest exclusive (0..1; 0: a mutex)")
 	cmd.RunE = bind(o, bench)
+	cmd.AddCommand(benchHoldCmd())
 	return cmd
 }
 
