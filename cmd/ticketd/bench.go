@@ -113,7 +113,8 @@ auto-renew, for a while: what their keepalives cost (issue 24).`,
   ticketd bench --mode try --duration 30s --json
   ticketd bench --mode try --keys 8 --limit 4
   ticketd bench --mode wait --keys 8 --read-ratio 0.9`,
-		Args: exactArgs(),
+		Args:        exactArgs(),
+		Annotations: map[string]string{alsoRunsAnnotation: "true"},
 	}
 	o := &benchOptions{cf: addClientFlags(cmd)}
 	fs := cmd.Flags()

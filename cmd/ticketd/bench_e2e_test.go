@@ -8,6 +8,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/ticketd/ticketd/internal/testkit"
 )
@@ -115,4 +116,101 @@ func TestBenchLockKindUsage(t *testing.T) {
 			t.Errorf("bench %v: exit %d, stdout %q, stderr %q; want exit 2 naming %q", tc.args, code, out, first, tc.names)
 		}
 	}
+}
+
+// TestBenchHold runs `ticketd bench hold` against a real node, both
+// kinds: everything it opens is held, kept alive at the SDK's rate (the
+// TTL's keepalive interval: (2 s - 200 ms)/3 = 600 ms), nothing is lost,
+// and the close releases every lock (the node holds none afterwards).
+func TestBenchHold(t *testing.T) {
+	bin := binary(t)
+	addr := testkit.FreeAddr(t)
+	url := "nats://" + addr
+	startServe(t, bin, "--data", t.TempDir(), "--nats-listen", addr, "--tick-ms", "20")
+	waitReady(t, bin, url)
+	waitSessions(t, url, 1)
+	for _, tc := range []struct {
+		kind           string
+		sessions, want int // sessions opened, items kept alive
+	}{
+		{"sessions", 20, 20},
+		{"auto-renew", 0, 60},
+	} {
+		var out, errb bytes.Buffer
+		cmd := exec.Command(bin, "bench", "hold", "--nats", url, "--kind", tc.kind, "--sessions", "20", "--locks-per-session", "3",
+			"--session-ttl", "2s", "--duration", "3s", "--report-every", "1s", "--concurrency", "8", "--connections", "2", "--json")
+		cmd.Stdout, cmd.Stderr = &out, &errb
+		if err := cmd.Run(); err != nil {
+			t.Fatalf("bench hold --kind %s: %v\n%s", tc.kind, err, errb.String())
+		}
+		var lines []HoldResult
+		dec := json.NewDecoder(&out)
+		for dec.More() {
+			var r HoldResult
+			if err := dec.Decode(&r); err != nil {
+				t.Fatalf("bench hold output: %v", err)
+			}
+			lines = append(lines, r)
+		}
+		if len(lines) < 3 || lines[0].Event != "opened" || lines[1].Event != "progress" || lines[len(lines)-1].Event != "done" {
+			t.Fatalf("--kind %s: events %+v; want opened, progress..., done", tc.kind, lines)
+		}
+		done := lines[len(lines)-1]
+		if done.Kind != tc.kind || done.SessionsOpened != tc.sessions || done.LocksOpened != 60 || done.LocksHeld != 60 || done.LocksLost != 0 ||
+			done.Released != 60 || len(done.OpenErrors) != 0 || len(done.CloseErrors) != 0 || done.MaxRSSBytes <= 0 {
+			t.Errorf("--kind %s: done %+v", tc.kind, done)
+		}
+		// 600 ms between keepalives of each item: between half and twice that rate.
+		rate := float64(tc.want) / 0.6
+		if done.KeepalivesPerS < rate/2 || done.KeepalivesPerS > rate*2 {
+			t.Errorf("--kind %s: %.1f keepalives/s, want about %.0f", tc.kind, done.KeepalivesPerS, rate)
+		}
+		v, _, code := cli(t, bin, "status", "--nats", url, "--timeout", "2s")
+		if code != 0 || v["locks"] != float64(0) {
+			t.Errorf("--kind %s: after the close the node holds %v locks (status exit %d)", tc.kind, v["locks"], code)
+		}
+	}
+}
+
+// Bad `bench hold` flags are usage errors, before anything is sent.
+func TestBenchHoldUsage(t *testing.T) {
+	nowhere := []string{"--nats", "nats://127.0.0.1:1", "--timeout", "1s"}
+	for _, tc := range []struct {
+		args  []string
+		names string
+	}{
+		{[]string{"--kind", "leases"}, `--kind "leases" is neither sessions nor auto-renew`},
+		{[]string{"--sessions", "0"}, "--sessions 0 is outside [1, 131072]"},
+		{[]string{"--sessions", "200000"}, "--sessions 200000 is outside [1, 131072]"},
+		{[]string{"--locks-per-session", "-1"}, "--locks-per-session -1 is outside [0, 10000]"},
+		{[]string{"--sessions", "100000", "--locks-per-session", "11"}, "more than a cluster holds (1048576)"},
+		{[]string{"--kind", "auto-renew", "--locks-per-session", "0"}, "holds nothing"},
+		{[]string{"--session-ttl", "500ms"}, "--session-ttl 500ms is outside [1s, 24h0m0s]"},
+		{[]string{"--session-ttl", "1500us"}, "finer than a millisecond"},
+		{[]string{"--duration", "0s"}, "--duration 0s is outside (0, 24h0m0s]"},
+		{[]string{"--concurrency", "0"}, "--concurrency 0 is outside [1, 1024]"},
+		{[]string{"--connections", "65"}, "--connections 65 is outside [1, 64]"},
+		{[]string{"--report-every", "10ms"}, "--report-every 10ms is outside [1s, 1h0m0s]"},
+		{[]string{"--key-prefix", strings.Repeat("k", 600)}, "--key-prefix"},
+	} {
+		code, out, errOut := runInProcess(append(append([]string{"bench", "hold"}, tc.args...), nowhere...)...)
+		first, _, _ := strings.Cut(errOut, "\n")
+		if code != exitUsage || out != "" || !strings.Contains(first, tc.names) {
+			t.Errorf("bench hold %v: exit %d, stdout %q, stderr %q; want exit 2 naming %q", tc.args, code, out, first, tc.names)
+		}
+	}
+}
+
+// sessionsClusterVersion is the cluster version that serves sessions
+// (lockservice's sessionsVersion).
+const sessionsClusterVersion = 4
+
+// waitSessions waits until node id at url runs a cluster version that
+// serves sessions: a new leader raises the version after its election.
+func waitSessions(t *testing.T, url string, id int) {
+	t.Helper()
+	testkit.Eventually(t, 30*time.Second, "a cluster version serving sessions", func() bool {
+		st, err := nodeStatus(url, id)
+		return err == nil && st.ClusterVersion >= sessionsClusterVersion
+	})
 }

@@ -35,8 +35,10 @@ const exitCodesHelp = `Exit status:
 
 // usageTemplate is cobra's default with one change: a group (a runnable
 // command with subcommands, runnable only to refuse unknown subcommands)
-// shows "PATH [command]", not a use line of its own.
-const usageTemplate = `Usage:{{if and .Runnable (not .HasAvailableSubCommands)}}
+// shows "PATH [command]", not a use line of its own, unless it is also a
+// command of its own (alsoRunsAnnotation: bench, whose subcommand is
+// bench hold).
+const usageTemplate = `Usage:{{if and .Runnable (or (not .HasAvailableSubCommands) (index .Annotations "ticketd/also-runs"))}}
   {{.UseLine}}{{end}}{{if .HasAvailableSubCommands}}
   {{.CommandPath}} [command]{{end}}{{if gt (len .Aliases) 0}}
 
@@ -62,6 +64,10 @@ Use "{{.CommandPath}} [command] --help" for more information about a command.{{e
 // followed by its usage (serve's is long, and its refusals come from the
 // whole configuration, not only argv): a hint to --help follows instead.
 const noUsageAnnotation = "ticketd/no-usage"
+
+// alsoRunsAnnotation marks a command with subcommands that is also a
+// command of its own (usageTemplate shows both lines).
+const alsoRunsAnnotation = "ticketd/also-runs"
 
 // body is a leaf command's work: args are its positional arguments (the
 // flags are bound before it runs); it prints its results and returns the

@@ -166,7 +166,7 @@ func checkCommandLine(argv []string) error {
 	if err != nil {
 		return err
 	}
-	if cmd.HasSubCommands() {
+	if cmd.HasSubCommands() && cmd.Annotations[alsoRunsAnnotation] == "" {
 		if len(rest) > 0 {
 			return fmt.Errorf("unknown command %q for %q", rest[0], cmd.CommandPath())
 		}
