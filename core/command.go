@@ -41,6 +41,14 @@ const (
 	// KindClearDelay ends the lock-delay of a key when its sequence
 	// number matches: Key, DelaySeq.
 	KindClearDelay Kind = 10
+
+	// KindSettle settles an acquire its client gave up on (cluster
+	// version 6, requests.go): Key, Identity, RequestID and GrantedAtMS
+	// (the leader's wall clock, which advances the data clock like a
+	// Grant's). A held grant of the request is released, and a request
+	// with no record gets a tombstone, so that no later attempt of it is
+	// granted.
+	KindSettle Kind = 11
 )
 
 func (k Kind) String() string {
@@ -65,6 +73,8 @@ func (k Kind) String() string {
 		return "refresh_session"
 	case KindClearDelay:
 		return "clear_delay"
+	case KindSettle:
+		return "settle"
 	}
 	return fmt.Sprintf("kind(%d)", uint8(k))
 }
@@ -84,6 +94,7 @@ func (k Kind) String() string {
 //	ExpireSession:  SessionID, Epoch
 //	RefreshSession: SessionID
 //	ClearDelay:     Key, DelaySeq
+//	Settle:         Key, Identity, RequestID, GrantedAtMS (cluster version 6)
 //
 // and a Grant may carry Limit or Mode from cluster version 5 (kinds.go).
 //
@@ -133,6 +144,13 @@ func Grant(key, owner string, leaseMS, grantedAtMS uint64) Command {
 func (c Command) WithRequest(identity, requestID string) Command {
 	c.Identity, c.RequestID = identity, requestID
 	return c
+}
+
+// Settle builds a Settle command: the request id requestID of identity,
+// made for key, is settled at the leader's wall clock nowMS (cluster
+// version 6).
+func Settle(key, identity, requestID string, nowMS uint64) Command {
+	return Command{Kind: KindSettle, Key: key, Identity: identity, RequestID: requestID, GrantedAtMS: nowMS}
 }
 
 // InSession returns the Grant c bound to session id instead of a lease
@@ -193,7 +211,7 @@ func (c *Command) validate() error {
 	if c.Kind.isSession() {
 		return c.validateSession()
 	}
-	if c.RequestID != "" && c.Kind != KindGrant {
+	if c.RequestID != "" && c.Kind != KindGrant && c.Kind != KindSettle {
 		return invalidf("%s must not carry a request id", c.Kind)
 	}
 	if (c.SessionID != 0 || c.LockDelayMS != 0) && c.Kind != KindGrant {
@@ -230,6 +248,19 @@ func (c *Command) validate() error {
 		}
 		if err := ValidateKind(c.Limit, c.Mode); err != nil {
 			return err
+		}
+	case KindSettle:
+		if c.RequestID == "" {
+			return invalidf("settle needs a request id")
+		}
+		if err := ValidateIdentity(c.Identity); err != nil {
+			return err
+		}
+		if err := ValidateRequestID(c.RequestID); err != nil {
+			return err
+		}
+		if c.Token != 0 || c.Owner != "" || c.LeaseMS != 0 || c.SessionID != 0 || c.LockDelayMS != 0 || c.Limit != 0 || c.Mode != 0 {
+			return invalidf("settle carries only key, identity, request id and time")
 		}
 	case KindRelease, KindExpire:
 		if c.Token == 0 {
@@ -438,6 +469,19 @@ const (
 	// ResultHoldersExhausted: the key has MaxHoldersPerKey shared holders
 	// and delayed shared slots.
 	ResultHoldersExhausted ResultKind = 27
+
+	// Results of a Settle (cluster version 6, requests.go). A Settle may
+	// also yield ResultReleased with the released grant's Token (the
+	// request held a lock of its key, now released), ResultGrantEnded
+	// (its grant ended before; nothing changes), ResultRequestMismatch
+	// (a grant of another key; nothing changes) or
+	// ResultRequestsExhausted (no room for the tombstone; nothing
+	// changes).
+	//
+	// ResultSettled: the request had no record; a tombstone (an ended
+	// record with token 0) now says it was never granted, so a later
+	// Grant of it yields ResultGrantEnded with token 0.
+	ResultSettled ResultKind = 28
 )
 
 func (r ResultKind) String() string {
@@ -466,6 +510,8 @@ func (r ResultKind) String() string {
 		return "control_rejected"
 	case ResultRenewed:
 		return "renewed"
+	case ResultSettled:
+		return "settled"
 	case ResultGrantRepeated:
 		return "grant_repeated"
 	case ResultGrantEnded:

@@ -24,6 +24,8 @@ const (
 	EntryVersion4 byte = 4
 	// EntryVersion5 adds Grant.Limit and Grant.Mode (kinds.go).
 	EntryVersion5 byte = 5
+	// EntryVersion6 adds Settle (requests.go).
+	EntryVersion6 byte = 6
 	// SnapshotVersion1 is a lock table; SnapshotVersion2 adds the control
 	// state; SnapshotVersion3 adds each lock's identity and writes the
 	// control section in its version 2 form (with the cluster version);
@@ -76,7 +78,7 @@ type Entry struct {
 }
 
 // EncodeEntry encodes a log entry in the oldest format that can carry it
-// (entryVersion), version 1 to 5:
+// (entryVersion), version 1 to 6:
 //
 //	version:1 | request_id:uvarint | kind:1 | fields
 //	  grant:          key:str | lease_ms:uvarint | owner:str | granted_at_ms:uvarint
@@ -91,6 +93,8 @@ type Entry struct {
 //	  expire_session: session_id:uvarint | epoch:uvarint
 //	  refresh_session: session_id:uvarint
 //	  clear_delay:    key:str | delay_seq:uvarint
+//	  settle:         key:str | identity:str | client_request_id:str | now_ms:uvarint
+//	                  (version 6 only)
 //	  control:        op:1 | the op's fields, in this order, each only if the op has it:
 //	                  credential_hash:32 | node_id:uvarint | incarnation:uvarint |
 //	                  old_node_id:uvarint | new_node_id:uvarint | new_incarnation:uvarint |
@@ -151,6 +155,11 @@ func EncodeEntry(e Entry) []byte {
 		b = appendString(b, c.Key)
 		b = binary.AppendUvarint(b, c.Token)
 		b = binary.AppendUvarint(b, c.LeaseMS)
+	case KindSettle:
+		b = appendString(b, c.Key)
+		b = appendString(b, c.Identity)
+		b = appendString(b, c.RequestID)
+		b = binary.AppendUvarint(b, c.GrantedAtMS)
 	case KindControl:
 		b = appendControlRequest(b, c.Control)
 	default:
@@ -228,7 +237,7 @@ func DecodeEntry(b []byte) (Entry, error) {
 	}
 	d := decoder{b: b}
 	v := d.byte()
-	if d.err == nil && (v < EntryVersion1 || v > EntryVersion5) {
+	if d.err == nil && (v < EntryVersion1 || v > EntryVersion6) {
 		return Entry{}, &Error{Code: CodeUnknownVersion, Detail: "entry version " + strconv.Itoa(int(v))}
 	}
 	var e Entry
@@ -273,6 +282,14 @@ func DecodeEntry(b []byte) (Entry, error) {
 		e.Command.Key = d.str(MaxKeyLen)
 		e.Command.Token = d.uvarint()
 		e.Command.LeaseMS = d.uvarint()
+	case KindSettle:
+		if v < EntryVersion6 {
+			return Entry{}, malformedf("%s in entry version %d", e.Command.Kind, v)
+		}
+		e.Command.Key = d.str(MaxKeyLen)
+		e.Command.Identity = d.str(MaxIdentityLen)
+		e.Command.RequestID = d.str(MaxRequestIDLen)
+		e.Command.GrantedAtMS = d.uvarint()
 	case KindControl:
 		e.Command.Control = d.controlRequest()
 	default:

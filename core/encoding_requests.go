@@ -27,8 +27,9 @@ func EncodeEndedRequest(e EndedRequest) []byte {
 }
 
 // DecodeEndedRequest decodes one stored ended request record. Its token
-// must not be zero; how it relates to the rest of the state is for
-// Machine.LoadRequests to check.
+// may be 0 (a tombstone, cluster version 6); how it relates to the rest
+// of the state, the cluster version included, is for Machine.LoadRequests
+// to check.
 func DecodeEndedRequest(b []byte) (EndedRequest, error) {
 	d := decoder{b: b}
 	if v := d.byte(); d.err == nil && v != EndedRequestVersion1 {
@@ -37,9 +38,6 @@ func DecodeEndedRequest(b []byte) (EndedRequest, error) {
 	e := d.endedRequest()
 	if err := d.finish(); err != nil {
 		return EndedRequest{}, err
-	}
-	if e.Token == 0 {
-		return EndedRequest{}, malformedf("ended request with token 0")
 	}
 	return e, nil
 }

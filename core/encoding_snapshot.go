@@ -337,7 +337,7 @@ func (e *SnapshotEncoder) begin(dataClockMS, endedHead uint64, endedCount int) {
 }
 
 // AddEnded appends the next ended request record, oldest first: its token
-// not zero nor above the last token, ended in order and not after the
+// not above the last token (0 is a tombstone, from cluster version 6), ended in order and not after the
 // data clock, no more than declared.
 func (e *SnapshotEncoder) AddEnded(r EndedRequest) error {
 	switch {
@@ -347,7 +347,7 @@ func (e *SnapshotEncoder) AddEnded(r EndedRequest) error {
 		e.err = invalidf("ended request before BeginRequests or after BeginSessions")
 	case e.endedAdded >= e.endedCount:
 		e.err = invalidf("snapshot declared %d ended requests, got more", e.endedCount)
-	case r.Token == 0 || r.Token > e.lastToken:
+	case r.Token > e.lastToken || r.Token == 0 && e.ctl.ClusterVersion < 6:
 		e.err = invalidf("ended request has token %d, last token %d", r.Token, e.lastToken)
 	case r.EndedAtMS < e.lastEnded || r.EndedAtMS > e.clockMS:
 		e.err = invalidf("ended request at %d after one at %d, data clock %d", r.EndedAtMS, e.lastEnded, e.clockMS)

@@ -228,7 +228,7 @@ func TestDecodeEntryRejects(t *testing.T) {
 	}{
 		{"empty", nil, core.CodeMalformed},
 		{"version 0", cat([]byte{0, 0, 1}, grantFields), core.CodeUnknownVersion},
-		{"version 6", cat([]byte{6, 0, 1}, grantFields), core.CodeUnknownVersion},
+		{"version 7", cat([]byte{7, 0, 1}, grantFields), core.CodeUnknownVersion},
 		{"version 255 alone", []byte{255}, core.CodeUnknownVersion},
 		{"control kind without op", []byte{1, 0, byte(core.KindControl)}, core.CodeMalformed},
 		{"control kind with a lock payload", cat([]byte{1, 9, byte(core.KindControl)}, str("k"), uv(1)), core.CodeMalformed},

@@ -446,15 +446,16 @@ func recordKey(b []byte) []byte {
 // rebuild) wherever the input says so. Results and final state must agree.
 //
 //	op bits 0-2: 0,1 grant; 2 release(arg); 3 expire(arg); 4 checkpoint;
-//	             5 raw command of kind arg%11 (often invalid);
+//	             5 raw command of kind arg%12 (often invalid);
 //	             6 release, 7 expire with the current holder's token
 //	op bit 3:    on a grant, a request id: identity arg bit 0, request id
 //	             arg bits 1-2, time arg minutes (so records age past the
-//	             retention)
+//	             retention); on a release (2), a Settle of that request
+//	             instead (cluster version 6)
 //	op bits 4-5: key index
 //	op bits 6-7 both set: a control command instead, op bits 0-2 choosing
 //	             the op and arg its fields (see fuzzControl); with op bit
-//	             3, SetClusterVersion(2 + (arg bits 1-7) % 3) when arg
+//	             3, SetClusterVersion(2 + (arg bits 1-7) % 5) when arg
 //	             bit 0 is clear, else SetFenceKey of seed arg bits 1-2
 //	op bits 6-7 = 2: a session or lock-delay command, op bits 0-2
 //	             choosing it and arg its fields (see fuzzSession)
@@ -479,6 +480,10 @@ func FuzzApplySequence(f *testing.F) {
 	// checkpoints
 	f.Add([]byte{0xc8, 0x06, 0x01, 0x20, 0x01, 0x20, 0x01, 0x20, 0x11, 0x00, 0x11, 0x00, 0x04, 0x00,
 		0x06, 0x01, 0x07, 0x00, 0x04, 0x01, 0x17, 0x00})
+	// version 3, 6; a grant with a request id, settled (released); a
+	// settle of an unknown request (tombstone), its late grant refused;
+	// checkpoints (snapshot, records)
+	f.Add([]byte{0xc8, 0x02, 0xc8, 0x08, 0x08, 0x02, 0x0a, 0x02, 0x1a, 0x04, 0x18, 0x04, 0x04, 0x00, 0x04, 0x01, 0x18, 0x04})
 	f.Fuzz(func(t *testing.T, data []byte) {
 		keys := [...]string{"a", "b", "잠금", "lock/1"}
 		direct, viaLog, viaSnap := core.NewMachine(), core.NewMachine(), core.NewMachine()
@@ -497,13 +502,15 @@ func FuzzApplySequence(f *testing.F) {
 			case op>>6 == 2:
 				c = fuzzSession(direct, op&7, arg, key)
 			case op>>6 == 3 && op&8 != 0 && arg&1 == 0:
-				c = core.SetClusterVersion(2 + uint64(arg>>1)%4)
+				c = core.SetClusterVersion(2 + uint64(arg>>1)%5)
 			case op>>6 == 3 && op&8 != 0:
 				c = core.SetFenceKey(seed(1 + int(arg>>1&3)))
 			case op>>6 == 3:
 				c = fuzzControl(direct, op&7, arg)
 			case op&7 <= 1 && op&8 != 0:
 				c = rgrant(key, []string{"", "x"}[arg&1], "r"+strconv.Itoa(int(arg>>1&3)), uint64(arg)*60_000)
+			case op&7 == 2 && op&8 != 0:
+				c = core.Settle(key, []string{"", "x"}[arg&1], "r"+strconv.Itoa(int(arg>>1&3)), uint64(arg)*60_000)
 			default:
 				switch op & 7 {
 				case 0, 1:
@@ -527,7 +534,7 @@ func FuzzApplySequence(f *testing.F) {
 					}
 					continue
 				case 5:
-					c = core.Command{Kind: core.Kind(arg % 11), Key: key, Token: uint64(arg >> 4), LeaseMS: uint64(arg&8) * 100}
+					c = core.Command{Kind: core.Kind(arg % 12), Key: key, Token: uint64(arg >> 4), LeaseMS: uint64(arg&8) * 100}
 				case 6, 7:
 					var l core.Lock
 					if hs := direct.Holders(key); len(hs) > 0 {
@@ -666,8 +673,12 @@ func FuzzDecodeEndedRequest(f *testing.F) {
 		if re := core.EncodeEndedRequest(e); !bytes.Equal(re, b) {
 			t.Fatalf("not canonical: %x re-encodes to %x", b, re)
 		}
+		// A tombstone (token 0) travels from cluster version 6.
 		s := core.SnapshotState{LastToken: e.Token, Control: core.ControlState{ClusterVersion: 3},
 			Requests: core.RequestState{DataClockMS: e.EndedAtMS, Ended: []core.EndedRequest{e}}}
+		if e.Token == 0 {
+			s.Control.ClusterVersion = 6
+		}
 		if st, err := core.DecodeSnapshotState(core.EncodeSnapshotState(s)); err != nil || !reflect.DeepEqual(st.Requests, s.Requests) {
 			t.Fatalf("record %+v does not travel in a snapshot: %+v, %v", e, st, err)
 		}

@@ -83,13 +83,16 @@ func (m *Machine) Apply(c Command) Result {
 		m.locks = newLockTable(0)
 	}
 	if m.ctl.clusterVersion >= 3 {
-		if c.Kind == KindGrant {
+		if c.Kind == KindGrant || c.Kind == KindSettle {
 			m.req.clockMS = max(m.req.clockMS, c.GrantedAtMS)
 		}
 		m.req.prune(RequestPruneBudget)
 	}
 	if c.Kind.isSession() {
 		return m.applySession(&c)
+	}
+	if c.Kind == KindSettle {
+		return m.settle(&c)
 	}
 	held, ok := m.locks.get(c.Key)
 	if c.Kind != KindGrant {

@@ -35,6 +35,24 @@ import (
 //
 // None of 1, 2 or the refusals changes a lock or a record.
 //
+// Settle (cluster version 6) is what a client that gave up on an acquire
+// sends, so that no attempt of it still in the network is granted later.
+// Its Apply, atomically:
+//
+//   - the request names a held lock: same key, that lock (or holder) is
+//     released as a Release would, its end recorded, and ResultReleased
+//     answers its token; another key, ResultRequestMismatch;
+//   - it names an ended grant (not stale): ResultGrantEnded with its
+//     token (ResultRequestMismatch for another key); nothing changes;
+//   - otherwise a tombstone, an ended record with token 0, is pushed
+//     (ResultSettled), or, when the records are full and none can be
+//     forgotten, ResultRequestsExhausted and nothing changes.
+//
+// A Grant of a tombstoned request finds it at step 2: ResultGrantEnded
+// with token 0 (ResultRequestMismatch for another key). A tombstone is
+// pruned like any ended record, after RequestRetentionMS: an attempt that
+// arrives later than that can still be granted.
+//
 // Time is data: the data clock is the highest GrantedAtMS of any Grant
 // applied at cluster version 3 (a leader's wall clock, carried in the
 // command), whatever its result, so that time passes for pruning even
@@ -255,6 +273,34 @@ func (m *Machine) grantRequest(c *Command, h [32]byte) (res Result, ok bool) {
 	return Result{}, false
 }
 
+// settle applies a Settle (see above).
+func (m *Machine) settle(c *Command) Result {
+	h := RequestKey(c.Identity, c.RequestID)
+	if key, held := m.req.held[h]; held {
+		tok := m.heldRequestToken(key, c.Identity, c.RequestID)
+		if key != c.Key {
+			return Result{Kind: ResultRequestMismatch, Token: tok}
+		}
+		if mk := m.kinds.get(key); mk != nil {
+			m.applyMulti(mk, &Command{Kind: KindRelease, Key: key, Token: tok})
+		} else if l, ok := m.locks.get(key); ok {
+			m.end(l)
+		}
+		return Result{Kind: ResultReleased, Token: tok}
+	}
+	if e, ended := m.req.ended(h); ended {
+		if e.KeyHash != RequestKeyHash(c.Key) {
+			return Result{Kind: ResultRequestMismatch, Token: e.Token}
+		}
+		return Result{Kind: ResultGrantEnded, Token: e.Token}
+	}
+	if !m.req.makeRoom() {
+		return Result{Kind: ResultRequestsExhausted}
+	}
+	m.req.push(EndedRequest{Request: h, KeyHash: RequestKeyHash(c.Key), EndedAtMS: m.req.clockMS})
+	return Result{Kind: ResultSettled}
+}
+
 // end removes the lock held on l.Key (l is that lock), and from the
 // session's index, and, when it was granted with a request id, records
 // its end.
@@ -384,9 +430,9 @@ func (m *Machine) LoadRequests(rs RequestState) error {
 
 // validateRequests checks a request state against the rest of the state:
 // nothing before cluster version 3; the total within MaxRequestRecords;
-// sequence numbers that do not overflow; ended records with non-zero
-// tokens not above lastToken, none twice nor held, dated in order and not
-// after the data clock. heldWithID is the number of locks with a request
+// sequence numbers that do not overflow; ended records with tokens not
+// above lastToken, none twice nor held, dated in order and not after the
+// data clock; token 0 (a tombstone) only from cluster version 6. heldWithID is the number of locks with a request
 // id, heldTokens the tokens of all held locks.
 func validateRequests(rs *RequestState, lastToken uint64, heldWithID int, heldTokens map[uint64]struct{}, clusterVersion uint64) error {
 	if clusterVersion < 3 && (rs.DataClockMS != 0 || rs.EndedHead != 0 || len(rs.Ended) != 0 || heldWithID != 0) {
@@ -401,6 +447,13 @@ func validateRequests(rs *RequestState, lastToken uint64, heldWithID int, heldTo
 	tokens := make(map[uint64]struct{}, len(rs.Ended))
 	var prev uint64
 	for i, e := range rs.Ended {
+		if e.Token == 0 && clusterVersion >= 6 {
+			if e.EndedAtMS < prev || e.EndedAtMS > rs.DataClockMS {
+				return malformedf("ended request %d ended at %d, after %d, data clock %d", i, e.EndedAtMS, prev, rs.DataClockMS)
+			}
+			prev = e.EndedAtMS
+			continue
+		}
 		_, held := heldTokens[e.Token]
 		_, dup := tokens[e.Token]
 		switch {

@@ -43,13 +43,13 @@ package core
 // MaxClusterVersion is the newest cluster version this binary supports. It
 // reports it in its status; the leader proposes SetClusterVersion only up
 // to the lowest version any member reports.
-const MaxClusterVersion uint64 = 5
+const MaxClusterVersion uint64 = 6
 
 // MaxEntryVersion is the newest log entry format this binary decodes.
-const MaxEntryVersion = EntryVersion5
+const MaxEntryVersion = EntryVersion6
 
 // CommandVersion is the cluster version a command needs before it may be
-// proposed and applied: 5 for a Grant carrying a Limit or a Mode, 4 for the session and lock-delay commands and a
+// proposed and applied: 6 for Settle, 5 for a Grant carrying a Limit or a Mode, 4 for the session and lock-delay commands and a
 // Grant carrying a SessionID or a LockDelayMS, 3 for a Grant carrying a
 // RequestID and for SetFenceKey, 2 for Renew and a Grant carrying an
 // Identity, 1 for the rest. SetClusterVersion itself needs only version 1:
@@ -57,6 +57,8 @@ const MaxEntryVersion = EntryVersion5
 // version.
 func CommandVersion(c Command) uint64 {
 	switch {
+	case c.Kind == KindSettle:
+		return 6
 	case c.Kind == KindGrant && (c.Limit != 0 || c.Mode != 0):
 		return 5
 	case c.Kind.isSession(), c.Kind == KindGrant && (c.SessionID != 0 || c.LockDelayMS != 0):
@@ -74,7 +76,9 @@ func CommandVersion(c Command) uint64 {
 // readable by binaries that know only the entry versions of it.
 func entryVersion(c Command) byte {
 	switch v := CommandVersion(c); {
-	case v >= 5:
+	case v >= 6:
+		return EntryVersion6
+	case v == 5:
 		return EntryVersion5
 	case v == 4:
 		return EntryVersion4

@@ -156,7 +156,6 @@ func TestEndedRequestRecord(t *testing.T) {
 		code core.Code
 	}{
 		{"version 2", cat([]byte{2}, b[1:]), core.CodeUnknownVersion},
-		{"token 0", cat(b[:65], uv(0), uv(1)), core.CodeMalformed},
 		{"truncated", b[:len(b)-1], core.CodeMalformed},
 		{"trailing byte", cat(b, []byte{0}), core.CodeMalformed},
 		{"empty", nil, core.CodeMalformed},
@@ -269,7 +268,7 @@ func TestControlRecordVersion3(t *testing.T) {
 	}{
 		{"v2 with cluster version 3", seal(cat([]byte("TKC\x02"), body, uv(3))), core.CodeMalformed},
 		{"v3 with cluster version 2", seal(cat([]byte("TKC\x03"), body, uv(2), uv(0))), core.CodeMalformed},
-		{"v3 with cluster version 6", seal(cat([]byte("TKC\x03"), body, uv(6), uv(0))), core.CodeUnknownVersion},
+		{"v3 with cluster version 7", seal(cat([]byte("TKC\x03"), body, uv(7), uv(0))), core.CodeUnknownVersion},
 		{"fence keys missing", seal(cat([]byte("TKC\x03"), body, uv(3))), core.CodeMalformed},
 		{"fence key count lie", seal(cat([]byte("TKC\x03"), body, uv(3), uv(2), goldenSeed[:])), core.CodeMalformed},
 		{"five fence keys", seal(cat([]byte("TKC\x03"), body, uv(3), uv(5), bytes.Repeat(goldenSeed[:], 5))), core.CodeMalformed},

@@ -57,7 +57,7 @@ func TestEntryVersionRejects(t *testing.T) {
 		{"v2 grant with empty identity", "020701016be807016f0500"},
 		{"renew in a v1 entry", "010705016b09d00f"},
 		{"set cluster version in a v1 entry", "0107040902"},
-		{"set cluster version 6 (unknown to this binary)", "0207040906"},
+		{"set cluster version 7 (unknown to this binary)", "0207040907"},
 		{"set cluster version 1", "0207040901"},
 		{"renew lease below the minimum", "020705016b0901"},
 		{"renew token 0", "020705016b00d00f"},

@@ -106,9 +106,6 @@ func stageRequests(b *pebble.Batch, st *storeState, rc *RequestChange) error {
 		}
 	}
 	for i, e := range rc.Ended {
-		if e.Token == 0 {
-			return fmt.Errorf("%w: ended request %d has token 0", ErrInvariant, from+uint64(i))
-		}
 		if err := b.Set(endedKey(from+uint64(i)), core.EncodeEndedRequest(e), nil); err != nil {
 			return err
 		}

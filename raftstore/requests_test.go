@@ -202,7 +202,6 @@ func TestRequestRowsWriteRejects(t *testing.T) {
 		{"head past next", RequestChange{DataClockMS: 10, Head: 3, Next: 2}},
 		{"appended records missing", RequestChange{DataClockMS: 10, Head: 1, Next: 3}},
 		{"appended records too many", RequestChange{DataClockMS: 10, Head: 1, Next: 3, Ended: []core.EndedRequest{e(1), e(2)}}},
-		{"appended token 0", RequestChange{DataClockMS: 10, Head: 1, Next: 3, Ended: []core.EndedRequest{e(0)}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := openTestStore(t, t.TempDir())
