@@ -297,8 +297,14 @@ func TestLostReplyExpiresWithinLease(t *testing.T) {
 }
 
 // TestSDKIndeterminateWhenReplyIsLate: the SDK stops waiting before the
-// leader answers (a slow policy holds the request), so it reports
-// ErrIndeterminate, never a guess, and sends exactly one acquire.
+// leader answers (a slow policy holds the request) and sends exactly one
+// acquire. It never guesses: it settles the request with a withdraw by
+// request_id, which at cluster version 6 is a Settle applied before the
+// held attempt's Grant, so the outcome is definite ("gave up", the
+// context's error, no code) and that Grant is refused when it applies:
+// nothing is granted, nothing is left to release. (Before version 6 the
+// withdraw found the attempt in progress and the SDK reported
+// ErrIndeterminate; the leader then released the late grant.)
 func TestSDKIndeterminateWhenReplyIsLate(t *testing.T) {
 	release := make(chan struct{})
 	d := startNode(t, t.TempDir(), daemon.Options{Policy: slowPolicy{release}})
@@ -308,16 +314,24 @@ func TestSDKIndeterminateWhenReplyIsLate(t *testing.T) {
 	defer cancel()
 	_, err := cl.Acquire(ctx, "slow", sdk.WithLease(time.Minute))
 	close(release)
-	if !errors.Is(err, sdk.ErrIndeterminate) {
-		t.Fatalf("got %v, want ErrIndeterminate", err)
+	if sdk.CodeOf(err) != "" || !errors.Is(err, context.DeadlineExceeded) {
+		t.Fatalf("got %v, want the context's error without a code (settled)", err)
 	}
-	// The server learns the request was abandoned: it grants after the
-	// deadline and releases with the exact token.
-	testkit.Eventually(t, 5*time.Second, "late grant released", func() bool {
-		return counterValue(t, d, "ticketd_grants_abandoned_total", "", "") == 1
+	// The held attempt proposes its Grant once the policy lets it, and
+	// the Grant is refused against the settled request.
+	testkit.Eventually(t, 5*time.Second, "the late grant proposed", func() bool {
+		return counterValue(t, d, "ticketd_proposals_total", "kind", "grant") == 1
 	})
-	if v := counterValue(t, d, "ticketd_proposals_total", "kind", "grant"); v != 1 {
-		t.Fatalf("%v grants proposed, want exactly 1 (no retry after indeterminate)", v)
+	if v := counterValue(t, d, "ticketd_proposals_total", "kind", "settle"); v != 1 {
+		t.Fatalf("%v settles proposed, want 1", v)
+	}
+	if v := counterValue(t, d, "ticketd_grants_total", "", ""); v != 0 {
+		t.Fatalf("%v grants applied, want 0 (the request was settled)", v)
+	}
+	gctx, gcancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer gcancel()
+	if h, err := cl.Get(gctx, "slow"); err != nil || h.Held {
+		t.Fatalf("the key of a settled request: %+v %v, want free", h, err)
 	}
 }
 

@@ -1,7 +1,6 @@
 package daemon_test
 
 import (
-	"os"
 	"testing"
 
 	"github.com/ticketd/ticketd/daemon"
@@ -20,13 +19,10 @@ import (
 // returned for 1.3 s after the acquire gave up.
 //
 // Here the late attempt is simply sent after the settle, with the same
-// request_id. It fails today (lockservice.withdrawRequest answers
-// NotGranted without recording the id as settled), so it is skipped
-// unless TICKETD_KNOWN_BUGS=1; remove the skip with the fix.
+// request_id. Fixed at cluster version 6: the withdraw is a Settle that
+// leaves a tombstone, and the late attempt is answered grant_ended with
+// no token.
 func TestSettledRequestIsNotGrantedLater(t *testing.T) {
-	if os.Getenv("TICKETD_KNOWN_BUGS") != "1" {
-		t.Skip("known bug (a settled request_id granted by a late attempt); TICKETD_KNOWN_BUGS=1 runs it")
-	}
 	d := startNode(t, t.TempDir(), daemon.Options{})
 	defer d.Close()
 	nc, _ := connect(t, d)
@@ -43,5 +39,11 @@ func TestSettledRequestIsNotGrantedLater(t *testing.T) {
 	if e == nil {
 		t.Fatalf("the late attempt of a request settled as not granted was granted token %d: the key is held by nobody for the lease", ar.Token)
 	}
-	t.Logf("the late attempt was refused: %v", e)
+	if e.Code != protocol.CodeGrantEnded || e.Token != 0 {
+		t.Fatalf("the late attempt was refused with %+v, want grant_ended without a token", e)
+	}
+	var gr protocol.GetReply
+	if e := rawRequest(t, nc, protocol.SubjectGet, `{"key":"k"}`, &gr); e == nil && gr.Token != 0 {
+		t.Fatalf("the key is held after the refusal: %+v", gr)
+	}
 }

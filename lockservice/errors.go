@@ -47,13 +47,18 @@ var (
 )
 
 // GrantEndedError is an acquire whose request id names a grant of Key
-// with Token that has ended; it matches ErrGrantEnded.
+// with Token that has ended; it matches ErrGrantEnded. Token 0: the
+// request was settled without a grant (a withdraw by request id, cluster
+// version 6), so this late attempt of it is not granted.
 type GrantEndedError struct {
 	Key   string
 	Token uint64
 }
 
 func (e *GrantEndedError) Error() string {
+	if e.Token == 0 {
+		return fmt.Sprintf("lockservice: this request_id was settled (withdrawn) for %q before this attempt reached the leader; it is not granted", e.Key)
+	}
 	return fmt.Sprintf("lockservice: the grant of %q with token %d to this request_id has ended (released or expired); it is not granted again", e.Key, e.Token)
 }
 

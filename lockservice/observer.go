@@ -45,7 +45,11 @@ func (s *Service) OnApplied(a raftstore.Applied) {
 	case core.ResultRenewed:
 		s.applyRenewed(s.heldTimer(key, a.Command.Token), a.Command.Token, a.LeaseMS, a.Command.LeaseMS)
 	case core.ResultReleased:
-		s.lead.leases.remove(key, a.Command.Token) // a holder's timer: applyKinds
+		tok := a.Command.Token
+		if a.Command.Kind == core.KindSettle {
+			tok = a.Result.Token // a Settle names the request, not the token
+		}
+		s.lead.leases.remove(key, tok) // a holder's timer: applyKinds
 		s.handOff(key)
 	case core.ResultExpired:
 		if a.Result.Existed {

@@ -256,10 +256,17 @@ func (s *Service) lookupRequest(ctx context.Context, p AcquireParams, identity s
 // record of another key, leaves the outcome unknown (the zero Withdrawal).
 // The client vouches that it never received a grant of this request id:
 // the SDK sends it only for ids of its own making.
+//
+// From cluster version 6 it proposes a Settle instead (settleRequest),
+// which also makes sure that no attempt of the request still in the
+// network is granted later.
 func (s *Service) withdrawRequest(ctx context.Context, key, requestID string) (Withdrawal, error) {
 	identity := IdentityFrom(ctx)
 	if len(requestID) > core.MaxRequestIDLen || s.node.ClusterVersion() < 3 {
 		return Withdrawal{}, nil
+	}
+	if s.node.ClusterVersion() >= 6 {
+		return s.settleRequest(ctx, key, identity, requestID)
 	}
 	inProgress := func() bool {
 		s.lead.mu.Lock()
@@ -300,6 +307,48 @@ func (s *Service) withdrawRequest(ctx context.Context, key, requestID string) (W
 		s.log.Info("released the grant of a request its client gave up on", "key", key, "token", rec.Token, "result", a.Result.String())
 		return Withdrawal{ReleasedToken: rec.Token}, nil
 	}
+}
+
+// settleRequest settles a request its client gave up on with one Settle
+// (core/requests.go), applied atomically: a held grant of key is
+// released, an ended one reported, and a request with no record gets a
+// tombstone, so that an attempt of it still in the network (in another
+// node's NATS server, or queued on this leader) is refused when its Grant
+// applies (GrantEndedError with token 0) instead of granted to nobody.
+// A grant being delivered or released is waited for first, as a retry
+// would (settle.go).
+func (s *Service) settleRequest(ctx context.Context, key, identity, requestID string) (Withdrawal, error) {
+	if err := core.ValidateRequestID(requestID); err != nil || requestID == "" {
+		return Withdrawal{}, nil
+	}
+	var rec core.RequestRecord
+	s.node.View(func(m *core.Machine) { rec = m.LookupRequest(identity, requestID) })
+	if rec.Status == core.RequestHeld && rec.Key == key {
+		if _, err := s.awaitSettled(ctx, key, rec.Token); err != nil {
+			return Withdrawal{}, fmt.Errorf("%w: the request's grant is being delivered or released: %w", ErrIndeterminate, err)
+		}
+	}
+	a, err := s.propose(ctx, core.Settle(key, identity, requestID, s.cfg.WallClockMS()))
+	if err != nil {
+		return Withdrawal{}, err
+	}
+	switch r := a.Result; r.Kind {
+	case core.ResultReleased:
+		s.log.Info("released the grant of a request its client gave up on", "key", key, "token", r.Token)
+		return Withdrawal{ReleasedToken: r.Token}, nil
+	case core.ResultGrantEnded:
+		if r.Token == 0 {
+			return Withdrawal{NotGranted: true}, nil // settled before
+		}
+		return Withdrawal{EndedToken: r.Token}, nil
+	case core.ResultSettled:
+		return Withdrawal{NotGranted: true}, nil
+	case core.ResultRequestsExhausted:
+		return Withdrawal{}, s.refuse(&LimitError{Resource: ResourceRequestRecords, Limit: core.MaxRequestRecords})
+	}
+	// A grant of another key, or a Noop (the cluster version changed
+	// under it): the outcome stays unknown.
+	return Withdrawal{}, nil
 }
 
 // repeatedGrant answers a request with the grant it holds, l: its lease

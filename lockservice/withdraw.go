@@ -162,37 +162,62 @@ func (s *Service) endWait(w *waiter, g Grant, err error) (Grant, error) {
 // only the caller's own waits (identity from ctx). Neither found: with a
 // request id, what the replicated request records say (withdrawRequest);
 // without, the zero Withdrawal.
+//
+// From cluster version 6, a withdrawal by wait id that also names the
+// request id settles the request after taking the wait out (a Settle,
+// settleRequest): another attempt of the same request still in the
+// network cannot be granted later. A grant that Settle releases (an
+// attempt that won meanwhile) is reported as ReleasedToken.
 func (s *Service) Withdraw(ctx context.Context, key, waitID, requestID string) (Withdrawal, error) {
+	w, byRequest, err := s.withdraw(ctx, key, waitID, requestID)
+	if err != nil || byRequest || waitID == "" || requestID == "" || s.node.ClusterVersion() < 6 {
+		return w, err
+	}
+	sw, err := s.settleRequest(ctx, key, IdentityFrom(ctx), requestID)
+	if err != nil {
+		return Withdrawal{}, fmt.Errorf("%w: the wait is withdrawn but its request is not settled: %w", ErrIndeterminate, err)
+	}
+	if w.ReleasedToken == 0 {
+		w.ReleasedToken = sw.ReleasedToken
+	}
+	return w, nil
+}
+
+// withdraw is Withdraw's wait part: the wait, a recent grant of it, or
+// else the request (withdrawRequest: byRequest).
+func (s *Service) withdraw(ctx context.Context, key, waitID, requestID string) (_ Withdrawal, byRequest bool, _ error) {
 	if err := core.ValidateKey(key); err != nil {
-		return Withdrawal{}, err
+		return Withdrawal{}, false, err
 	}
 	// Withdrawing is part of acquiring.
 	if err := s.authorize(ctx, OpAcquire, key); err != nil {
-		return Withdrawal{}, err
+		return Withdrawal{}, false, err
 	}
 	ref := waitRef{key: key, identity: IdentityFrom(ctx), waitID: waitID}
 	s.lead.mu.Lock()
 	if !s.lead.ready {
 		s.lead.mu.Unlock()
-		return Withdrawal{}, s.notLeader()
+		return Withdrawal{}, false, s.notLeader()
 	}
 	if w := s.lead.waits[ref]; w != nil && waitID != "" {
-		return s.withdrawWait(ctx, w)
+		wd, err := s.withdrawWait(ctx, w)
+		return wd, false, err
 	}
 	token, recent := s.lead.recent.take(ref, s.cfg.Now())
 	s.lead.mu.Unlock()
 	if (!recent || waitID == "") && requestID != "" {
-		return s.withdrawRequest(ctx, key, requestID)
+		wd, err := s.withdrawRequest(ctx, key, requestID)
+		return wd, true, err
 	}
 	if !recent || waitID == "" {
-		return Withdrawal{}, nil
+		return Withdrawal{}, false, nil
 	}
 	a, err := s.propose(ctx, core.Release(key, token))
 	if err != nil {
-		return Withdrawal{}, err
+		return Withdrawal{}, false, err
 	}
 	s.log.Info("released the grant of a withdrawn wait", "key", key, "token", token, "result", a.Result.String())
-	return Withdrawal{ReleasedToken: token}, nil
+	return Withdrawal{ReleasedToken: token}, false, nil
 }
 
 // withdrawWait withdraws a wait still in progress. s.lead.mu held; it

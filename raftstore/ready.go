@@ -206,7 +206,7 @@ func (n *Node) applyEntry(e raftpb.Entry, ra *readyApply) error {
 		}
 		var ev Applied
 		switch ent.Command.Kind {
-		case core.KindRelease, core.KindExpire, core.KindClearDelay:
+		case core.KindRelease, core.KindExpire, core.KindClearDelay, core.KindSettle:
 			// Read before: the command may remove the key's last holder.
 			ev.Limit, ev.Mode, _ = n.machine.KeyKind(ent.Command.Key)
 		}

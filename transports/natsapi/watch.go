@@ -151,6 +151,9 @@ func watchEvent(a raftstore.Applied) (protocol.WatchEvent, bool) {
 		ev.Type, ev.LeaseMS = protocol.EventRenew, int64(a.LeaseMS)
 	case core.ResultReleased:
 		ev.Type = protocol.EventRelease
+		if c.Kind == core.KindSettle {
+			ev.Token = a.Result.Token // a Settle names the request, not the token
+		}
 	case core.ResultExpired:
 		if !a.Result.Existed {
 			return ev, false
