@@ -20,6 +20,7 @@ import (
 	"time"
 
 	"github.com/ticketd/ticketd/internal/testkit"
+	"github.com/ticketd/ticketd/transports/protocol"
 )
 
 // TestSessionScaleProcesses is issue 24's scale figure (item 5) on real
@@ -289,10 +290,7 @@ func (m *procMeter) state(h *procHolder) procState {
 		s.holder = h.latest()
 	}
 	for i := range m.nodes {
-		st, err := nodeStatus(m.urls[i], i+1)
-		if err != nil {
-			t.Fatalf("status of node %d: %v", i+1, err)
-		}
+		st := m.status(i)
 		s.applied = max(s.applied, st.AppliedIndex)
 		s.terms = append(s.terms, st.Term)
 		if i == 0 {
@@ -301,6 +299,23 @@ func (m *procMeter) state(h *procHolder) procState {
 		s.renewals = append(s.renewals, scrape(t, m.metrics[i])["ticketd_renewals_total"])
 	}
 	return s
+}
+
+// status is node i's own view. A busy node may answer with an error
+// (no ID, no term: unavailable, its requests in progress at their
+// bound): asked again until it answers, within a deadline.
+func (m *procMeter) status(i int) protocol.StatusReply {
+	t := m.t
+	var st protocol.StatusReply
+	var err error
+	for deadline := time.Now().Add(30 * time.Second); time.Now().Before(deadline); time.Sleep(100 * time.Millisecond) {
+		st, err = nodeStatus(m.urls[i], i+1)
+		if err == nil && st.ID == uint64(i+1) && st.Term > 0 {
+			return st
+		}
+	}
+	t.Fatalf("status of node %d: %v (last reply %+v)", i+1, err, st)
+	return st
 }
 
 // window measures one window of phase: quiet, or with the load beside
