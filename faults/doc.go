@@ -396,14 +396,14 @@
 // unsafe, the holder only stops early, but a definite wrong answer. The
 // fix (lockservice) confirms leadership with a ReadIndex before a refusal.
 //
-// Open, found by the 10-minute process run with the semaphore and
-// read/write keys: an acquire attempt that sat in a paused node's NATS
-// server is granted when the node resumes, after the acquire was already
-// answered held by a later attempt; the leader takes the stale attempt as
-// a new request and grants it, to nobody, for its whole lease
-// (TestStaleAttemptIsNotGrantedLater, opt-in with
-// TICKETD_KNOWN_BUGS=1 until lockservice, natsapi or the SDK fix
-// it).
+// Fixed (cluster version 6), found by the 10-minute process run with the
+// semaphore and read/write keys: an acquire attempt that sat in a paused
+// node's NATS server was granted when the node resumed, after the acquire
+// was already answered held by a later attempt; the leader took the stale
+// attempt as a new request and granted it, to nobody, for its whole
+// lease. The SDK now settles such a request (a withdraw by request_id,
+// applied as core.Settle), and the stale attempt is answered grant_ended
+// (TestStaleAttemptIsNotGrantedLater, run by default).
 //
 // # Not covered
 //

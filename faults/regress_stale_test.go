@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
 	"strings"
 	"testing"
 	"time"
@@ -13,9 +12,6 @@ import (
 
 	"github.com/ticketd/ticketd/sdk"
 )
-
-// envKnownBugs runs the regression tests of bugs not fixed yet.
-const envKnownBugs = "TICKETD_KNOWN_BUGS"
 
 // TestStaleAttemptIsNotGrantedLater: an acquire attempt that sat in a
 // paused node's NATS server must not be granted when that node resumes,
@@ -35,19 +31,19 @@ const envKnownBugs = "TICKETD_KNOWN_BUGS"
 // (20s here). The key or semaphore slot stays taken until that lease ends:
 // gets show a token no acquire returned, tries are answered held, and the
 // porcupine models call the history non-linearizable. Mutual exclusion
-// and fencing hold (nobody uses the token); availability does not. Not
-// fixed: lockservice, natsapi or the SDK (a leader could keep the request
-// ids it answered for a while, or an attempt could carry the deadline of
-// the first). Seen in 2 of 3 attempts once, in none of 4 another time
+// and fencing hold (nobody uses the token); availability does not. Before
+// the fix it was seen in 2 of 3 attempts once, in none of 4 another time
 // (which node's NATS server holds the attempt and which routes survive
 // the pause varies), so the test makes up to 8, pausing a follower or the
 // leader in turn.
 //
-//	TICKETD_KNOWN_BUGS=1 go test -run TestStaleAttemptIsNotGrantedLater -v ./faults/
+// Fixed (cluster version 6): the SDK settles a request whose later
+// attempt was refused with a withdraw by request_id, which the leader
+// applies as a Settle that leaves a tombstone; the stale attempt is then
+// answered grant_ended and the key stays free.
+//
+//	go test -run TestStaleAttemptIsNotGrantedLater -v ./faults/
 func TestStaleAttemptIsNotGrantedLater(t *testing.T) {
-	if os.Getenv(envKnownBugs) != "1" {
-		t.Skip("known bug, not fixed: set " + envKnownBugs + "=1 to run it (see the comment)")
-	}
 	bin, err := buildBinary(t.TempDir())
 	if err != nil {
 		t.Fatal(err)

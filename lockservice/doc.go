@@ -35,7 +35,10 @@
 //     can be taken out of their queue, and a grant that raced the
 //     withdrawal is released with its exact token (a small bounded memory
 //     of recent grants). Grant.Queued tells the transport which grants went
-//     to requesters that waited, so it can check their delivery.
+//     to requesters that waited, so it can check their delivery. From
+//     cluster version 6 a withdrawal that names the request id settles the
+//     request (core.Settle, requests.go): no later attempt of it is
+//     granted.
 //   - Grant policy: an optional plugins.Policy is asked before a Grant is
 //     proposed; a denied request never enters the log.
 //   - Access control (acl.go): an optional access list (identity → key

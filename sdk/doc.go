@@ -182,7 +182,12 @@
 // a waiting acquire), which releases a grant of the request it never
 // received or says none was made, and returns the context's error without
 // a code ("gave up"; nothing held). A definite answer before the end (held,
-// timeout, a grant) settles it too. With WithRequestID the caller may have used an earlier
+// timeout, a grant) settles it too; but when it answers a retry (more than
+// one attempt was sent), an earlier attempt may still be on its way to the
+// leader, so a held or timeout answer is followed by the same withdraw
+// before Acquire returns it: from cluster version 6 the leader records the
+// request as settled and refuses any later attempt of it (ErrIndeterminate
+// if that withdraw fails). With WithRequestID the caller may have used an earlier
 // grant of that id (an earlier process), so ErrGrantEnded is returned
 // instead, with Error.Token. Against a cluster below version 3 (the
 // server answers unsupported, nothing changed) Acquire sends its request

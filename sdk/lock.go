@@ -213,6 +213,16 @@ func (l *Lock) String() string {
 // settles the outcome the error is the context's (errors.Is matches
 // context.Canceled or context.DeadlineExceeded) and carries no code:
 // nothing is held. Otherwise it is ErrIndeterminate as above.
+//
+// An acquire that sent more than one attempt of its request (a retry
+// after a failover or a lost reply) and ends refused (ErrHeld, or
+// ErrTimeout from the leader) settles the request before it returns,
+// with a withdraw by request_id (at most withdrawTimeout, 2 s): an
+// earlier attempt still in the network (held back by a paused server)
+// is then refused when it reaches the leader (cluster version 6), and
+// one that won meanwhile is released; the refusal is returned either
+// way. If that withdraw fails, the error is ErrIndeterminate. A
+// single-attempt acquire sends nothing more.
 func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption) (*Lock, error) {
 	o := acquireOptions{lease: DefaultLease}
 	for _, opt := range opts {
@@ -261,8 +271,10 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 	}
 	start, attempts := time.Now(), 0
 	// idSince is when the first attempt with the current request id was
-	// sent: a repeated grant was made after it.
+	// sent: a repeated grant was made after it. idSent counts the
+	// attempts sent with it.
 	var idSince time.Time
+	idSent := 0
 	r.build = func(n int, now time.Time) ([]byte, time.Duration, bool) {
 		want := o.wait
 		if attempts++; attempts > 1 {
@@ -282,6 +294,7 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 		if idSince.IsZero() {
 			idSince = c.cfg.clock.Now()
 		}
+		idSent++
 		r.settleID, r.settleAsked = "", false
 		if ownID && r.retrySafe {
 			r.settleID = req.RequestID
@@ -307,7 +320,12 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 			// of their replies arrived, so its token was never used. Ask
 			// again as a new request.
 			c.cfg.logger.Debug("ticketd: a grant whose reply was lost has ended; acquiring with a new request_id", "key", key, "err", err)
-			req.RequestID, idSince = newRequestID(), time.Time{}
+			req.RequestID, idSince, idSent = newRequestID(), time.Time{}, 0
+		case (code == protocol.CodeHeld || code == protocol.CodeTimeout) && ownID && r.retrySafe && idSent > 1:
+			// A later attempt was refused, but an earlier one of the same
+			// request may still be on its way to the leader (in a paused
+			// node's NATS server, say) and would be granted to nobody.
+			return nil, c.settleRefused(key, req.WaitID, req.RequestID, err)
 		case code == protocol.CodeIndeterminate && ownID && r.retrySafe && !r.settleAsked:
 			// The context ended while an attempt's outcome was unknown
 			// (and no withdrawal of its wait asked already).
@@ -357,6 +375,26 @@ func (c *Client) settleRequest(ctx context.Context, key, waitID, requestID strin
 	}
 	c.cfg.logger.Debug("ticketd: an acquire that gave up was settled", "key", key, "outcome", what)
 	return fmt.Errorf("ticketd: acquire %q: gave up; %s: %w", key, what, why)
+}
+
+// settleRefused settles the request of an Acquire that sent more than
+// one attempt and ends refused (held, or its wait timed out), so that no
+// earlier attempt still in the network is granted after it returned: a
+// withdraw by request_id, which from cluster version 6 leaves a record
+// that refuses any later attempt, and releases a grant an earlier attempt
+// won meanwhile (the caller still gets the refusal: nothing is held). It
+// takes at most withdrawTimeout. If it fails, the outcome is unknown:
+// indeterminate, as for an attempt whose reply was lost.
+func (c *Client) settleRefused(key, waitID, requestID string, refusal error) error {
+	wr, werr := c.withdraw(key, waitID, requestID)
+	if werr != nil {
+		r := &request{op: "acquire", key: key}
+		return c.indeterminate(r, fmt.Sprintf("refused (%v), but settling its earlier attempts failed: one may still be granted, and it expires within its lease", refusal), werr)
+	}
+	if wr.ReleasedToken > 0 {
+		c.cfg.logger.Debug("ticketd: an earlier attempt of a refused acquire had won; released", "key", key, "token", wr.ReleasedToken)
+	}
+	return refusal
 }
 
 func (o *acquireOptions) validate(key string, lease time.Duration) error {

@@ -48,6 +48,9 @@ func TestAcquireRequestIDRetries(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			s := testkit.NATSServer(t)
 			f := startFake(t, s, func(subject string, n int, _ []byte) action {
+				if subject == protocol.SubjectWithdraw { // an answer that settles nothing
+					return action{body: []byte(`{"key":"k","withdrawn":false}`)}
+				}
 				if subject != protocol.SubjectAcquire {
 					return fail(protocol.CodeInternal, "unexpected")
 				}
@@ -133,6 +136,60 @@ func TestAcquireSettledWhenGivingUp(t *testing.T) {
 			var wr protocol.WithdrawRequest
 			if err := json.Unmarshal(w[0].data, &wr); err != nil || wr.RequestID != ids[0] || wr.Key != "k" {
 				t.Fatalf("withdrawal %s, want the request id %q", w[0].data, ids[0])
+			}
+		})
+	}
+}
+
+// An Acquire that sent more than one attempt of its request and ends
+// refused (held, or a wait that timed out) settles the request with one
+// withdraw by request_id before it returns, so that an earlier attempt
+// still in the network cannot be granted afterwards; the caller gets the
+// refusal whatever the settle found (a grant an earlier attempt won is
+// released by it), or indeterminate if the settle fails. A single
+// attempt's refusal costs nothing more: no withdraw.
+func TestAcquireRefusedRetrySettles(t *testing.T) {
+	held, timeout := fail(protocol.CodeHeld, "held"), fail(protocol.CodeTimeout, "wait ran out")
+	tests := []struct {
+		name      string
+		script    []action // acquire attempt n gets script[n] (the last one after)
+		withdraw  action
+		want      *Error
+		withdraws int
+	}{
+		{"single attempt held: no settle", []action{held}, action{}, ErrHeld, 0},
+		{"lost, then held: settled, not granted", []action{{swallow: true}, held}, action{body: []byte(`{"key":"k","withdrawn":false,"not_granted":true}`)}, ErrHeld, 1},
+		{"lost, then held: the earlier attempt had won, released", []action{{swallow: true}, held}, action{body: []byte(`{"key":"k","withdrawn":false,"released_token":7}`)}, ErrHeld, 1},
+		{"lost, then timeout: settled", []action{{swallow: true}, timeout}, action{body: []byte(`{"key":"k","withdrawn":false,"not_granted":true}`)}, ErrTimeout, 1},
+		{"lost, then held, the settle fails: indeterminate", []action{{swallow: true}, held}, fail(protocol.CodeInternal, "x"), ErrIndeterminate, 1},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := testkit.NATSServer(t)
+			f := startFake(t, s, func(subject string, n int, _ []byte) action {
+				if subject == protocol.SubjectWithdraw {
+					return tc.withdraw
+				}
+				return tc.script[min(n, len(tc.script)-1)]
+			})
+			c, nc := newClient(t, s, WithRequestTimeout(100*time.Millisecond))
+			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			defer cancel()
+			_, err := c.Acquire(ctx, "k")
+			if !errors.Is(err, tc.want) {
+				t.Fatalf("err = %v, want %v", err, tc.want)
+			}
+			f.settle(nc)
+			ids := requestIDs(t, f)
+			w := f.requests(protocol.SubjectWithdraw)
+			if len(w) != tc.withdraws {
+				t.Fatalf("%d withdrawals, want %d", len(w), tc.withdraws)
+			}
+			if len(w) > 0 {
+				var wr protocol.WithdrawRequest
+				if err := json.Unmarshal(w[0].data, &wr); err != nil || wr.RequestID != ids[0] || wr.Key != "k" {
+					t.Fatalf("withdrawal %s, want the request id %q", w[0].data, ids[0])
+				}
 			}
 		})
 	}
