@@ -247,7 +247,7 @@ func (s *Service) readKinds(a raftstore.Applied) []kindRead {
 	case c.Kind == core.KindGrant && multiKind(c.Limit, c.Mode):
 		keys = []string{c.Key}
 	case len(s.lead.multi) == 0:
-	case c.Kind == core.KindRelease, c.Kind == core.KindExpire, c.Kind == core.KindClearDelay:
+	case c.Kind == core.KindRelease, c.Kind == core.KindExpire, c.Kind == core.KindClearDelay, c.Kind == core.KindSettle:
 		if s.lead.multi[c.Key] != nil {
 			keys = []string{c.Key}
 		}

@@ -190,3 +190,27 @@ func TestSettleNeedsVersion6(t *testing.T) {
 		t.Fatalf("below version 6 the request is not settled: %v", err)
 	}
 }
+
+// A Settle that releases a semaphore slot frees it on the leader too: the
+// slot can be taken again at once (the leader's view of the key's holders
+// follows a Settle as it follows a Release).
+func TestSettleFreesASemaphoreSlot(t *testing.T) {
+	s, _ := newLeaderV6(t, Config{})
+	ctxA := WithIdentity(context.Background(), "A")
+	sem := func(rid string) (Grant, error) {
+		return s.Acquire(ctxA, AcquireParams{Key: "sem", Lease: time.Minute, Timeout: 5 * time.Second, Limit: 2, RequestID: rid})
+	}
+	if _, err := sem(""); err != nil {
+		t.Fatal(err)
+	}
+	g, err := sem("r1")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := s.Withdraw(ctxA, "sem", "", "r1"); err != nil || got != (Withdrawal{ReleasedToken: g.Token}) {
+		t.Fatalf("withdraw: %+v %v", got, err)
+	}
+	if _, err := sem(""); err != nil {
+		t.Fatalf("the settled slot is not free: %v", err)
+	}
+}
