@@ -109,13 +109,14 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 	// agreed on their version.
 	session := c.Kind >= core.KindOpenSession && c.Kind <= core.KindClearDelay
 	switch {
-	case (session || c.SessionID != 0 || c.LockDelayMS != 0) && m.ctl.version < 4,
+	case c.Kind == core.KindSettle && m.ctl.version < 6,
+		(session || c.SessionID != 0 || c.LockDelayMS != 0) && m.ctl.version < 4,
 		c.RequestID != "" && m.ctl.version < 3,
 		(c.Kind == core.KindRenew || c.Identity != "") && m.ctl.version < 2:
 		return noop
 	}
 	if m.ctl.version >= 3 {
-		if c.Kind == core.KindGrant {
+		if c.Kind == core.KindGrant || c.Kind == core.KindSettle {
 			m.clock = max(m.clock, c.GrantedAtMS)
 		}
 		m.prune(core.RequestPruneBudget)
@@ -166,6 +167,25 @@ func (m *model) apply(c core.Command, valid bool) core.Result {
 			m.byReq[id] = c.Key
 		}
 		return granted(m.last)
+	case core.KindSettle:
+		id := reqID{c.Identity, c.RequestID}
+		switch rec := m.lookup(id); {
+		case rec.Status == core.RequestHeld && rec.Key == c.Key:
+			m.end(c.Key)
+			return core.Result{Kind: core.ResultReleased, Token: rec.Token}
+		case rec.Status == core.RequestEnded && rec.KeyHash == core.RequestKeyHash(c.Key):
+			return core.Result{Kind: core.ResultGrantEnded, Token: rec.Token}
+		case rec.Status != core.RequestUnknown:
+			return core.Result{Kind: core.ResultRequestMismatch, Token: rec.Token}
+		}
+		if len(m.byReq)+len(m.ended) >= m.limit {
+			if len(m.ended) == 0 || m.clock-m.ended[0].at < core.MinRequestRetentionMS {
+				return core.Result{Kind: core.ResultRequestsExhausted}
+			}
+			m.ended = m.ended[1:]
+		}
+		m.ended = append(m.ended, endedModel{id, c.Key, 0, m.clock})
+		return core.Result{Kind: core.ResultSettled}
 	case core.KindRenew:
 		if ok && tok == c.Token && m.s.lockSess[c.Key] != 0 {
 			return noop
@@ -544,7 +564,8 @@ func (g *cmdGen) control(ctl *ctlModel) (core.Command, bool) {
 		return invalid[r.IntN(len(invalid))], false
 	}
 	if r.IntN(12) == 0 {
-		return core.SetClusterVersion(uint64(2 + r.IntN(3))), true
+		// Up to 6 (Settle); version 5 changes nothing this model generates.
+		return core.SetClusterVersion(uint64(2 + r.IntN(5))), true
 	}
 	// Rarer than the rest: every restore derives each kept key again, and
 	// Ed25519 under the race detector is slow.
@@ -636,9 +657,11 @@ func (g *cmdGen) command(mod *model, ctl *ctlModel) (core.Command, bool) {
 			leaseMS = core.MinLeaseMS + r.Uint64N(core.MaxLeaseMS-core.MinLeaseMS+1)
 		}
 		return core.Renew(k, g.token(k, mod), leaseMS), true
-	case p < 70:
+	case p < 66:
 		k := g.key()
 		return core.Release(k, g.token(k, mod)), true
+	case p < 70:
+		return core.Settle(g.key(), propertyIdentities[r.IntN(len(propertyIdentities))], propertyRequestIDs[r.IntN(len(propertyRequestIDs))], g.grantTime()), true
 	case p < 92:
 		k := g.key()
 		return core.Expire(k, g.token(k, mod)), true
@@ -667,6 +690,8 @@ func (g *cmdGen) command(mod *model, ctl *ctlModel) (core.Command, bool) {
 		core.Grant(g.key(), "", lease, 0).WithRequest("", "\xff"),
 		{Kind: core.KindRelease, Key: g.key(), Token: 1, RequestID: "r"},
 		{Kind: core.KindRenew, Key: g.key(), Token: 1, RequestID: "r"},
+		{Kind: core.KindSettle, Key: g.key(), Identity: "a"},
+		{Kind: core.KindSettle, Key: g.key(), Identity: "a", RequestID: "r", Token: 1},
 	}
 	return invalid[r.IntN(len(invalid))], false
 }
