@@ -246,7 +246,11 @@ func (c *Client) withdraw(key, waitID, requestID string) (protocol.WithdrawReply
 	if err != nil {
 		panic(err)
 	}
-	r := &request{op: "withdraw", key: key, subject: c.keyedSubject("withdraw", key)}
+	// With a request id it is sent again after a lost reply, within
+	// withdrawTimeout: settling a request is idempotent (a second Settle
+	// finds the first one's outcome), and the first attempt may have gone
+	// to a node that is paused or cut off.
+	r := &request{op: "withdraw", key: key, subject: c.keyedSubject("withdraw", key), retrySafe: requestID != ""}
 	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
 		w, ok := c.requestWait(ctx, now)
 		return body, w, ok
