@@ -37,6 +37,11 @@ const (
 	KindRelease = "release"
 	KindExpire  = "expire"
 	KindControl = "control"
+	// KindSettle: a withdraw by request id settled an acquire (cluster
+	// version 6). With Result.Kind ResultReleased it released the held
+	// grant whose token is Result.Token (Command.Token is 0): treat it as
+	// a release. Hosts before version 6 never send it.
+	KindSettle = "settle"
 )
 
 // Modes as they appear in GrantRequest.Mode and Command.Mode.

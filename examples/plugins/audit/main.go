@@ -56,6 +56,12 @@ func events(a plugin.Applied) []plugin.Event {
 		}}
 	case c.Kind == plugin.KindRelease && r.Kind == plugin.ResultReleased:
 		ev = plugin.Event{Type: "lock.released", Data: keyToken}
+	case c.Kind == plugin.KindSettle && r.Kind == plugin.ResultReleased:
+		// A settle carries no token; the released one is in the result.
+		ev = plugin.Event{Type: "lock.released", Data: withKind(plugin.Fields{
+			{Name: "key", Value: c.Key},
+			{Name: "token", Value: r.Token},
+		}, c)}
 	case c.Kind == plugin.KindRelease && r.Kind == plugin.ResultNotFound:
 		ev = plugin.Event{Type: "lock.release_unknown", Data: keyToken}
 	case c.Kind == plugin.KindExpire && r.Kind == plugin.ResultExpired && r.Existed:

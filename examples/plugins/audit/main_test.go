@@ -19,6 +19,7 @@ var cases = []struct {
 	{core.Grant("k", "o2", 1500, 78), core.Result{Kind: core.ResultGrantRejected, Token: 9},
 		"lock.grant_rejected", `{"key":"k","owner":"o2","held_token":9}`},
 	{core.Release("k", 9), core.Result{Kind: core.ResultReleased}, "lock.released", `{"key":"k","token":9}`},
+	{core.Settle("k", "id", "r1", 5), core.Result{Kind: core.ResultReleased, Token: 9}, "lock.released", `{"key":"k","token":9}`},
 	{core.Release("k", 8), core.Result{Kind: core.ResultNotFound}, "lock.release_unknown", `{"key":"k","token":8}`},
 	{core.Expire("k", 9), core.Result{Kind: core.ResultExpired, Existed: true}, "lock.expired", `{"key":"k","token":9}`},
 	{core.Expire("k", 9), core.Result{Kind: core.ResultExpired}, "lock.expire_stale", `{"key":"k","token":9}`},
