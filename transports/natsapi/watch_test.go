@@ -21,6 +21,8 @@ func TestWatchEventOfApplied(t *testing.T) {
 		{raftstore.Applied{Command: core.Grant("k", "o", 1000, 0), Result: core.Result{Kind: core.ResultGranted, Token: 3}, LeaseMS: 1000}, protocol.EventGrant},
 		{raftstore.Applied{Command: core.Renew("k", 3, 0), Result: core.Result{Kind: core.ResultRenewed, Token: 3}, LeaseMS: 1000}, protocol.EventRenew},
 		{raftstore.Applied{Command: core.Release("k", 3), Result: core.Result{Kind: core.ResultReleased}}, protocol.EventRelease},
+		// A Settle names the request; the released token is in the result.
+		{raftstore.Applied{Command: core.Settle("k", "id", "r1", 0), Result: core.Result{Kind: core.ResultReleased, Token: 3}}, protocol.EventRelease},
 		{raftstore.Applied{Command: core.Expire("k", 3), Result: core.Result{Kind: core.ResultExpired, Existed: true}}, protocol.EventExpire},
 		{raftstore.Applied{Command: core.Expire("k", 3), Result: core.Result{Kind: core.ResultExpired}}, ""},
 		{raftstore.Applied{Command: core.Release("k", 4), Result: core.Result{Kind: core.ResultNotFound}}, ""},
