@@ -23,8 +23,20 @@ import (
 // leaves a tombstone, and the late attempt is answered grant_ended with
 // no token.
 func TestSettledRequestIsNotGrantedLater(t *testing.T) {
-	d := startNode(t, t.TempDir(), daemon.Options{})
-	defer d.Close()
+	for _, restart := range []bool{false, true} {
+		name := "same node"
+		if restart {
+			// The tombstone is read back from the node's storage rows.
+			name = "after a restart"
+		}
+		t.Run(name, func(t *testing.T) { settledRequestIsNotGrantedLater(t, restart) })
+	}
+}
+
+func settledRequestIsNotGrantedLater(t *testing.T, restart bool) {
+	dir := t.TempDir()
+	d := startNode(t, dir, daemon.Options{})
+	defer func() { d.Close() }()
 	nc, _ := connect(t, d)
 	const id = "settled-request-0123456789"
 	var wr protocol.WithdrawReply
@@ -33,6 +45,12 @@ func TestSettledRequestIsNotGrantedLater(t *testing.T) {
 	}
 	if !wr.NotGranted {
 		t.Fatalf("withdraw of an unknown request: %+v, want not_granted", wr)
+	}
+	if restart {
+		nc.Close()
+		d.Close()
+		d = startNode(t, dir, daemon.Options{})
+		nc, _ = connect(t, d)
 	}
 	var ar protocol.AcquireReply
 	e := rawRequest(t, nc, protocol.SubjectAcquire, `{"key":"k","lease_ms":60000,"request_id":"`+id+`"}`, &ar)
