@@ -62,25 +62,14 @@ func TestMillionLocks(t *testing.T) {
 	profiles := os.Getenv("TICKETD_BIG_PROFILES")
 	bin := binary(t)
 	const n = 3
-	var peers, routes, members, metrics []string
-	urls := make([]string, n)
-	for i := 0; i < n; i++ {
-		peers = append(peers, testkit.FreeAddr(t))
-		routes = append(routes, testkit.FreeAddr(t))
-		metrics = append(metrics, testkit.FreeAddr(t))
-		urls[i] = "nats://" + testkit.FreeAddr(t)
-		members = append(members, fmt.Sprintf("%d=%s", i+1, peers[i]))
-	}
+	addrs := newProcessAddrs(t, n)
+	urls, metrics := addrs.urls, addrs.metrics
 	args := func(i int) []string {
-		return []string{
-			"--id", fmt.Sprint(i + 1), "--data", t.TempDir(),
-			"--nats-listen", strings.TrimPrefix(urls[i], "nats://"),
-			"--nats-cluster-listen", routes[i], "--nats-routes", strings.Join(routes, ","),
-			"--peer-listen", peers[i], "--initial-cluster", strings.Join(members, ","), "--initial-cluster-state", "new",
+		return addrs.serveArgs(i, t.TempDir(),
 			"--max-locks", "1048576", "--snapshot-entries", fmt.Sprint(max(1000, locks/20)), "--compact-keep", "5000",
 			"--metrics-listen", metrics[i], "--pprof",
 			"--log-format", "json",
-		}
+		)
 	}
 	env := []string{"TICKETD_PEER_SECRET=process-test-secret-0123"}
 	nodeArgs := [][]string{args(0), args(1), args(2)}

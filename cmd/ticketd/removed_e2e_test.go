@@ -23,24 +23,17 @@ func TestRemovedMemberExits(t *testing.T) {
 	if err := os.WriteFile(cred, []byte("removed-test-control-credential\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
-	var peers, routes, members, controls []string
-	urls := make([]string, n)
+	addrs := newProcessAddrs(t, n)
+	urls := addrs.urls
+	var controls []string
 	for i := 0; i < n; i++ {
-		peers = append(peers, testkit.FreeAddr(t))
-		routes = append(routes, testkit.FreeAddr(t))
 		controls = append(controls, testkit.FreeAddr(t))
-		urls[i] = "nats://" + testkit.FreeAddr(t)
-		members = append(members, fmt.Sprintf("%d=%s", i+1, peers[i]))
 	}
 	args := func(i int) []string {
-		return []string{
-			"--id", fmt.Sprint(i + 1), "--data", filepath.Join(dir, fmt.Sprint("node", i+1)),
-			"--nats-listen", strings.TrimPrefix(urls[i], "nats://"),
-			"--nats-cluster-listen", routes[i], "--nats-routes", strings.Join(routes, ","),
-			"--peer-listen", peers[i], "--initial-cluster", strings.Join(members, ","), "--initial-cluster-state", "new",
+		return addrs.serveArgs(i, filepath.Join(dir, fmt.Sprint("node", i+1)),
 			"--control-listen", controls[i], "--control-credential-file", cred,
 			"--tick-ms", "50", "--election-ticks", "10",
-		}
+		)
 	}
 	env := []string{"TICKETD_PEER_SECRET=process-test-secret-0123"}
 	procs := make([]*proc, n)

@@ -67,24 +67,13 @@ func TestSessionScaleProcesses(t *testing.T) {
 	waitLoadBelow(t, 3, 5*time.Minute)
 
 	const n = 3
-	var peers, routes, members, metrics []string
-	urls := make([]string, n)
-	for i := 0; i < n; i++ {
-		peers = append(peers, testkit.FreeAddr(t))
-		routes = append(routes, testkit.FreeAddr(t))
-		metrics = append(metrics, testkit.FreeAddr(t))
-		urls[i] = "nats://" + testkit.FreeAddr(t)
-		members = append(members, fmt.Sprintf("%d=%s", i+1, peers[i]))
-	}
+	addrs := newProcessAddrs(t, n)
+	urls, metrics := addrs.urls, addrs.metrics
 	nodes := make([]*proc, n)
 	for i := 0; i < n; i++ {
 		// The daemon's defaults: ticks, fsync, limits.
 		nodes[i] = startServeEnv(t, bin, []string{"TICKETD_PEER_SECRET=process-test-secret-0123"},
-			"--id", fmt.Sprint(i+1), "--data", t.TempDir(),
-			"--nats-listen", strings.TrimPrefix(urls[i], "nats://"),
-			"--nats-cluster-listen", routes[i], "--nats-routes", strings.Join(routes, ","),
-			"--peer-listen", peers[i], "--initial-cluster", strings.Join(members, ","), "--initial-cluster-state", "new",
-			"--metrics-listen", metrics[i], "--pprof", "--log-format", "json")
+			addrs.serveArgs(i, t.TempDir(), "--metrics-listen", metrics[i], "--pprof", "--log-format", "json")...)
 	}
 	for i := 0; i < n; i++ {
 		waitSessions(t, urls[i], i+1)
