@@ -228,31 +228,46 @@ func TestGrantWithRequestID(t *testing.T) {
 			if tc.limit > 0 {
 				m.SetRequestLimitForTest(tc.limit)
 			}
-			for i, s := range tc.steps {
-				room := m.RequestRoom(s.cmd.GrantedAtMS)
-				before := withoutClock(t, m)
-				if got := m.Apply(s.cmd); got != s.want {
-					t.Fatalf("step %d: Apply(%+v) = %v, want %v", i, s.cmd, got, s.want)
-				}
-				if changed := !bytes.Equal(withoutClock(t, m), before); changed != s.changes {
-					t.Fatalf("step %d: %v changed the state: %t, want %t", i, s.want, changed, s.changes)
-				}
-				if s.cmd.RequestID != "" && (s.want.Kind == core.ResultGranted || s.want == exhausted) && room != (s.want != exhausted) {
-					t.Fatalf("step %d: RequestRoom said %t before %v", i, room, s.want)
-				}
-				checkRequestsSurvive(t, m)
-			}
-			for _, l := range tc.lookups {
-				if got := m.LookupRequest(l.identity, l.rid); got != l.want {
-					t.Fatalf("LookupRequest(%q, %q) = %+v, want %+v", l.identity, l.rid, got, l.want)
-				}
-			}
+			applyReqSteps(t, m, tc.steps)
+			checkLookups(t, m, tc.lookups)
 			if tc.records != 0 || tc.name == "the key held by another: rejected, no record" {
 				if got := m.RequestRecords(); got != tc.records {
 					t.Fatalf("RequestRecords() = %d, want %d", got, tc.records)
 				}
 			}
 		})
+	}
+}
+
+// applyReqSteps applies steps to m in order and checks each: its result,
+// whether it changed the state (the data clock aside), that RequestRoom
+// foretold the room a new record found (or not), and that the state
+// survives a snapshot and the storage records.
+func applyReqSteps(t *testing.T, m *core.Machine, steps []reqStep) {
+	t.Helper()
+	for i, s := range steps {
+		room := m.RequestRoom(s.cmd.GrantedAtMS)
+		before := withoutClock(t, m)
+		if got := m.Apply(s.cmd); got != s.want {
+			t.Fatalf("step %d: Apply(%+v) = %v, want %v", i, s.cmd, got, s.want)
+		}
+		if changed := !bytes.Equal(withoutClock(t, m), before); changed != s.changes {
+			t.Fatalf("step %d: %v changed the state: %t, want %t", i, s.want, changed, s.changes)
+		}
+		if s.cmd.RequestID != "" && (s.want.Kind == core.ResultGranted || s.want == exhausted) && room != (s.want != exhausted) {
+			t.Fatalf("step %d: RequestRoom said %t before %v", i, room, s.want)
+		}
+		checkRequestsSurvive(t, m)
+	}
+}
+
+// checkLookups checks what LookupRequest finds for each lookup.
+func checkLookups(t *testing.T, m *core.Machine, lookups []lookup) {
+	t.Helper()
+	for _, l := range lookups {
+		if got := m.LookupRequest(l.identity, l.rid); got != l.want {
+			t.Fatalf("LookupRequest(%q, %q) = %+v, want %+v", l.identity, l.rid, got, l.want)
+		}
 	}
 }
 

@@ -129,21 +129,8 @@ func TestSettle(t *testing.T) {
 			if tc.limit > 0 {
 				m.SetRequestLimitForTest(tc.limit)
 			}
-			for i, s := range tc.steps {
-				before := withoutClock(t, m)
-				if got := m.Apply(s.cmd); got != s.want {
-					t.Fatalf("step %d: Apply(%+v) = %v, want %v", i, s.cmd, got, s.want)
-				}
-				if changed := !bytes.Equal(withoutClock(t, m), before); changed != s.changes {
-					t.Fatalf("step %d: %v changed the state: %t, want %t", i, s.want, changed, s.changes)
-				}
-				checkRequestsSurvive(t, m)
-			}
-			for _, l := range tc.lookups {
-				if got := m.LookupRequest(l.identity, l.rid); got != l.want {
-					t.Fatalf("LookupRequest(%q, %q) = %+v, want %+v", l.identity, l.rid, got, l.want)
-				}
-			}
+			applyReqSteps(t, m, tc.steps)
+			checkLookups(t, m, tc.lookups)
 			if got := m.RequestRecords(); got != tc.records {
 				t.Fatalf("RequestRecords() = %d, want %d", got, tc.records)
 			}
