@@ -3,16 +3,13 @@ package daemon_test
 import (
 	"context"
 	"errors"
-	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/nats-io/nats.go"
 
 	"github.com/ticketd/ticketd/core"
-	"github.com/ticketd/ticketd/daemon"
 	"github.com/ticketd/ticketd/internal/testkit"
-	"github.com/ticketd/ticketd/internal/testkit/testcluster"
 	"github.com/ticketd/ticketd/transports/protocol"
 )
 
@@ -27,25 +24,8 @@ import (
 // token) and the key stays free.
 func TestMixedVersionSettle(t *testing.T) {
 	const oldNode = 2
-	var oldVersion atomic.Uint64
-	oldVersion.Store(5)
-	c := testcluster.New(t, 3, testcluster.WithOptions(func(i int, o *daemon.Options) {
-		if i == oldNode {
-			o.MaxClusterVersion = oldVersion.Load()
-		}
-	}))
-	allAt := func(v uint64) func() bool {
-		return func() bool {
-			for _, d := range c.Nodes() {
-				var got uint64
-				d.Node().View(func(m *core.Machine) { got = m.ClusterVersion() })
-				if got != v {
-					return false
-				}
-			}
-			return true
-		}
-	}
+	c, oldVersion := startMixedVersion(t, oldNode, 5)
+	allAt := func(v uint64) func() bool { return allAtVersion(c, v) }
 	c.Leader(10 * time.Second)
 	testkit.Eventually(t, 15*time.Second, "every node at cluster version 5", allAt(5))
 	nc, err := nats.Connect(c.ClientURL(0))
@@ -99,9 +79,7 @@ func TestMixedVersionSettle(t *testing.T) {
 	if ar, e := acquire("mixed/k", "old-request-0123456789"); e != nil || ar.Token == 0 {
 		t.Fatalf("a later attempt at version 5: %+v %v, want granted (nothing was recorded)", ar, e)
 	}
-	for i, d := range c.Nodes() {
-		var v uint64
-		d.Node().View(func(m *core.Machine) { v = m.ClusterVersion() })
+	for i, v := range clusterVersions(c) {
 		if v != 5 {
 			t.Fatalf("node %d at cluster version %d, want 5", i+1, v)
 		}

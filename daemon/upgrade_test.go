@@ -27,32 +27,9 @@ import (
 // command that slipped past the gate would stop it: checked too.
 func TestMixedVersionRefusesSessionsUntilUpgrade(t *testing.T) {
 	const oldNode = 2
-	var oldVersion atomic.Uint64
-	oldVersion.Store(3)
-	c := testcluster.New(t, 3, testcluster.WithOptions(func(i int, o *daemon.Options) {
-		if i == oldNode {
-			o.MaxClusterVersion = oldVersion.Load()
-		}
-	}))
-	versions := func() []uint64 {
-		out := make([]uint64, c.Size())
-		for i, d := range c.Nodes() {
-			if d != nil {
-				d.Node().View(func(m *core.Machine) { out[i] = m.ClusterVersion() })
-			}
-		}
-		return out
-	}
-	allAt := func(v uint64) func() bool {
-		return func() bool {
-			for _, got := range versions() {
-				if got != v {
-					return false
-				}
-			}
-			return true
-		}
-	}
+	c, oldVersion := startMixedVersion(t, oldNode, 3)
+	versions := func() []uint64 { return clusterVersions(c) }
+	allAt := func(v uint64) func() bool { return allAtVersion(c, v) }
 	c.Leader(10 * time.Second)
 	testkit.Eventually(t, 15*time.Second, "every node at cluster version 3", allAt(3))
 	cl, err := sdk.Connect(c.ClientURL(0), sdk.WithRequestTimeout(2*time.Second))
@@ -148,4 +125,43 @@ func TestMixedVersionRefusesSessionsUntilUpgrade(t *testing.T) {
 		t.Fatalf("after the session closed, get: %+v %v (token %d was the session's)", h, err, l.Token)
 	}
 	c.Converged(10 * time.Second)
+}
+
+// startMixedVersion starts a 3-node cluster whose member oldNode acts as a
+// binary of cluster version v (daemon.Options.MaxClusterVersion,
+// test-only). Store 0 in the returned value before restarting that member
+// to upgrade it to the newest version.
+func startMixedVersion(t testing.TB, oldNode int, v uint64) (*testcluster.Cluster, *atomic.Uint64) {
+	var oldVersion atomic.Uint64
+	oldVersion.Store(v)
+	c := testcluster.New(t, 3, testcluster.WithOptions(func(i int, o *daemon.Options) {
+		if i == oldNode {
+			o.MaxClusterVersion = oldVersion.Load()
+		}
+	}))
+	return c, &oldVersion
+}
+
+// clusterVersions is each node's cluster version (0 for a stopped node).
+func clusterVersions(c *testcluster.Cluster) []uint64 {
+	out := make([]uint64, c.Size())
+	for i, d := range c.Nodes() {
+		if d != nil {
+			d.Node().View(func(m *core.Machine) { out[i] = m.ClusterVersion() })
+		}
+	}
+	return out
+}
+
+// allAtVersion reports, when called, whether every node is at cluster
+// version v.
+func allAtVersion(c *testcluster.Cluster, v uint64) func() bool {
+	return func() bool {
+		for _, got := range clusterVersions(c) {
+			if got != v {
+				return false
+			}
+		}
+		return true
+	}
 }
