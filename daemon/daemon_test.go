@@ -496,7 +496,8 @@ func TestMetricsAndHealthEndpoints(t *testing.T) {
 	}
 	code, body := get("/metrics")
 	for _, want := range []string{"ticketd_grants_total 1", "ticketd_fsync_seconds_bucket", "ticketd_apply_batch_seconds_count",
-		"ticketd_proposals_total{kind=\"grant\"} 1", "ticketd_is_leader 1", "ticketd_leader_changes_total", "ticketd_waiters 0"} {
+		"ticketd_proposals_total{kind=\"grant\"} 1", "ticketd_is_leader 1", "ticketd_leader_changes_total", "ticketd_waiters 0",
+		"ticketd_read_index_rounds_total", "ticketd_read_index_reads_total"} {
 		if code != http.StatusOK || !strings.Contains(body, want) {
 			t.Fatalf("/metrics (%d) lacks %q", code, want)
 		}

@@ -66,6 +66,9 @@ func (f *fakeNode) ReadIndex(ctx context.Context) error {
 	}
 	return nil
 }
+func (f *fakeNode) ReadIndexWithin(ctx context.Context, _ time.Duration) error {
+	return f.ReadIndex(ctx)
+}
 func (f *fakeNode) View(fn func(m *core.Machine)) {
 	if f.beforeView != nil {
 		f.beforeView()

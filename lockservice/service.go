@@ -38,6 +38,9 @@ type Node interface {
 	Leader() uint64
 	Propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error)
 	ReadIndex(ctx context.Context) error
+	// ReadIndexWithin is ReadIndex whose raft round may start up to hold
+	// later, shared with the reads arriving meanwhile.
+	ReadIndexWithin(ctx context.Context, hold time.Duration) error
 	View(f func(m *core.Machine))
 	// ScanLocks reads a page of held locks in key order from the
 	// node's durable view (raftstore.Store.ScanLocks), resuming inside

@@ -161,6 +161,7 @@ type nodeCollector struct {
 	n                                          *Node
 	up, term, commit, applied, leader, hasLead *prometheus.Desc
 	members, followerLag                       *prometheus.Desc
+	readRounds, reads                          *prometheus.Desc
 }
 
 // NodeCollector returns a collector of n's raft state at scrape time:
@@ -181,12 +182,14 @@ func NodeCollector(n *Node) prometheus.Collector {
 		hasLead:     d("ticketd_raft_has_leader", "1 when this node knows a leader."),
 		members:     d("ticketd_raft_members", "Raft members by role.", "role"),
 		followerLag: d("ticketd_raft_follower_lag_entries", "On the leader: entries its log is ahead of a follower's acknowledged log.", "follower"),
+		readRounds:  d("ticketd_read_index_rounds_total", "Raft ReadIndex rounds this node issued (one heartbeat broadcast each)."),
+		reads:       d("ticketd_read_index_reads_total", "Linearizable reads (gets, lists, session keepalives) that waited for a ReadIndex round on this node."),
 	}
 }
 
 // Describe implements prometheus.Collector.
 func (c *nodeCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{c.up, c.term, c.commit, c.applied, c.leader, c.hasLead, c.members, c.followerLag} {
+	for _, d := range []*prometheus.Desc{c.up, c.term, c.commit, c.applied, c.leader, c.hasLead, c.members, c.followerLag, c.readRounds, c.reads} {
 		ch <- d
 	}
 }
@@ -216,6 +219,9 @@ func (c *nodeCollector) Collect(ch chan<- prometheus.Metric) {
 	cs := n.ConfState()
 	gauge(c.members, float64(len(cs.Voters)), "voter")
 	gauge(c.members, float64(len(cs.Learners)), "learner")
+	rounds, reads := n.ReadIndexRounds()
+	ch <- prometheus.MustNewConstMetric(c.readRounds, prometheus.CounterValue, float64(rounds))
+	ch <- prometheus.MustNewConstMetric(c.reads, prometheus.CounterValue, float64(reads))
 	if st.RaftState != raft.StateLeader {
 		return
 	}

@@ -31,6 +31,13 @@ import (
 // called. A round that ends with an error (lost leadership, stop) fails
 // its whole batch: no caller is ever answered from a round issued before
 // it arrived, or from no round at all.
+//
+// A caller that can wait (ReadIndexWithin, a session keepalive) lets the
+// pending batch start up to its hold later, so that more callers share
+// the round: the batch is taken when its earliest hold ends, or at once
+// when a caller that cannot wait (ReadIndex) joins it. Waiting only moves
+// the round later, still after every caller of the batch joined, so the
+// argument above is unchanged.
 
 // readRoundTimeoutElections bounds one round, in election timeouts. With
 // CheckQuorum a leader that cannot reach a quorum steps down within one
@@ -40,11 +47,17 @@ const readRoundTimeoutElections = 2
 
 // readBatch is the callers one round answers.
 type readBatch struct {
-	seq     uint64        // the round's number, set when it is issued
-	readers int           // callers that joined it
-	done    chan struct{} // closed once index and err are set
-	index   uint64        // the read index raft confirmed
-	err     error
+	seq     uint64 // the round's number, set when it is issued
+	readers int    // callers that joined it
+	// now is set once a caller that cannot wait joined; otherwise due is
+	// when the earliest hold of its callers ends, and timer wakes the
+	// loop then.
+	now   bool
+	due   time.Time
+	timer *time.Timer
+	done  chan struct{} // closed once index and err are set
+	index uint64        // the read index raft confirmed
+	err   error
 }
 
 // readBatcher holds the pending batch and the read loop's counters.
@@ -75,29 +88,58 @@ func (b *readBatcher) init() {
 }
 
 // join adds a caller to the pending batch and says which round was the
-// last one issued before it.
-func (b *readBatcher) join() (batch *readBatch, arrivedAfter uint64) {
+// last one issued before it. A hold above zero lets the batch's round
+// start up to hold from now.
+func (b *readBatcher) join(hold time.Duration) (batch *readBatch, arrivedAfter uint64) {
 	b.mu.Lock()
 	batch = b.pending
 	batch.readers++
 	arrivedAfter = b.issued
+	wakeNow := hold <= 0
+	switch {
+	case wakeNow:
+		batch.now = true
+	case batch.now:
+	case batch.timer == nil:
+		batch.due = time.Now().Add(hold)
+		batch.timer = time.AfterFunc(hold, b.poke)
+	default:
+		if due := time.Now().Add(hold); due.Before(batch.due) {
+			batch.due = due
+			batch.timer.Reset(hold)
+		}
+	}
 	b.mu.Unlock()
 	b.readers.Add(1)
-	select {
-	case b.wake <- struct{}{}:
-	default: // the loop is already woken
+	if wakeNow {
+		b.poke()
 	}
 	return batch, arrivedAfter
 }
 
+// poke wakes the read loop.
+func (b *readBatcher) poke() {
+	select {
+	case b.wake <- struct{}{}:
+	default: // the loop is already woken
+	}
+}
+
 // take hands the pending batch to a round and starts a new one; nil when
-// no caller joined since the last round.
+// no caller joined since the last round, or when every caller of it can
+// still wait (its timer wakes the loop when the first hold ends).
 func (b *readBatcher) take() *readBatch {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	batch := b.pending
 	if batch.readers == 0 {
 		return nil
+	}
+	if !batch.now && time.Now().Before(batch.due) {
+		return nil
+	}
+	if batch.timer != nil {
+		batch.timer.Stop()
 	}
 	b.issued++
 	batch.seq = b.issued
@@ -111,10 +153,18 @@ func (b *readBatcher) take() *readBatch {
 // ErrNotLeader if this node does not lead when it calls or stops leading
 // before its round is confirmed.
 func (n *Node) ReadIndex(ctx context.Context) error {
+	return n.ReadIndexWithin(ctx, 0)
+}
+
+// ReadIndexWithin is ReadIndex for a caller that accepts its round to
+// start up to hold after the call, so that the callers arriving meanwhile
+// share it: fewer rounds (one heartbeat broadcast to every follower each)
+// for up to hold more latency. A hold of zero is ReadIndex.
+func (n *Node) ReadIndexWithin(ctx context.Context, hold time.Duration) error {
 	if !n.isLeader.Load() {
 		return ErrNotLeader
 	}
-	batch, arrivedAfter := n.reads.join()
+	batch, arrivedAfter := n.reads.join(hold)
 	select {
 	case <-batch.done:
 	case <-ctx.Done():

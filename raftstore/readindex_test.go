@@ -189,3 +189,106 @@ func TestReadIndexCallersFailNotLeaderWhenLeadershipIsLost(t *testing.T) {
 		t.Fatal("the leader still leads without a quorum")
 	}
 }
+
+// Callers that can wait do not start a round until the first hold ends or
+// a caller that cannot wait joins; then one round answers them all. Here
+// the hold is far longer than the test, so only the eager caller can
+// start the round.
+func TestReadIndexWithinWaitsForHoldOrEagerCaller(t *testing.T) {
+	st := openTestStore(t, t.TempDir())
+	n := startSingle(t, st, Config{})
+	testkit.Eventually(t, 5*time.Second, "leader", n.IsLeader)
+	var log servedLog
+	n.readHooks.Store(&readHooks{served: log.add})
+	rounds0, readers0 := n.ReadIndexRounds()
+
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const lazy = 20
+	errs := make(chan error, lazy+1)
+	for range lazy {
+		go func() { errs <- n.ReadIndexWithin(ctx, time.Minute) }()
+	}
+	testkit.Eventually(t, 5*time.Second, "every lazy caller joined", func() bool {
+		_, readers := n.ReadIndexRounds()
+		return readers == readers0+lazy
+	})
+	// No round was started for them: nothing wakes the loop before the
+	// minute's hold but an eager caller.
+	if rounds, _ := n.ReadIndexRounds(); rounds != rounds0 {
+		t.Fatalf("%d rounds started for callers holding a minute", rounds-rounds0)
+	}
+	select {
+	case err := <-errs:
+		t.Fatalf("a lazy caller returned (%v) before any round", err)
+	default:
+	}
+	go func() { errs <- n.ReadIndex(ctx) }()
+	for range lazy + 1 {
+		if err := <-errs; err != nil {
+			t.Fatalf("read: %v", err)
+		}
+	}
+	if rounds, _ := n.ReadIndexRounds(); rounds != rounds0+1 {
+		t.Fatalf("%d rounds, want the eager caller's one round for all %d callers", rounds-rounds0, lazy+1)
+	}
+	log.checkNeverEarlier(t)
+}
+
+// A lone caller that can wait is answered once its hold ends, by a round
+// issued after it joined; callers holding past a round in flight wait for
+// the next one.
+func TestReadIndexWithinServedAfterHold(t *testing.T) {
+	net := startMemCluster(t, 3)
+	lead := net.leader(t)
+	var log servedLog
+	lead.readHooks.Store(&readHooks{served: log.add})
+	rounds0, readers0 := lead.ReadIndexRounds()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	const hold = 50 * time.Millisecond
+	start := time.Now()
+	if err := lead.ReadIndexWithin(ctx, hold); err != nil {
+		t.Fatalf("read: %v", err)
+	}
+	if took := time.Since(start); took < hold {
+		t.Fatalf("answered after %v, before its %v hold", took, hold)
+	}
+	if rounds, _ := lead.ReadIndexRounds(); rounds != rounds0+1 {
+		t.Fatalf("%d rounds for one caller", rounds-rounds0)
+	}
+
+	// Many callers, each reading in a loop with a hold: they share rounds
+	// far more than eager callers would, and none is answered early.
+	rounds0, readers0 = lead.ReadIndexRounds()
+	const callers, each = 32, 10
+	errs := make(chan error, callers)
+	var wg sync.WaitGroup
+	for range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for range each {
+				if err := lead.ReadIndexWithin(ctx, hold); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("read: %v", err)
+	}
+	rounds, readers := lead.ReadIndexRounds()
+	rounds, readers = rounds-rounds0, readers-readers0
+	t.Logf("%d held reads in %d rounds", readers, rounds)
+	if readers != callers*each {
+		t.Fatalf("%d readers counted, want %d", readers, callers*each)
+	}
+	if rounds*8 > readers {
+		t.Fatalf("%d rounds for %d reads held %v: the hold did not batch them", rounds, readers, hold)
+	}
+	log.checkNeverEarlier(t)
+}
