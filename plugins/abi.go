@@ -179,7 +179,7 @@ func encodeGrant(abi uint32, g Grant) ([]byte, error) {
 //
 // From ABI version 2 the command carries the kind of the lock it acted on
 // (cmd.Limit and cmd.Mode: what a Grant asked for; for a Renew, Release,
-// Expire or ClearDelay, what the audit publisher set from
+// Settle, Expire or ClearDelay, what the audit publisher set from
 // raftstore.Applied) and the result a limit_mismatch's current limit.
 func encodeApplied(abi uint32, index uint64, cmd core.Command, res core.Result) ([]byte, error) {
 	c := appliedCommand{Kind: cmd.Kind.String()}

@@ -79,3 +79,42 @@ func TestABIVersionsAndKinds(t *testing.T) {
 		}
 	}
 }
+
+// TestAuditSettleEventMatchesRelease: the audit example, run as the wasm
+// module it is built into, turns a Settle that released a holder into the
+// event a Release of that holder gives (lock.released with its key and
+// token, and the holder's limit or mode, which the audit publisher fills
+// in for both from what the node read at apply), for a semaphore slot, a
+// shared hold and a mutex. A Settle names no token: the released one is
+// its result's.
+func TestAuditSettleEventMatchesRelease(t *testing.T) {
+	au := load(t, "audit", Config{Name: "audit"})
+	for _, k := range []struct {
+		name  string
+		limit uint32
+		mode  core.Mode
+		data  string
+	}{
+		{"semaphore slot", 4, core.ModeExclusive, `{"key":"k","token":9,"limit":4}`},
+		{"shared hold", 0, core.ModeShared, `{"key":"k","token":9,"mode":"shared"}`},
+		{"mutex", 0, core.ModeExclusive, `{"key":"k","token":9}`},
+	} {
+		rel, settle := core.Release("k", 9), core.Settle("k", "A", "r1", 5)
+		rel.Limit, rel.Mode = k.limit, k.mode // as the audit publisher fills them in
+		settle.Limit, settle.Mode = k.limit, k.mode
+		re, err := au.OnApplied(ctx, 10, rel, core.Result{Kind: core.ResultReleased})
+		if err != nil || len(re) != 1 {
+			t.Fatalf("%s: release: %v, %v", k.name, re, err)
+		}
+		se, err := au.OnApplied(ctx, 10, settle, core.Result{Kind: core.ResultReleased, Token: 9})
+		if err != nil || len(se) != 1 {
+			t.Fatalf("%s: settle: %v, %v", k.name, se, err)
+		}
+		if re[0].Type != "lock.released" || string(re[0].Data) != k.data {
+			t.Errorf("%s: release event %s %s, want lock.released %s", k.name, re[0].Type, re[0].Data, k.data)
+		}
+		if se[0].Type != re[0].Type || string(se[0].Data) != string(re[0].Data) {
+			t.Errorf("%s: settle event %s %s, release event %s %s; want the same", k.name, se[0].Type, se[0].Data, re[0].Type, re[0].Data)
+		}
+	}
+}

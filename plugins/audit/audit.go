@@ -155,7 +155,7 @@ func (p *Publisher) audit(ap raftstore.Applied) {
 	defer cancel()
 	cmd := ap.Command
 	if cmd.Kind != core.KindGrant && cmd.Kind != core.KindControl {
-		// A Renew, Release, Expire or ClearDelay names no kind: plugins
+		// A Renew, Release, Settle, Expire or ClearDelay names no kind: plugins
 		// (ABI version 2) see the holder's, which the node read when it
 		// applied the command (raftstore.Applied).
 		cmd.Limit, cmd.Mode = ap.Limit, ap.Mode

@@ -117,8 +117,8 @@ type Applied struct {
 // depends on Kind: grant has Key, Owner, LeaseMS and GrantedAtMS; release
 // and expire have Key and Token. Limit and Mode are the kind of the lock
 // the command acted on (as in GrantRequest): what a grant asked for, or
-// the holder's for a renew, release, expire or the end of a slot's
-// lock-delay; Mode is "exclusive" for a control command.
+// the holder's for a renew, release, settle, expire or the end of a
+// slot's lock-delay; Mode is "exclusive" for a control command.
 type Command struct {
 	Kind        string `json:"kind"`
 	Key         string `json:"key"`

@@ -4,6 +4,7 @@
 //	grant   + granted        lock.granted          {key, owner, token, lease_ms, granted_at_ms}
 //	grant   + grant_rejected lock.grant_rejected   {key, owner, held_token}
 //	release + released       lock.released         {key, token}
+//	settle  + released       lock.released         {key, token}  (the result's token)
 //	release + not_found      lock.release_unknown  {key, token}
 //	expire  + expired        lock.expired          {key, token}   (a lock was removed)
 //	expire  + expired        lock.expire_stale     {key, token}   (nothing was removed)
@@ -12,7 +13,8 @@
 //
 // An event of a semaphore holder or a shared hold also names its kind:
 // "limit" (2..1024) or "mode": "shared" after the fields above (ABI
-// version 2; a mutex's events are as they always were).
+// version 2; a mutex's events are as they always were): a release and a
+// settle of one holder give the same event.
 // The host stamps each event with the log index and the plugin name.
 //
 // Build:

@@ -32,6 +32,9 @@ var cases = []struct {
 		"lock.limit_mismatch", `{"key":"k","owner":"o","limit":4,"held_limit":1}`},
 	{holderKind(core.Release("k", 9), 4, core.ModeExclusive), core.Result{Kind: core.ResultReleased}, "lock.released", `{"key":"k","token":9,"limit":4}`},
 	{holderKind(core.Expire("k", 9), 0, core.ModeShared), core.Result{Kind: core.ResultExpired, Existed: true}, "lock.expired", `{"key":"k","token":9,"mode":"shared"}`},
+	{holderKind(core.Settle("k", "id", "r1", 5), 4, core.ModeExclusive), core.Result{Kind: core.ResultReleased, Token: 9}, "lock.released", `{"key":"k","token":9,"limit":4}`},
+	{holderKind(core.Release("k", 9), 0, core.ModeShared), core.Result{Kind: core.ResultReleased}, "lock.released", `{"key":"k","token":9,"mode":"shared"}`},
+	{holderKind(core.Settle("k", "id", "r1", 5), 0, core.ModeShared), core.Result{Kind: core.ResultReleased, Token: 9}, "lock.released", `{"key":"k","token":9,"mode":"shared"}`},
 }
 
 // holderKind is c as the audit publisher shows it to plugins: a release's
