@@ -354,7 +354,7 @@ func (s *Service) settleRequest(ctx context.Context, key, identity, requestID st
 // repeatedGrant answers a request with the grant it holds, l: its lease
 // as it stands on this leader's timer.
 func (s *Service) repeatedGrant(l core.Lock) Grant {
-	g := Grant{Key: l.Key, Token: l.Token, Lease: time.Duration(l.LeaseMS) * time.Millisecond, Repeated: true, Owner: l.Owner}
+	g := Grant{Key: l.Key, Token: l.Token, Lease: time.Duration(l.LeaseMS) * time.Millisecond, Repeated: true, Owner: l.Owner, Limit: l.Limit, Mode: l.Mode}
 	s.lead.mu.Lock()
 	g.Remaining = s.remainingOf(l, s.cfg.Now())
 	s.lead.mu.Unlock()

@@ -164,6 +164,12 @@ type Grant struct {
 	Repeated  bool
 	Remaining time.Duration
 	Owner     string
+	// Limit and Mode are the granted holder's kind (kinds.go): Limit N
+	// for a slot of a semaphore of N, Mode shared for a shared hold; zero
+	// for a mutex or an exclusive lock. A repeated grant has the kind it
+	// was granted with, whatever the retry asked for.
+	Limit uint32
+	Mode  core.Mode
 }
 
 // Holder is the current holder of a key.
@@ -538,7 +544,7 @@ func (s *Service) grant(p AcquireParams, cmd core.Command, deadline time.Time, e
 			s.ReleaseUndelivered(p.Key, a.Result.Token)
 			return Grant{}, fmt.Errorf("%w: granted token %d after the requester's deadline; released", ErrTimeout, a.Result.Token)
 		}
-		return Grant{Key: p.Key, Token: a.Result.Token, Lease: p.Lease, Index: a.Index, Fence: s.fence(p.Key, a.Result.Token)}, nil
+		return Grant{Key: p.Key, Token: a.Result.Token, Lease: p.Lease, Index: a.Index, Fence: s.fence(p.Key, a.Result.Token), Limit: cmd.Limit, Mode: cmd.Mode}, nil
 	case core.ResultGrantRejected:
 		return Grant{}, fmt.Errorf("%w: %q", ErrHeld, p.Key)
 	}

@@ -14,11 +14,19 @@ func holderReply(key string, h lockservice.Holder) protocol.GetReply {
 	if h.Held {
 		x := oneHolder(h)
 		out.Token, out.Owner, out.LeaseMS, out.RemainingMS, out.GrantedAtMS, out.Session = x.Token, x.Owner, x.LeaseMS, x.RemainingMS, x.GrantedAtMS, x.Session
-		if multiKind := h.Lock.Limit > 1 || h.Lock.Mode == core.ModeShared; multiKind {
-			out.Limit, out.Mode = max(1, h.Lock.Limit), protocol.ModeName(h.Lock.Mode)
-		}
+		out.Limit, out.Mode = kindFields(h.Lock.Limit, h.Lock.Mode)
 	}
 	return out
+}
+
+// kindFields is a holder's kind as the replies name it: a semaphore slot
+// its limit, a shared hold limit 1 (a read/write key's) and mode
+// "shared", a mutex or writer neither.
+func kindFields(limit uint32, mode core.Mode) (uint32, string) {
+	if limit > 1 || mode == core.ModeShared {
+		return max(1, limit), protocol.ModeName(mode)
+	}
+	return 0, ""
 }
 
 // getReply is the wire form of a get: the key's holder, or for a

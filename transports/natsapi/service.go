@@ -514,6 +514,7 @@ func (s *Service) acquire(req *request) {
 		return
 	}
 	rep := protocol.AcquireReply{Key: g.Key, Token: g.Token, Owner: ar.Owner, LeaseMS: g.Lease.Milliseconds(), Index: g.Index, Group: s.group(), Fence: g.Fence}
+	rep.Limit, rep.Mode = kindFields(g.Limit, g.Mode)
 	if g.Repeated {
 		rep.Repeated, rep.RemainingMS, rep.Owner = true, max(1, g.Remaining.Milliseconds()), g.Owner
 	}

@@ -210,6 +210,12 @@ type AcquireReply struct {
 	// started again).
 	Repeated    bool  `json:"repeated,omitempty"`
 	RemainingMS int64 `json:"remaining_ms,omitempty"`
+	// Limit and Mode are the granted holder's kind, as a get or list
+	// names it (GetReply): Limit N for a slot of a semaphore of N, Limit 1
+	// and Mode "shared" for a shared hold; absent for a mutex or a writer.
+	// A leader that predates the fields sends neither, whatever the kind.
+	Limit uint32 `json:"limit,omitempty"`
+	Mode  string `json:"mode,omitempty"`
 }
 
 // ReleaseRequest gives a lock back.
