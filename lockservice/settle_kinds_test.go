@@ -63,19 +63,32 @@ func newSettleLeader(t *testing.T, cfg Config) (*Service, *fakeNode, *clockAt, *
 	return s, f, clk, log
 }
 
-// checkLeaderAgrees fails unless the leader's indexes are exactly what
-// its applied state holds: one lease timer per held lock or holder, with
-// its token, and none else; the per-identity timer counts; the view of
-// each multi-holder key; a session timer per open session; the held-locks
-// gauge.
+// checkLeaderAgrees fails unless the lease table is sound (its own
+// invariants) and the leader's indexes agree with its applied state
+// (leaderIndexesDiff).
 func checkLeaderAgrees(t *testing.T, s *Service, f *fakeNode) {
 	t.Helper()
+	s.lead.mu.Lock()
+	s.lead.leases.check(t)
+	s.lead.mu.Unlock()
+	if d := leaderIndexesDiff(s); d != "" {
+		t.Fatal(d)
+	}
+}
+
+// leaderIndexesDiff says how the leader's indexes differ from what its
+// applied state holds ("" when they agree): one lease timer per held lock
+// or holder, with its token, and none else; the per-identity timer
+// counts; the view of each multi-holder key; a session timer per open
+// session; the held-locks gauge. The applied state is read first, so
+// nothing may be applied meanwhile.
+func leaderIndexesDiff(s *Service) string {
 	wantTimers := map[string]uint64{}
 	wantHeld := map[string]int{}
 	wantMulti := map[string][]uint64{}
 	wantSessions := map[uint64]bool{}
 	var n int
-	f.View(func(m *core.Machine) {
+	s.node.View(func(m *core.Machine) {
 		n = m.Len()
 		for _, l := range m.Locks() {
 			wantTimers[l.Key] = l.Token
@@ -95,7 +108,6 @@ func checkLeaderAgrees(t *testing.T, s *Service, f *fakeNode) {
 	s.lead.mu.Lock()
 	defer s.lead.mu.Unlock()
 	h := s.lead.leases
-	h.check(t)
 	timers := map[string]uint64{}
 	for i := range h.recs {
 		if r := &h.recs[i]; r.heapAt >= 0 {
@@ -103,11 +115,11 @@ func checkLeaderAgrees(t *testing.T, s *Service, f *fakeNode) {
 		}
 	}
 	if !maps.Equal(timers, wantTimers) {
-		t.Fatalf("leader's lease timers %v, held locks %v", printable(timers), printable(wantTimers))
+		return fmt.Sprintf("leader's lease timers %v, held locks %v", printable(timers), printable(wantTimers))
 	}
 	for id, c := range wantHeld {
 		if h.held(id) != c {
-			t.Fatalf("identity %q: %d timers, %d locks held", id, h.held(id), c)
+			return fmt.Sprintf("identity %q: %d timers, %d locks held", id, h.held(id), c)
 		}
 	}
 	multi := map[string][]uint64{}
@@ -115,22 +127,23 @@ func checkLeaderAgrees(t *testing.T, s *Service, f *fakeNode) {
 		multi[k] = append([]uint64{}, v.holders...)
 	}
 	if fmt.Sprint(multi) != fmt.Sprint(wantMulti) {
-		t.Fatalf("leader's multi-holder view %v, applied %v", multi, wantMulti)
+		return fmt.Sprintf("leader's multi-holder view %v, applied %v", multi, wantMulti)
 	}
 	sessions := map[uint64]bool{}
 	for id := range s.lead.sess.byID {
 		sessions[id] = true
 	}
 	if !maps.Equal(sessions, wantSessions) {
-		t.Fatalf("leader's session timers %v, open sessions %v", sessions, wantSessions)
+		return fmt.Sprintf("leader's session timers %v, open sessions %v", sessions, wantSessions)
 	}
 	var g dto.Metric
 	if err := s.cfg.Metrics.HeldLocks.Write(&g); err != nil {
-		t.Fatal(err)
+		return err.Error()
 	}
 	if v := g.GetGauge().GetValue(); int(v) != n {
-		t.Fatalf("held-locks gauge %v, %d held", v, n)
+		return fmt.Sprintf("held-locks gauge %v, %d held", v, n)
 	}
+	return ""
 }
 
 // printable shows timer keys of holders (key NUL token) readably.
