@@ -28,10 +28,10 @@ type Applied struct {
 	// multi-holder key ended, and whether it left a delayed slot
 	// (core.Machine.Delays of the key).
 	Ended []core.Lock
-	// Limit and Mode are, for a Grant, Renew, Release, Expire or
+	// Limit and Mode are, for a Grant, Renew, Release, Settle, Expire or
 	// ClearDelay of a multi-holder key (a semaphore, or a read/write key
 	// with shared holders; cluster version 5), the key's kind: read after
-	// a Grant or Renew, before a Release, Expire or ClearDelay (which may
+	// a Grant or Renew, before a Release, Settle, Expire or ClearDelay (which may
 	// leave the key with neither holder nor slot). Zero for a mutex or an
 	// exclusive lock. What watch and audit events name the holder with.
 	Limit uint32

@@ -39,7 +39,9 @@ import (
 // 16-client load beside it): the CPU s/s of every node, of the holder and
 // of the load, from /proc; raft entries/s (the highest applied index of
 // the three); renewals/s (ticketd_renewals_total, which every node counts
-// as it applies a renewal: the highest of the three); whether the
+// as it applies a renewal: the highest of the three); ReadIndex rounds/s
+// and the reads that shared them (ticketd_read_index_rounds_total and
+// _reads_total, summed: only the leader issues them); whether the
 // leader or the term changed; the holder's acknowledged keepalives (or
 // renewals) per second; the load's acquires, p50 and p99. The schedule
 // interleaves the baseline (nothing held) with the holding phases:
@@ -169,6 +171,8 @@ type procWindow struct {
 	entries   float64   // raft entries/s: the highest applied index of the nodes
 	renewals  float64   // renewals/s, summed over the nodes
 	keepalive float64   // the holder's acknowledged keepalives or renewals per second
+	rounds    float64   // ReadIndex rounds/s, summed over the nodes (only a leader issues them)
+	reads     float64   // reads/s that waited for those rounds
 	held      int       // locks the holder held at the window's end
 	lost      int       // locks it had lost by then
 	load      BenchResult
@@ -255,6 +259,8 @@ type procState struct {
 	cpu      []time.Duration // nodes, then the holder (if any)
 	applied  uint64
 	renewals []float64 // by node
+	rounds   []float64 // ReadIndex rounds, by node
+	reads    []float64 // reads that joined them, by node
 	terms    []uint64
 	leader   uint64
 	holder   HoldResult
@@ -285,7 +291,10 @@ func (m *procMeter) state(h *procHolder) procState {
 		if i == 0 {
 			s.leader = st.Leader
 		}
-		s.renewals = append(s.renewals, scrape(t, m.metrics[i])["ticketd_renewals_total"])
+		mx := scrape(t, m.metrics[i])
+		s.renewals = append(s.renewals, mx["ticketd_renewals_total"])
+		s.rounds = append(s.rounds, mx["ticketd_read_index_rounds_total"])
+		s.reads = append(s.reads, mx["ticketd_read_index_reads_total"])
 	}
 	return s
 }
@@ -356,6 +365,8 @@ func (m *procMeter) window(phase string, loaded bool, h *procHolder, profile ...
 	for i := range m.nodes {
 		// Every node applies each renewal: the most any one counted.
 		w.renewals = max(w.renewals, (s1.renewals[i]-s0.renewals[i])/el)
+		w.rounds += (s1.rounds[i] - s0.rounds[i]) / el
+		w.reads += (s1.reads[i] - s0.reads[i]) / el
 	}
 	w.leader = s1.leader
 	if s0.leader != s1.leader || !slices.Equal(s0.terms, s1.terms) {
@@ -375,8 +386,8 @@ func (w procWindow) String() string {
 		}
 		cpus = append(cpus, fmt.Sprintf("n%d%s %.3f", i+1, mark, c))
 	}
-	s := fmt.Sprintf("%s %s: %.0fs, node CPU s/s %s (sum %.3f), holder %.3f, %.0f raft entries/s, %.0f renewals/s",
-		w.phase, w.loadName(), w.seconds, strings.Join(cpus, " "), w.nodeSum(), w.holderCPU, w.entries, w.renewals)
+	s := fmt.Sprintf("%s %s: %.0fs, node CPU s/s %s (sum %.3f), holder %.3f, %.0f raft entries/s, %.0f renewals/s, %.0f ReadIndex rounds/s for %.0f reads/s",
+		w.phase, w.loadName(), w.seconds, strings.Join(cpus, " "), w.nodeSum(), w.holderCPU, w.entries, w.renewals, w.rounds, w.reads)
 	if w.phase != "baseline" {
 		s += fmt.Sprintf(", %.0f keepalives/s acknowledged, %d locks held, %d lost", w.keepalive, w.held, w.lost)
 	}
@@ -545,12 +556,13 @@ func (m *procMeter) report() {
 		l, nl := of(ph, true, sum)
 		e, _ := of(ph, false, func(w procWindow) float64 { return w.entries })
 		ka, _ := of(ph, false, func(w procWindow) float64 { return w.keepalive })
+		rr, _ := of(ph, false, func(w procWindow) float64 { return w.rounds })
 		hc, _ := of(ph, false, func(w procWindow) float64 { return w.holderCPU })
 		a, _ := of(ph, true, p99)
 		b, _ := of(ph, true, p50)
 		r, _ := of(ph, true, rate)
-		t.Logf("SUMMARY %s: quiet (%d windows) node CPU sum %s s/s, leader %s, raft entries/s %s, keepalives/s %s, holder CPU %s; loaded (%d windows) node CPU sum %s, acquires/s %s, p50 %s ms, p99 %s ms",
-			ph, nq, show(q), show(ql), show(e), show(ka), show(hc), nl, show(l), show(r), show(b), show(a))
+		t.Logf("SUMMARY %s: quiet (%d windows) node CPU sum %s s/s, leader %s, raft entries/s %s, keepalives/s %s, ReadIndex rounds/s %s, holder CPU %s; loaded (%d windows) node CPU sum %s, acquires/s %s, p50 %s ms, p99 %s ms",
+			ph, nq, show(q), show(ql), show(e), show(ka), show(rr), show(hc), nl, show(l), show(r), show(b), show(a))
 	}
 	bq, _ := of("baseline", false, sum)
 	bp, _ := of("baseline", true, p99)
