@@ -2,6 +2,8 @@ package natsapi
 
 import (
 	"context"
+	"encoding/json"
+	"strconv"
 	"time"
 
 	"github.com/ticketd/ticketd/transports/protocol"
@@ -52,7 +54,29 @@ func (s *Service) sessionKeepAlive(req *request) {
 		s.replyLockErr(req, err)
 		return
 	}
-	s.reply(req, protocol.SessionKeepAliveReply{Session: r.Session, TTLMS: ttl.Milliseconds()})
+	if err := req.ok(keepAliveReply(r.Session, ttl.Milliseconds())); err != nil {
+		s.log.Debug("reply not written", "op", req.op, "err", err)
+	}
+}
+
+// keepAliveReply is json.Marshal(protocol.SessionKeepAliveReply{...}),
+// byte for byte, without reflection: keepalives are the requests a node
+// serves most often when idle (one per session every TTL/3). A session ID
+// that DecodeSession accepted is decimal digits, which need no escaping;
+// anything else takes json.Marshal.
+func keepAliveReply(session string, ttlMS int64) []byte {
+	for i := 0; i < len(session); i++ {
+		if session[i] < '0' || session[i] > '9' {
+			b, _ := json.Marshal(protocol.SessionKeepAliveReply{Session: session, TTLMS: ttlMS})
+			return b
+		}
+	}
+	b := make([]byte, 0, len(`{"session":"","ttl_ms":}`)+len(session)+20)
+	b = append(b, `{"session":"`...)
+	b = append(b, session...)
+	b = append(b, `","ttl_ms":`...)
+	b = strconv.AppendInt(b, ttlMS, 10)
+	return append(b, '}')
 }
 
 func (s *Service) sessionClose(req *request) {
