@@ -68,6 +68,10 @@ type config struct {
 	partitioned bool
 	// attemptHook, when set, is called after every attempt (tests).
 	attemptHook func(op string, attempt int, err error)
+	// keepAliveAlign is the grid session keepalives are sent on
+	// (session.go alignKeepAlive); 0 sends each exactly when due (tests
+	// and benchmarks compare the two).
+	keepAliveAlign time.Duration
 }
 
 // Option configures a Client.
@@ -140,6 +144,9 @@ type Client struct {
 	cfg       config
 	perms     *permWatch
 	closeOnce sync.Once
+	// epoch is when the client was made: the origin of the keepalive grid
+	// (session.go alignKeepAlive).
+	epoch time.Time
 }
 
 // New returns a client that sends its requests over nc. The caller keeps
@@ -161,6 +168,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 		backoffMax:     DefaultBackoffMax,
 		retryBudget:    DefaultRetryBudget,
 		clock:          realClock{},
+		keepAliveAlign: keepAliveAlign,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -178,7 +186,7 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{nc: nc, cfg: cfg, perms: newPermWatch(nc)}, nil
+	return &Client{nc: nc, cfg: cfg, perms: newPermWatch(nc), epoch: cfg.clock.Now()}, nil
 }
 
 // Connect dials NATS at url (a comma-separated list is allowed) and

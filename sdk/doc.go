@@ -42,14 +42,16 @@
 //
 // NewSession (session.go; cluster version 4, not with WithPartitioned)
 // keeps the session alive in the background with WithAutoRenew's
-// guarantee: every (TTL - margin)/3 a keepalive; Deadline is the send of
-// the last acknowledged one plus the TTL; Done closes before Deadline
-// when none gets through by Deadline minus the margin, at once when one is
-// answered not_found. Locks acquired in a session have no lease (Lease 0,
-// Renew and KeepAlive refuse): their Deadline is the session's and their
-// Lost and Context end with it. If the session expires, its locks' keys
-// stay unavailable for its lock-delay (WithSessionLockDelay; WithLockDelay
-// for a leased lock): a try gets ErrHeld with Error.Delay.
+// guarantee: every (TTL - margin)/3 a keepalive (up to 20 ms early, on a
+// grid that sends a client's keepalives that fall due together at once);
+// Deadline is the send of the last acknowledged one plus the TTL; Done
+// closes before Deadline when none gets through by Deadline minus the
+// margin, at once when one is answered not_found. Locks acquired in a
+// session have no lease (Lease 0, Renew and KeepAlive refuse): their
+// Deadline is the session's and their Lost and Context end with it. If
+// the session expires, its locks' keys stay unavailable for its
+// lock-delay (WithSessionLockDelay; WithLockDelay for a leased lock): a
+// try gets ErrHeld with Error.Delay.
 // Session.NewElection runs an election whose terms are locks of the
 // session.
 //

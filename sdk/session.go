@@ -169,9 +169,38 @@ func (s *Session) end(why error) {
 	close(s.done)
 }
 
+// keepAliveAlign is the grid a client's session keepalives go out on:
+// each is sent at the last multiple of it (counted from the client's
+// creation) before it is due, less than one step and at most a twentieth
+// of the interval early. A client that holds many sessions then sends the
+// keepalives that fall due close together at the same moment, and they
+// share what a lone keepalive pays alone: the client's and the NATS
+// servers' writes and goroutine wake-ups, the node's and the client's
+// (BenchmarkSessionKeepAlives: 500 sessions at about 500 keepalives a
+// second cost the process about a quarter less CPU per keepalive than
+// with each sent exactly when due). Early is always safe: a keepalive
+// only ever moves the session's deadline later. It adds at most about a
+// twentieth to the keepalive rate, and at a 60 s TTL (one every 19.7 s)
+// at most 0.1%. 20 ms is also how long the node holds a keepalive's
+// ReadIndex for others to share its round (lockservice keepAliveReadHold).
+const keepAliveAlign = 20 * time.Millisecond
+
+// alignKeepAlive is when to send a keepalive due at next: next moved back
+// to the client's keepalive grid, by less than one step of it and at most
+// interval/20.
+func (c *Client) alignKeepAlive(next time.Time, interval time.Duration) time.Time {
+	step := min(c.cfg.keepAliveAlign, interval/20)
+	since := next.Sub(c.epoch)
+	if step <= 0 || since < 0 {
+		return next
+	}
+	return next.Add(-(since % step))
+}
+
 // keepAlive sends a keepalive every interval after the last acknowledged
-// one; it ends the session when one is refused or Deadline minus the
-// margin comes without one.
+// one (on the client's keepalive grid: alignKeepAlive); it ends the
+// session when one is refused or Deadline minus the margin comes without
+// one.
 func (s *Session) keepAlive(ctx context.Context) {
 	defer s.wg.Done()
 	c := s.client
@@ -187,7 +216,7 @@ func (s *Session) keepAlive(ctx context.Context) {
 			s.end(fmt.Errorf("%w: session %s not kept alive %v before its deadline (last error: %v)", ErrLost, s.ID, s.ka.margin, last))
 			return
 		}
-		wait := next.Sub(now)
+		wait := c.alignKeepAlive(next, s.ka.interval).Sub(now)
 		if n > 0 {
 			wait = c.backoff(n)
 		}
