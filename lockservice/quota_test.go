@@ -30,6 +30,9 @@ type fakeNode struct {
 	// beforeView, if set, runs at the start of every View, outside mu:
 	// tests interleave applied commands with a reader's steps there.
 	beforeView func()
+	// beforePropose, if set, runs at the start of every Propose, outside
+	// mu: tests apply a racing command before cmd there.
+	beforePropose func(cmd core.Command)
 }
 
 func (f *fakeNode) ID() uint64     { return 1 }
@@ -37,6 +40,9 @@ func (f *fakeNode) Leader() uint64 { return 1 }
 func (f *fakeNode) Propose(ctx context.Context, cmd core.Command) (raftstore.Applied, error) {
 	if err := cmd.Validate(); err != nil {
 		return raftstore.Applied{}, err
+	}
+	if f.beforePropose != nil {
+		f.beforePropose(cmd)
 	}
 	f.proposals.Add(1)
 	f.mu.Lock()

@@ -20,8 +20,10 @@ import (
 //     still leads and that its state holds every earlier commit, and
 //     looks again: a held grant of the same key is answered with that
 //     grant (same token; the lock as it is, its lease not started again);
-//     an ended one with ErrGrantEnded and its token; one of another key is
-//     invalid_argument. Not found, the acquire goes on and its Grant
+//     an ended one with ErrGrantEnded and its token; one of another key,
+//     or a held grant of another kind (limit, mode), is refused with
+//     RequestMismatchError (invalid_argument), and nothing changes. Not
+//     found, the acquire goes on and its Grant
 //     carries the request id, so Apply itself refuses to grant it twice
 //     should a record turn up meanwhile. (A ReadIndex on every lookup
 //     would confirm an absence that the proposal confirms anyway.)
@@ -32,7 +34,10 @@ import (
 //     whose reply was what got lost, is answered indeterminate), and the
 //     lost-reply rule (SPEC §4.4) applies to the heir's deadline, not the
 //     first attempt's. If it ends without a grant, the heir starts afresh
-//     with its own wait. A heir that gives up before the first attempt
+//     with its own wait. A later attempt that asks for another key or
+//     kind than the one in progress does not attach: it is refused with
+//     RequestMismatchError, and the first attempt goes on as if it never
+//     came. A heir that gives up before the first attempt
 //     ends gets indeterminate (retry with the same request id).
 //   - A repeated grant was made for an earlier attempt that may have
 //     received it: it is never released on a lost reply.
@@ -45,6 +50,13 @@ import (
 //   - The request records are bounded (core.MaxRequestRecords): the
 //     leader refuses, before proposing, a new request id that would not
 //     fit (ResourceRequestRecords).
+//   - Only the key and the kind of a request are checked: a retry is
+//     meant to be sent unchanged, and a lock of another kind than asked
+//     for would be wrongly used (a writer that holds a shared hold, say).
+//     An ended grant's record keeps only its key's hash and its token
+//     (core.EndedRequest), so an ended grant is answered ErrGrantEnded
+//     whatever kind the retry names: it grants nothing either way.
+//     Lease, owner and wait may differ: a repeat reports the lock as it is.
 //   - A request id needs cluster version 3; below it the acquire is
 //     refused with ErrUnsupported rather than served without the id: a
 //     client that sends one relies on retrying it safely, and a retry of a
@@ -58,6 +70,11 @@ const ResourceRequestRecords = "request_records"
 // Its fields are guarded by lead.mu until done is closed, then read-only.
 type reqAttempt struct {
 	done chan struct{}
+	// key, limit and mode are what the attempt asks for (read-only):
+	// a later attempt that names another is refused, not attached.
+	key   string
+	limit uint32
+	mode  core.Mode
 	// heir is the number of the attempt that attached last (0: none),
 	// heirDeadline its reply deadline; heirs counts the attachments.
 	heir         uint64
@@ -80,7 +97,7 @@ func (a *reqAttempt) heirWaiting(now time.Time) bool {
 func (s *Service) acquireRequest(ctx context.Context, p AcquireParams, cmd core.Command, deadline time.Time, identity string) (Grant, error) {
 	h := core.RequestKey(identity, p.RequestID)
 	for {
-		a, heir, err := s.beginAttempt(h, deadline)
+		a, heir, err := s.beginAttempt(h, p, deadline)
 		if err != nil {
 			return Grant{}, err
 		}
@@ -107,14 +124,20 @@ func (s *Service) settling(g Grant, err error) (Grant, error) {
 }
 
 // beginAttempt registers an attempt of request h, or attaches to the one
-// in progress (heir: its number as heir).
-func (s *Service) beginAttempt(h [32]byte, deadline time.Time) (a *reqAttempt, heir uint64, err error) {
+// in progress (heir: its number as heir) when it asks for the same key
+// and kind as p; one that asks for another is a RequestMismatchError.
+func (s *Service) beginAttempt(h [32]byte, p AcquireParams, deadline time.Time) (a *reqAttempt, heir uint64, err error) {
 	s.lead.mu.Lock()
 	defer s.lead.mu.Unlock()
 	if !s.lead.ready {
 		return nil, 0, s.notLeader()
 	}
 	if a := s.lead.requests[h]; a != nil {
+		if a.key != p.Key || a.limit != p.Limit || a.mode != p.Mode {
+			return nil, 0, &RequestMismatchError{RequestID: p.RequestID, InProgress: true,
+				Key: a.key, Limit: a.limit, Mode: a.mode, KindKnown: true,
+				AskedKey: p.Key, AskedLimit: p.Limit, AskedMode: p.Mode}
+		}
 		a.heirs++
 		a.heir = a.heirs
 		if deadline.After(a.heirDeadline) {
@@ -122,7 +145,7 @@ func (s *Service) beginAttempt(h [32]byte, deadline time.Time) (a *reqAttempt, h
 		}
 		return a, a.heir, nil
 	}
-	a = &reqAttempt{done: make(chan struct{})}
+	a = &reqAttempt{done: make(chan struct{}), key: p.Key, limit: p.Limit, mode: p.Mode}
 	s.lead.requests[h] = a
 	return a, 0, nil
 }
@@ -241,9 +264,13 @@ func (s *Service) lookupRequest(ctx context.Context, p AcquireParams, identity s
 	case rec.Status == core.RequestUnknown:
 		return Grant{}, false, nil // forgotten meanwhile
 	case rec.KeyHash != core.RequestKeyHash(p.Key):
-		return Grant{}, true, s.mismatch(p, rec)
+		return Grant{}, true, mismatch(p, rec)
 	case rec.Status == core.RequestEnded:
+		// Its kind is not recorded (only the key's hash): the answer
+		// grants nothing whatever the retry asks for.
 		return Grant{}, true, &GrantEndedError{Key: p.Key, Token: rec.Token}
+	case held.Limit != p.Limit || held.Mode != p.Mode:
+		return Grant{}, true, heldMismatch(p, held)
 	}
 	return s.repeatedGrant(held), true, nil
 }
@@ -362,13 +389,82 @@ func (s *Service) repeatedGrant(l core.Lock) Grant {
 	return g
 }
 
-// mismatch is the error of a request id used before for another key.
-func (s *Service) mismatch(p AcquireParams, rec core.RequestRecord) error {
-	other := "another key"
-	if rec.Key != "" {
-		other = fmt.Sprintf("%q", rec.Key)
+// RequestMismatchError: an acquire whose request id names a request made
+// for another key or another kind (limit, mode) than the acquire asks
+// for. Its code is invalid_argument (it unwraps to a core.Error): the
+// acquire is wrong as sent, nothing changed, and sending it again is
+// refused the same way; a retry must be sent unchanged, and another
+// acquire needs a new request id.
+type RequestMismatchError struct {
+	RequestID string
+	// Key is the key the request was made for ("" when only its hash is
+	// known: an ended grant); Token its grant's token (0: none yet).
+	Key   string
+	Token uint64
+	// Limit and Mode are the request's kind when KindKnown (a held grant,
+	// or an attempt in progress on the leader).
+	Limit     uint32
+	Mode      core.Mode
+	KindKnown bool
+	// InProgress: the request is being served on the leader (queued, or
+	// its Grant in flight), not granted yet.
+	InProgress bool
+	// What the refused acquire asked for.
+	AskedKey   string
+	AskedLimit uint32
+	AskedMode  core.Mode
+}
+
+func (e *RequestMismatchError) detail() string {
+	key := "another key"
+	if e.Key != "" {
+		key = fmt.Sprintf("%q", e.Key)
 	}
-	return &core.Error{Code: core.CodeInvalidArgument, Detail: fmt.Sprintf("request_id %q was used for %s (token %d), not %q: use a new request_id for each acquire", p.RequestID, other, rec.Token, p.Key)}
+	var what string
+	switch {
+	case e.InProgress:
+		what = fmt.Sprintf("is in progress on the leader for %s on %s", kindText(e.Limit, e.Mode), key)
+	case e.KindKnown:
+		what = fmt.Sprintf("was granted %s on %s (token %d)", kindText(e.Limit, e.Mode), key, e.Token)
+	default:
+		what = fmt.Sprintf("was used for %s (token %d)", key, e.Token)
+	}
+	asked := fmt.Sprintf("%q", e.AskedKey)
+	if e.KindKnown {
+		asked = fmt.Sprintf("%s on %q", kindText(e.AskedLimit, e.AskedMode), e.AskedKey)
+	}
+	return fmt.Sprintf("request_id %q %s, not %s: a retry must be sent unchanged; use a new request_id for each acquire", e.RequestID, what, asked)
+}
+
+func (e *RequestMismatchError) Error() string { return "lockservice: " + e.detail() }
+
+// Unwrap gives the invalid_argument core.Error the transports answer
+// with (errors.Is(err, core.ErrInvalidArgument) holds).
+func (e *RequestMismatchError) Unwrap() error {
+	return &core.Error{Code: core.CodeInvalidArgument, Detail: e.detail()}
+}
+
+// kindText names a kind as an acquire asks for it.
+func kindText(limit uint32, mode core.Mode) string {
+	switch {
+	case limit > 1:
+		return fmt.Sprintf("a slot of a semaphore of limit %d", limit)
+	case mode == core.ModeShared:
+		return "a shared hold"
+	}
+	return "a mutex (or exclusive hold)"
+}
+
+// mismatch is the error of a request id used before for another key.
+func mismatch(p AcquireParams, rec core.RequestRecord) error {
+	return &RequestMismatchError{RequestID: p.RequestID, Key: rec.Key, Token: rec.Token, AskedKey: p.Key, AskedLimit: p.Limit, AskedMode: p.Mode}
+}
+
+// heldMismatch is the error of a request id whose grant held, of p's key,
+// is of another kind than p asks for.
+func heldMismatch(p AcquireParams, held core.Lock) error {
+	return &RequestMismatchError{RequestID: p.RequestID, Key: held.Key, Token: held.Token, Limit: held.Limit, Mode: held.Mode, KindKnown: true,
+		AskedKey: p.Key, AskedLimit: p.Limit, AskedMode: p.Mode}
 }
 
 // admitRequest refuses a new request id the request records have no room
@@ -390,11 +486,15 @@ func (s *Service) appliedRequest(p AcquireParams, r core.Result) (Grant, error) 
 	case core.ResultGrantRepeated:
 		var held core.Lock
 		s.node.View(func(m *core.Machine) { held, _ = m.Holder(p.Key, r.Token) })
+		if held.Token == r.Token && (held.Limit != p.Limit || held.Mode != p.Mode) {
+			// Apply compares only the key; the Grant changed nothing.
+			return Grant{}, heldMismatch(p, held)
+		}
 		return s.repeatedGrant(held), nil
 	case core.ResultGrantEnded:
 		return Grant{}, &GrantEndedError{Key: p.Key, Token: r.Token}
 	case core.ResultRequestMismatch:
-		return Grant{}, s.mismatch(p, core.RequestRecord{Token: r.Token})
+		return Grant{}, mismatch(p, core.RequestRecord{Token: r.Token})
 	case core.ResultRequestsExhausted:
 		return Grant{}, s.refuse(&LimitError{Resource: ResourceRequestRecords, Limit: core.MaxRequestRecords})
 	}
