@@ -122,10 +122,13 @@ type Lock struct {
 	// the lease the leader reported left; with WithRequestID's id, which
 	// an earlier process may have used, only the latter.
 	Repeated bool
-	// Limit is the key's limit as this lock was acquired: 1 for a mutex
+	// Limit is the key's limit as this lock was granted: 1 for a mutex
 	// or a read/write lock, N for a slot of a semaphore (WithLimit); Shared
-	// tells a shared hold of a read/write lock (WithShared). The other
-	// holders of such a key are in Get's Holder.Holders.
+	// tells a shared hold of a read/write lock (WithShared). Both come
+	// from the grant's reply (a Repeated grant is the request's, and a
+	// leader refuses a retry that asks for another kind); from a leader
+	// too old to name them, from the options. The other holders of such
+	// a key are in Get's Holder.Holders.
 	Limit  int
 	Shared bool
 
@@ -310,11 +313,7 @@ func (c *Client) acquire(ctx context.Context, key string, lease time.Duration, o
 				// process: this call's first send bounds nothing.
 				idSince = time.Time{}
 			}
-			l, err := c.lockFromReply(r, rep, lease, o.owner, req.RequestID, idSince)
-			if l != nil {
-				l.Limit, l.Shared = max(1, o.limit), o.shared
-			}
-			return l, err
+			return c.lockFromReply(r, rep, lease, o, req.RequestID, idSince)
 		case code == protocol.CodeGrantEnded && ownID && fresh < maxFreshRequests:
 			// Our own id: every attempt with it was this call's, and none
 			// of their replies arrived, so its token was never used. Ask
@@ -424,8 +423,10 @@ func (o *acquireOptions) validate(key string, lease time.Duration) error {
 
 // lockFromReply checks a grant reply and builds its Lock. idSince is when
 // the first attempt with requestID was sent (zero: unknown, the id is the
-// caller's).
-func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owner, requestID string, idSince time.Time) (*Lock, error) {
+// caller's); o are the acquire's options (its owner and kind, the
+// defaults of what the reply does not name).
+func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, o acquireOptions, requestID string, idSince time.Time) (*Lock, error) {
+	owner := o.owner
 	var ar protocol.AcquireReply
 	if err := json.Unmarshal(rep.data, &ar); err != nil || ar.Token == 0 || (ar.Key != "" && ar.Key != r.key) {
 		// A success reply we cannot trust: the server may have granted.
@@ -458,9 +459,18 @@ func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owne
 			since = rep.sent.Add(d - granted)
 		}
 	}
+	limit, shared := grantedKind(&ar, o)
+	if limit != max(1, o.limit) || shared != o.shared {
+		// A leader before the request_id kind check repeated a grant of
+		// another kind: the lock is what it granted.
+		c.cfg.logger.Warn("ticketd: the grant is of another kind than asked for (a repeat by an older leader)", "key", r.key, "token", ar.Token,
+			"limit", limit, "shared", shared, "asked_limit", max(1, o.limit), "asked_shared", o.shared)
+	}
 	return &Lock{
 		Key:       r.key,
 		Token:     ar.Token,
+		Limit:     limit,
+		Shared:    shared,
 		Owner:     owner,
 		Lease:     granted,
 		Index:     ar.Index,
@@ -473,6 +483,19 @@ func (c *Client) lockFromReply(r *request, rep *reply, lease time.Duration, owne
 		renewedAt: since,
 		lease:     granted,
 	}, nil
+}
+
+// grantedKind is the kind of the grant ar (Lock.Limit, Lock.Shared): as
+// the reply names it, or, from a leader older than the reply's limit and
+// mode, which names neither, as o asked for. A reply of a mutex (or an
+// exclusive hold) names neither too; a leader that names kinds answers a
+// request_id retry that asks for another kind with invalid_argument, so
+// the options then name a mutex as well.
+func grantedKind(ar *protocol.AcquireReply, o acquireOptions) (limit int, shared bool) {
+	if ar.Limit == 0 && ar.Mode == "" {
+		return max(1, o.limit), o.shared
+	}
+	return max(1, int(ar.Limit)), ar.Mode == protocol.ModeShared
 }
 
 // Release releases key if it is held with token. It returns nil when the
