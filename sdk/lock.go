@@ -61,8 +61,10 @@ func WithWait(d time.Duration) AcquireOption {
 // the random one Acquire makes. Use it to retry an acquire across process
 // restarts: the same id from the same identity is answered with the grant
 // it produced while that grant is held (Lock.Repeated), and with
-// ErrGrantEnded (Error.Token) for a while after it ended. Use a new id for
-// each acquire, unique to it (random): never one that competing clients
+// ErrGrantEnded (Error.Token) for a while after it ended; the same id with
+// another key or kind (WithLimit, WithShared) than its grant's, or than
+// its attempt still waiting on the leader, is ErrInvalidArgument and
+// changes nothing. Use a new id for each acquire, unique to it (random): never one that competing clients
 // can derive alike (a job name, a date). Two clients that send the same id
 // from the same identity (anonymous clients share one) are both answered
 // with the one grant, and both hold the lock.
