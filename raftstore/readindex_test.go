@@ -3,6 +3,7 @@ package raftstore
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -291,4 +292,60 @@ func TestReadIndexWithinServedAfterHold(t *testing.T) {
 		t.Fatalf("%d rounds for %d reads held %v: the hold did not batch them", rounds, readers, hold)
 	}
 	log.checkNeverEarlier(t)
+}
+
+// Eager and held callers mixed, many rounds: none is answered by a round
+// issued before it joined, and none waits much past its hold (a held
+// caller stranded with no timer to wake the loop would wait for the next
+// eager caller, which here may never come: the last calls are all held).
+func TestReadIndexMixedEagerAndHeldCallers(t *testing.T) {
+	net := startMemCluster(t, 3)
+	lead := net.leader(t)
+	var log servedLog
+	lead.readHooks.Store(&readHooks{served: log.add})
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	const callers, each = 16, 30
+	errs := make(chan error, callers)
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				// Every third caller is eager until its last calls; the
+				// holds vary from 1 to 7 ms so that later joiners move a
+				// batch's due time earlier (Reset).
+				eager := c%3 == 0 && i < each-5
+				hold := time.Duration(1+(c*7+i)%7) * time.Millisecond
+				start := time.Now()
+				var err error
+				if eager {
+					err = lead.ReadIndex(ctx)
+				} else {
+					err = lead.ReadIndexWithin(ctx, hold)
+				}
+				if err != nil {
+					errs <- err
+					return
+				}
+				if took := time.Since(start); !eager && took > hold+5*time.Second {
+					errs <- fmt.Errorf("a read held %v waited %v", hold, took)
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatal(err)
+	}
+	log.checkNeverEarlier(t)
+	log.mu.Lock()
+	n := len(log.pairs)
+	log.mu.Unlock()
+	if n != callers*each {
+		t.Fatalf("%d reads served, want %d", n, callers*each)
+	}
 }
