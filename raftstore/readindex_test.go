@@ -37,6 +37,31 @@ func (l *servedLog) checkNeverEarlier(t *testing.T) {
 	}
 }
 
+// readConcurrently runs callers goroutines that each call read(c, i) for
+// i in [0, each), and fails the test with the first error any returned.
+func readConcurrently(t *testing.T, callers, each int, read func(c, i int) error) {
+	t.Helper()
+	errs := make(chan error, callers)
+	var wg sync.WaitGroup
+	for c := range callers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := range each {
+				if err := read(c, i); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	close(errs)
+	for err := range errs {
+		t.Fatalf("read index: %v", err)
+	}
+}
+
 // A caller that arrives while a round is in flight waits for the next
 // round: here round 1 is held before it goes to raft, caller B joins
 // meanwhile, and B returns only after round 2, which the test holds too.
@@ -118,25 +143,7 @@ func TestReadIndexConcurrentCallersShareRounds(t *testing.T) {
 	const callers, each = 64, 40
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	errs := make(chan error, callers)
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range each {
-				if err := lead.ReadIndex(ctx); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("read index: %v", err)
-	}
+	readConcurrently(t, callers, each, func(int, int) error { return lead.ReadIndex(ctx) })
 	rounds, readers := lead.ReadIndexRounds()
 	rounds, readers = rounds-rounds0, readers-readers0
 	t.Logf("%d reads in %d raft ReadIndex rounds", readers, rounds)
@@ -263,25 +270,7 @@ func TestReadIndexWithinServedAfterHold(t *testing.T) {
 	// far more than eager callers would, and none is answered early.
 	rounds0, readers0 = lead.ReadIndexRounds()
 	const callers, each = 32, 10
-	errs := make(chan error, callers)
-	var wg sync.WaitGroup
-	for range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for range each {
-				if err := lead.ReadIndexWithin(ctx, hold); err != nil {
-					errs <- err
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatalf("read: %v", err)
-	}
+	readConcurrently(t, callers, each, func(int, int) error { return lead.ReadIndexWithin(ctx, hold) })
 	rounds, readers := lead.ReadIndexRounds()
 	rounds, readers = rounds-rounds0, readers-readers0
 	t.Logf("%d held reads in %d rounds", readers, rounds)
@@ -306,41 +295,23 @@ func TestReadIndexMixedEagerAndHeldCallers(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	const callers, each = 16, 30
-	errs := make(chan error, callers)
-	var wg sync.WaitGroup
-	for c := range callers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for i := range each {
-				// Every third caller is eager until its last calls; the
-				// holds vary from 1 to 7 ms so that later joiners move a
-				// batch's due time earlier (Reset).
-				eager := c%3 == 0 && i < each-5
-				hold := time.Duration(1+(c*7+i)%7) * time.Millisecond
-				start := time.Now()
-				var err error
-				if eager {
-					err = lead.ReadIndex(ctx)
-				} else {
-					err = lead.ReadIndexWithin(ctx, hold)
-				}
-				if err != nil {
-					errs <- err
-					return
-				}
-				if took := time.Since(start); !eager && took > hold+5*time.Second {
-					errs <- fmt.Errorf("a read held %v waited %v", hold, took)
-					return
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	close(errs)
-	for err := range errs {
-		t.Fatal(err)
-	}
+	readConcurrently(t, callers, each, func(c, i int) error {
+		// Every third caller is eager until its last calls; the holds
+		// vary from 1 to 7 ms so that later joiners move a batch's due
+		// time earlier (Reset).
+		if c%3 == 0 && i < each-5 {
+			return lead.ReadIndex(ctx)
+		}
+		hold := time.Duration(1+(c*7+i)%7) * time.Millisecond
+		start := time.Now()
+		if err := lead.ReadIndexWithin(ctx, hold); err != nil {
+			return err
+		}
+		if took := time.Since(start); took > hold+5*time.Second {
+			return fmt.Errorf("a read held %v waited %v", hold, took)
+		}
+		return nil
+	})
 	log.checkNeverEarlier(t)
 	log.mu.Lock()
 	n := len(log.pairs)
