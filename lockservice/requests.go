@@ -133,7 +133,7 @@ func (s *Service) beginAttempt(h [32]byte, p AcquireParams, deadline time.Time) 
 		return nil, 0, s.notLeader()
 	}
 	if a := s.lead.requests[h]; a != nil {
-		if a.key != p.Key || a.limit != p.Limit || a.mode != p.Mode {
+		if a.key != p.Key || !p.asksKind(a.limit, a.mode) {
 			return nil, 0, &RequestMismatchError{RequestID: p.RequestID, InProgress: true,
 				Key: a.key, Limit: a.limit, Mode: a.mode, KindKnown: true,
 				AskedKey: p.Key, AskedLimit: p.Limit, AskedMode: p.Mode}
@@ -269,7 +269,7 @@ func (s *Service) lookupRequest(ctx context.Context, p AcquireParams, identity s
 		// Its kind is not recorded (only the key's hash): the answer
 		// grants nothing whatever the retry asks for.
 		return Grant{}, true, &GrantEndedError{Key: p.Key, Token: rec.Token}
-	case held.Limit != p.Limit || held.Mode != p.Mode:
+	case !p.asksKind(held.Limit, held.Mode):
 		return Grant{}, true, heldMismatch(p, held)
 	}
 	return s.repeatedGrant(held), true, nil
@@ -444,6 +444,13 @@ func (e *RequestMismatchError) Unwrap() error {
 	return &core.Error{Code: core.CodeInvalidArgument, Detail: e.detail()}
 }
 
+// asksKind says whether p asks for a lock of kind (limit, mode). p's
+// limit is normalised as the Grant writes it (core.Command.WithKind), so
+// the fields compare as they are.
+func (p AcquireParams) asksKind(limit uint32, mode core.Mode) bool {
+	return p.Limit == limit && p.Mode == mode
+}
+
 // kindText names a kind as an acquire asks for it.
 func kindText(limit uint32, mode core.Mode) string {
 	switch {
@@ -486,7 +493,7 @@ func (s *Service) appliedRequest(p AcquireParams, r core.Result) (Grant, error) 
 	case core.ResultGrantRepeated:
 		var held core.Lock
 		s.node.View(func(m *core.Machine) { held, _ = m.Holder(p.Key, r.Token) })
-		if held.Token == r.Token && (held.Limit != p.Limit || held.Mode != p.Mode) {
+		if held.Token == r.Token && !p.asksKind(held.Limit, held.Mode) {
 			// Apply compares only the key; the Grant changed nothing.
 			return Grant{}, heldMismatch(p, held)
 		}
