@@ -195,6 +195,7 @@ func (d *Daemon) embeddedNATSOptions() (*natsserver.Options, error) {
 		if o.ServerName == "" {
 			o.ServerName = fmt.Sprintf("ticketd-%d", d.cfg.ID)
 		}
+		withRoutePings(o)
 		return o, nil
 	}
 	host, portStr, _ := net.SplitHostPort(d.cfg.NATSListen)
@@ -234,6 +235,34 @@ func (d *Daemon) embeddedNATSOptions() (*natsserver.Options, error) {
 			}
 			o.Routes = append(o.Routes, u)
 		}
+		withRoutePings(o)
 	}
 	return o, nil
+}
+
+// RoutePingInterval and RouteMaxPingsOut are the embedded NATS server's
+// route pings, unless its configuration file sets cluster.ping_interval
+// or cluster.ping_max: a route whose peer stops answering is closed about
+// 3 s later (the third ping finds two unanswered).
+//
+// Why not nats-server's defaults (a ping every 30 s, 2 outstanding): only
+// the leader subscribes to the lock subjects (natsapi's leader-only
+// subscriptions), and a leader that stops without closing its routes
+// (paused, cut off by a one-way partition) cannot unsubscribe. Until the
+// other servers drop their route to it, they keep routing part of the
+// lock requests to its subscription, where they are lost: half of them
+// or more, for 60–90 s after every such leader change. A ping a second
+// on each route costs nothing measurable.
+const (
+	RoutePingInterval = time.Second
+	RouteMaxPingsOut  = 2
+)
+
+func withRoutePings(o *natsserver.Options) {
+	if o.Cluster.PingInterval == 0 {
+		o.Cluster.PingInterval = RoutePingInterval
+	}
+	if o.Cluster.MaxPingsOut == 0 {
+		o.Cluster.MaxPingsOut = RouteMaxPingsOut
+	}
 }
