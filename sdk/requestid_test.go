@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"cmp"
 	"context"
 	"encoding/json"
 	"errors"
@@ -156,24 +157,37 @@ func TestAcquireRefusedRetrySettles(t *testing.T) {
 		withdraw  action
 		want      *Error
 		withdraws int // -1: at least one (a failing settle is retried within withdrawTimeout)
+		// lostWithdraws: the first withdrawals get no reply. timeout: the
+		// client's request timeout (100 ms when 0).
+		lostWithdraws int
+		timeout       time.Duration
 	}{
-		{"single attempt held: no settle", []action{held}, action{}, ErrHeld, 0},
-		{"lost, then held: settled, not granted", []action{{swallow: true}, held}, action{body: []byte(`{"key":"k","withdrawn":false,"not_granted":true}`)}, ErrHeld, 1},
-		{"lost, then held: the earlier attempt had won, released", []action{{swallow: true}, held}, action{body: []byte(`{"key":"k","withdrawn":false,"released_token":7}`)}, ErrHeld, 1},
-		{"lost, then timeout: settled", []action{{swallow: true}, timeout}, action{body: []byte(`{"key":"k","withdrawn":false,"not_granted":true}`)}, ErrTimeout, 1},
-		{"lost, then held, the settle fails: indeterminate", []action{{swallow: true}, held}, fail(protocol.CodeInternal, "x"), ErrIndeterminate, -1},
+		{"single attempt held: no settle", []action{held}, action{}, ErrHeld, 0, 0, 0},
+		{"lost, then held: settled, not granted", []action{{swallow: true}, held}, action{body: []byte(`{"key":"k","withdrawn":false,"not_granted":true}`)}, ErrHeld, 1, 0, 0},
+		{"lost, then held: the earlier attempt had won, released", []action{{swallow: true}, held}, action{body: []byte(`{"key":"k","withdrawn":false,"released_token":7}`)}, ErrHeld, 1, 0, 0},
+		{"lost, then timeout: settled", []action{{swallow: true}, timeout}, action{body: []byte(`{"key":"k","withdrawn":false,"not_granted":true}`)}, ErrTimeout, 1, 0, 0},
+		{"lost, then held, the settle fails: indeterminate", []action{{swallow: true}, held}, fail(protocol.CodeInternal, "x"), ErrIndeterminate, -1, 0, 0},
+		// A withdrawal sent into a paused leader's subscription is lost
+		// (NATS keeps routing there until its route is found stale): the
+		// settle tries again within withdrawTimeout, even when the request
+		// timeout is longer than that.
+		{"lost, then held, two withdrawals lost: settled", []action{{swallow: true}, held}, action{body: []byte(`{"key":"k","withdrawn":false,"not_granted":true}`)}, ErrHeld, 3, 2, 2 * time.Second},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			s := testkit.NATSServer(t)
 			f := startFake(t, s, func(subject string, n int, _ []byte) action {
 				if subject == protocol.SubjectWithdraw {
+					if n < tc.lostWithdraws {
+						return action{swallow: true}
+					}
 					return tc.withdraw
 				}
 				return tc.script[min(n, len(tc.script)-1)]
 			})
-			c, nc := newClient(t, s, WithRequestTimeout(100*time.Millisecond))
-			ctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+			rt := cmp.Or(tc.timeout, 100*time.Millisecond)
+			c, nc := newClient(t, s, WithRequestTimeout(rt))
+			ctx, cancel := context.WithTimeout(context.Background(), 2*rt+3*time.Second)
 			defer cancel()
 			_, err := c.Acquire(ctx, "k")
 			if !errors.Is(err, tc.want) {

@@ -19,6 +19,13 @@ import (
 // context is already done when they run.
 const withdrawTimeout = 2 * time.Second
 
+// withdrawAttempt bounds one attempt of a withdrawal that may be sent
+// again (it carries a request id), so that several fit in withdrawTimeout
+// whatever the request timeout: an attempt can be lost without a trace
+// (NATS routes it to a paused leader's subscription until that route is
+// found stale), and a second one is the only way to an answer.
+const withdrawAttempt = withdrawTimeout / 4
+
 // newWaitID names one waiting acquire: 22 random base-62 characters, well
 // within protocol.MaxWaitIDLen.
 func newWaitID() string { return nuid.Next() }
@@ -253,6 +260,9 @@ func (c *Client) withdraw(key, waitID, requestID string) (protocol.WithdrawReply
 	r := &request{op: "withdraw", key: key, subject: c.keyedSubject("withdraw", key), retrySafe: requestID != ""}
 	r.build = func(_ int, now time.Time) ([]byte, time.Duration, bool) {
 		w, ok := c.requestWait(ctx, now)
+		if r.retrySafe {
+			w = min(w, withdrawAttempt)
+		}
 		return body, w, ok
 	}
 	rep, err := c.do(ctx, r)
