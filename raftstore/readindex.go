@@ -37,7 +37,11 @@ import (
 // the round: the batch is taken when its earliest hold ends, or at once
 // when a caller that cannot wait (ReadIndex) joins it. Waiting only moves
 // the round later, still after every caller of the batch joined, so the
-// argument above is unchanged.
+// argument above is unchanged. A node that stops leading takes the batch
+// at once (leadershipLost): its round fails ErrNotLeader without waiting
+// out the holds, which could only end the same way or, if this node leads
+// again by then, in a round of the new term, which is as good. Once the
+// read loop exits, no hold timer stays armed (stop).
 
 // readRoundTimeoutElections bounds one round, in election timeouts. With
 // CheckQuorum a leader that cannot reach a quorum steps down within one
@@ -65,6 +69,7 @@ type readBatcher struct {
 	mu      sync.Mutex
 	pending *readBatch // the batch new callers join; never nil
 	issued  uint64     // seq of the last batch taken for a round
+	stopped bool       // the read loop exited: arm no more timers
 	wake    chan struct{}
 
 	rounds  atomic.Uint64 // rounds issued to raft
@@ -99,7 +104,7 @@ func (b *readBatcher) join(hold time.Duration) (batch *readBatch, arrivedAfter u
 	switch {
 	case wakeNow:
 		batch.now = true
-	case batch.now:
+	case batch.now, b.stopped: // the loop is woken, or gone
 	case batch.timer == nil:
 		batch.due = time.Now().Add(hold)
 		batch.timer = time.AfterFunc(hold, b.poke)
@@ -122,6 +127,34 @@ func (b *readBatcher) poke() {
 	select {
 	case b.wake <- struct{}{}:
 	default: // the loop is already woken
+	}
+}
+
+// leadershipLost makes a pending batch that has callers start its round
+// now: the round finds the node no longer leading and fails them, instead
+// of leaving held callers to wait out their holds first. A batch with no
+// caller is left alone: marking it would leave the next held caller to
+// join it with no timer and no wake.
+func (b *readBatcher) leadershipLost() {
+	b.mu.Lock()
+	urge := b.pending.readers > 0 && !b.pending.now
+	if urge {
+		b.pending.now = true
+	}
+	b.mu.Unlock()
+	if urge {
+		b.poke()
+	}
+}
+
+// stop disarms the pending batch's timer when the read loop exits (its
+// callers see the node stopped), so that no timer outlives the node.
+func (b *readBatcher) stop() {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.stopped = true
+	if t := b.pending.timer; t != nil {
+		t.Stop()
 	}
 }
 
@@ -191,6 +224,7 @@ func (n *Node) ReadIndexRounds() (rounds, readers uint64) {
 // the node loop exits.
 func (n *Node) readLoop() {
 	defer n.bg.Done()
+	defer n.reads.stop()
 	timeout := readRoundTimeoutElections * time.Duration(n.cfg.ElectionTicks) * n.cfg.TickInterval
 	for {
 		select {

@@ -314,6 +314,7 @@ func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 		// in-flight proposals may or may not commit under the new leader,
 		// so their callers must not guess.
 		n.waiting.failLostLeadership(ErrIndeterminate)
+		n.reads.leadershipLost()
 		for _, o := range obs {
 			o.OnLeadershipLost()
 		}
