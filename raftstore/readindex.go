@@ -28,7 +28,9 @@ import (
 // the read index with a quorum of heartbeats sent after the round was
 // issued (ReadOnlySafe), so the index covers every write committed before
 // the round started, hence every write committed before the caller
-// called. A round that ends with an error (lost leadership, stop) fails
+// called. Raft takes a round only while it leads (a follower's raft would
+// forward it, which confirms another node's leadership, not this one's).
+// A round that ends with an error (lost leadership, stop) fails
 // its whole batch: no caller is ever answered from a round issued before
 // it arrived, or from no round at all.
 //
@@ -81,6 +83,9 @@ type readHooks struct {
 	// issuing runs on the read loop after a batch is taken and before its
 	// ReadIndex goes to raft; it may block.
 	issuing func(seq uint64)
+	// leaderChecked runs in a round after its first leadership check and
+	// before its ReadIndex is handed to raft; it may block.
+	leaderChecked func()
 	// served runs for each caller its round answered without error:
 	// arrivedAfter is the last round issued when it joined, servedBy the
 	// round that answered it.
@@ -250,6 +255,9 @@ func (n *Node) readRound(timeout time.Duration) (uint64, error) {
 		return 0, ErrNotLeader
 	}
 	n.reads.rounds.Add(1)
+	if h := n.readHooks.Load(); h != nil && h.leaderChecked != nil {
+		h.leaderChecked()
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
 	var rctx [8]byte
@@ -257,11 +265,26 @@ func (n *Node) readRound(timeout time.Duration) (uint64, error) {
 	key := string(rctx[:])
 	ch := n.waiting.addRead(key)
 	defer n.waiting.dropRead(key)
-	if !n.call(ctx, func(rn *raft.RawNode) { rn.ReadIndex(rctx[:]) }) {
+	// Raft takes the ReadIndex only while it leads: a follower's raft
+	// would forward it to the leader and answer with that leader's index,
+	// a read that no longer confirms that this node leads. The check above
+	// may be stale by now (the node may have stepped down since, and
+	// failed the reads registered then, before this one was). Once raft
+	// took it as leader, either a quorum confirms it or the node steps
+	// down and fails it (waiting.failLostLeadership).
+	notLeader := false
+	if !n.call(ctx, func(rn *raft.RawNode) {
+		if notLeader = rn.BasicStatus().RaftState != raft.StateLeader; !notLeader {
+			rn.ReadIndex(rctx[:])
+		}
+	}) {
 		if ctx.Err() != nil {
 			return 0, fmt.Errorf("%w: read index not taken by raft within %v", ErrNotLeader, timeout)
 		}
 		return 0, ErrStopped
+	}
+	if notLeader {
+		return 0, ErrNotLeader
 	}
 	select {
 	case r := <-ch:

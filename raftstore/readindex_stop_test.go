@@ -114,3 +114,51 @@ func TestReadIndexWithinStopDuringHold(t *testing.T) {
 		t.Fatalf("%d goroutines after Stop, %d before the node started:\n%s", g, baseline, buf[:runtime.Stack(buf, true)])
 	}
 }
+
+// A round whose node stops leading between its leadership check and the
+// moment raft takes the ReadIndex fails ErrNotLeader (before, it was
+// answered nil there, on a follower). A follower's raft
+// would forward the ReadIndex to the new leader and answer it with that
+// leader's index: a linearizable read, but no longer a confirmation that
+// this node leads, which is what a keepalive's round is for (rule 1 of
+// lockservice's KeepAlive). Here the round is paused at that moment while
+// leadership moves to another node.
+func TestReadIndexRoundOnANodeThatJustStoppedLeading(t *testing.T) {
+	net := startMemCluster(t, 3)
+	lead := net.leader(t)
+	var target *Node
+	for _, n := range net.nodes {
+		if n != lead {
+			target = n
+			break
+		}
+	}
+	reached, release := make(chan struct{}), make(chan struct{})
+	var once bool
+	lead.readHooks.Store(&readHooks{leaderChecked: func() {
+		if !once {
+			once = true
+			close(reached)
+			<-release
+		}
+	}})
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	result := make(chan error, 1)
+	go func() { result <- lead.ReadIndexWithin(ctx, time.Millisecond) }()
+	select {
+	case <-reached:
+	case <-ctx.Done():
+		t.Fatal("the round never reached raft")
+	}
+	if err := lead.TransferLeadership(ctx, target.ID()); err != nil {
+		t.Fatalf("transfer leadership: %v", err)
+	}
+	testkit.Eventually(t, 10*time.Second, "the old leader follows the new one", func() bool {
+		return target.LeaderReady() && !lead.IsLeader() && lead.Leader() == target.ID()
+	})
+	close(release)
+	if err := <-result; !errors.Is(err, ErrNotLeader) {
+		t.Fatalf("read on a node that stopped leading before its round reached raft: %v, want ErrNotLeader", err)
+	}
+}
