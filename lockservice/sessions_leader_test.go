@@ -125,7 +125,7 @@ func startHoldCluster(t *testing.T) *holdCluster {
 		fz := newFreezer()
 		n, err := raftstore.NewNode(raftstore.Config{ID: uint64(i + 1), Peers: peers, Store: st,
 			Transport: holdNetSender{c.net}, Logger: testkit.QuietLogger(),
-			TickInterval: 10 * time.Millisecond, ElectionTicks: 10,
+			TickInterval: testkit.TickMS * time.Millisecond, ElectionTicks: testkit.ElectionTicks,
 			Observers: []raftstore.Observer{raftstore.ObserverFuncs{Applied: fz.applied}, s}})
 		if err != nil {
 			t.Fatalf("NewNode: %v", err)
@@ -196,13 +196,20 @@ func (c *holdCluster) freeze(t *testing.T, i int) {
 	t.Helper()
 	fz := c.freezers[i]
 	fz.armed.Store(true)
+	proposed := make(chan error, 1)
 	go func() {
 		ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 		defer cancel()
-		_, _ = c.net.nodes[i].Propose(ctx, core.Grant(freezeKey, "freezer", 60_000, 0))
+		_, err := c.net.nodes[i].Propose(ctx, core.Grant(freezeKey, "freezer", 60_000, 0))
+		proposed <- err
 	}()
 	select {
 	case <-fz.frozen:
+	case err := <-proposed:
+		// Only a leadership lost before the marker applied gets here (the
+		// loop answers the proposal after the observers): the run was not
+		// the one this test sets up.
+		t.Fatalf("node %d's marker proposal ended (%v) before it froze the loop (leader now %d)", i+1, err, c.net.nodes[i].Leader())
 	case <-time.After(10 * time.Second):
 		t.Fatalf("node %d's loop never reached the marker", i+1)
 	}
