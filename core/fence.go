@@ -155,6 +155,19 @@ func (m *Machine) CurrentFenceKey() (k FenceKey, ok bool) {
 	return FenceKey{ID: cur.id, Private: priv, Public: pub}, true
 }
 
+// CurrentFenceKeyIs reports whether pub is the public half of the current
+// fence key (false before the first SetFenceKey applied). It copies
+// nothing: a signer already prepared for pub is kept without taking the
+// key out of the state on every grant (CurrentFenceKey does).
+func (m *Machine) CurrentFenceKeyIs(pub ed25519.PublicKey) bool {
+	keys := m.ctl.fenceKeys
+	if len(keys) == 0 {
+		return false
+	}
+	cur := keys[len(keys)-1].priv
+	return ed25519.PublicKey(cur[ed25519.SeedSize:]).Equal(pub)
+}
+
 // FencePublicKeys returns the public halves of every kept fence key,
 // oldest first (the last is the current one); nil if there is none. A
 // resource should trust all of them: a fence signed just before a

@@ -28,7 +28,7 @@ func publicOf(s core.FenceSeed) ed25519.PublicKey {
 
 func TestSetFenceKey(t *testing.T) {
 	m := v3Machine(t)
-	if _, ok := m.CurrentFenceKey(); ok || m.FencePublicKeys() != nil {
+	if _, ok := m.CurrentFenceKey(); ok || m.FencePublicKeys() != nil || m.CurrentFenceKeyIs(publicOf(seed(1))) {
 		t.Fatal("a fresh machine has a fence key")
 	}
 	applied := core.Result{Kind: core.ResultControlApplied}
@@ -43,6 +43,9 @@ func TestSetFenceKey(t *testing.T) {
 		cur, ok := m.CurrentFenceKey()
 		if !ok || !cur.Public.Equal(publicOf(seed(i))) {
 			t.Fatalf("current key after SetFenceKey(%d) is not it", i)
+		}
+		if !m.CurrentFenceKeyIs(publicOf(seed(i))) || m.CurrentFenceKeyIs(publicOf(seed(i-1))) || m.CurrentFenceKeyIs(nil) {
+			t.Fatalf("CurrentFenceKeyIs after SetFenceKey(%d) does not tell the current key", i)
 		}
 		// The ID is the fence package's: SHA-256 of the public key, 8 bytes.
 		sum := sha256.Sum256(cur.Public)

@@ -90,7 +90,10 @@ const ContentionWindowDefault = 2 * time.Second
 type admission struct {
 	limit  int
 	window time.Duration // ContentionWindowDefault
-	mu     sync.Mutex    // guards the fields below
+	// leaveFn is leave as a func value, made once: a method value
+	// allocates each time it is taken, and every proposal returns it.
+	leaveFn func()
+	mu      sync.Mutex // guards the fields below
 	// last is the identity of the latest client proposal (seen: there was
 	// one); sharedUntil is until when the limit applies, the window after
 	// the latest change of identity.
@@ -125,7 +128,9 @@ type ticket struct {
 }
 
 func newAdmission(limit int, window time.Duration) *admission {
-	return &admission{limit: limit, window: window, by: make(map[string]*identityQueue)}
+	a := &admission{limit: limit, window: window, by: make(map[string]*identityQueue)}
+	a.leaveFn = a.leave
+	return a
 }
 
 // proposalClass says whose turn a proposal of ctx waits for: the client
@@ -142,21 +147,28 @@ func proposalClass(ctx context.Context) (identity string, system bool) {
 // service stops), and nothing was proposed.
 func (s *Service) admitProposal(ctx context.Context) (leave func(), err error) {
 	identity, system := proposalClass(ctx)
-	a := s.admission
-	t := a.enter(identity, system, s.cfg.Now())
-	if t != nil {
-		s.cfg.Metrics.ProposalQueue.Inc()
-		err = a.await(ctx, t)
-		s.cfg.Metrics.ProposalQueue.Dec()
-		if err != nil {
-			if s.ctx.Err() != nil {
-				return nil, fmt.Errorf("%w: %w", ErrShuttingDown, err)
-			}
-			return nil, fmt.Errorf("%w: waited for a place in raft (the node keeps %d proposals in it at once; identity %q waited its turn behind others'); nothing was proposed: %w",
-				ErrTimeout, a.limit, identity, err)
-		}
+	t := s.admission.enter(identity, system, s.cfg.Now())
+	if t == nil {
+		return s.admission.leaveFn, nil
 	}
-	return a.leave, nil
+	return s.awaitAdmission(ctx, t, identity)
+}
+
+// awaitAdmission waits for the queued ticket t of identity's proposal
+// (admitProposal's second half).
+func (s *Service) awaitAdmission(ctx context.Context, t *ticket, identity string) (leave func(), err error) {
+	a := s.admission
+	s.cfg.Metrics.ProposalQueue.Inc()
+	err = a.await(ctx, t)
+	s.cfg.Metrics.ProposalQueue.Dec()
+	if err != nil {
+		if s.ctx.Err() != nil {
+			return nil, fmt.Errorf("%w: %w", ErrShuttingDown, err)
+		}
+		return nil, fmt.Errorf("%w: waited for a place in raft (the node keeps %d proposals in it at once; identity %q waited its turn behind others'); nothing was proposed: %w",
+			ErrTimeout, a.limit, identity, err)
+	}
+	return a.leaveFn, nil
 }
 
 // enter admits a proposal at once (nil ticket) when it is the cluster's
@@ -252,11 +264,21 @@ func (a *admission) dequeue(t *ticket) {
 // identity's turn before deadline, then bound to the service's lifetime
 // only (grant says why).
 func (s *Service) proposeGrant(cmd core.Command, deadline time.Time, identity string) (raftstore.Applied, error) {
-	actx, cancel := context.WithDeadline(WithIdentity(s.ctx, identity), deadline)
-	leave, err := s.admitProposal(actx)
-	cancel()
-	if err != nil {
-		return raftstore.Applied{}, err
+	// The class admitProposal would take from WithIdentity(s.ctx,
+	// identity): a client's (the service's context never carries node
+	// authority). Only a proposal that has to queue needs the deadline's
+	// context; most enter at once, without a context, its timer or the
+	// identity value (issue 26 item 4: per-grant allocations).
+	t := s.admission.enter(identity, false, s.cfg.Now())
+	leave := s.admission.leaveFn
+	if t != nil {
+		actx, cancel := context.WithDeadline(s.ctx, deadline)
+		l, err := s.awaitAdmission(actx, t, identity)
+		cancel()
+		if err != nil {
+			return raftstore.Applied{}, err
+		}
+		leave = l
 	}
 	defer leave()
 	return s.proposeAdmitted(s.ctx, cmd)

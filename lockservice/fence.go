@@ -30,14 +30,20 @@ import (
 // Ed25519 signature, tens of µs) never holds a lock or the raft loop, so
 // grants of different requests sign in parallel.
 func (s *Service) fence(key string, token uint64) string {
-	var k core.FenceKey
-	var ok bool
-	s.node.View(func(m *core.Machine) { k, ok = m.CurrentFenceKey() })
-	if !ok {
-		return ""
-	}
 	sg := s.signer.Load()
-	if sg == nil || !sg.PublicKey().Equal(k.Public) {
+	var k core.FenceKey
+	var ok, current bool
+	s.node.View(func(m *core.Machine) {
+		// The common case, the prepared signer's key still current, copies
+		// no key out of the state (issue 26 item 4: per-grant allocations).
+		if current = sg != nil && m.CurrentFenceKeyIs(sg.PublicKey()); !current {
+			k, ok = m.CurrentFenceKey()
+		}
+	})
+	if !current {
+		if !ok {
+			return ""
+		}
 		var err error
 		if sg, err = fence.NewSigner(k.Private); err != nil {
 			// Cannot happen: core validated the key when it applied it.
