@@ -59,7 +59,11 @@ import (
 // "sessions,auto-renew"). TICKETD_SESSION_PROC_PROFILE=DIR saves a CPU
 // profile of the leader over each holding phase's first quiet and first
 // loaded window (those windows are left out of the medians: profiling
-// costs CPU).
+// costs CPU). TICKETD_SESSION_PROC_PAIRS=N (default 0) adds, while the
+// sessions are held, N pairs of loaded windows of _PAIR_WINDOW seconds
+// (default 15, at most a quarter of the TTL), one with the holder stopped
+// (SIGSTOP: no keepalives), and reports what the keepalives add to the
+// load's p99 within each pair (pairs).
 func TestSessionScaleProcesses(t *testing.T) {
 	if os.Getenv("TICKETD_SESSION_PROC") == "" {
 		t.Skip("opt-in: TICKETD_SESSION_PROC=1 runs issue 24's scale figure on three real processes (30 minutes at full size; docs/benchmarks.md)")
@@ -106,6 +110,9 @@ func TestSessionScaleProcesses(t *testing.T) {
 			m.window(kind, false, h, r == 0)
 			m.window(kind, true, h, r == 0)
 		}
+		if kind == holdSessions && cfg.pairs > 0 {
+			m.pairs(h)
+		}
 		m.stopHolder(h)
 		baseline()
 	}
@@ -119,6 +126,10 @@ type sessionProcConfig struct {
 	rounds, baseRounds int
 	kinds              []string
 	profileDir         string
+	// pairs of loaded windows of pairWindow each, with and without
+	// keepalives (pairs).
+	pairs      int
+	pairWindow time.Duration
 }
 
 func sessionProcConfigFromEnv(t *testing.T) sessionProcConfig {
@@ -142,6 +153,14 @@ func sessionProcConfigFromEnv(t *testing.T) sessionProcConfig {
 		baseRounds: num("BASE_ROUNDS", 1, 1, 20),
 		kinds:      []string{holdSessions, holdAutoRenew},
 		profileDir: os.Getenv("TICKETD_SESSION_PROC_PROFILE"),
+		pairs:      num("PAIRS", 0, 0, 100),
+		pairWindow: time.Duration(num("PAIR_WINDOW", 15, 5, 600)) * time.Second,
+	}
+	// A stopped holder sends no keepalive: its sessions must outlive the
+	// longest gap, a keepalive interval (at most a third of the TTL) plus
+	// the window.
+	if cfg.pairs > 0 && cfg.pairWindow > cfg.ttl/4 {
+		t.Fatalf("TICKETD_SESSION_PROC_PAIR_WINDOW %v: at most a quarter of the session TTL (%v), or the stopped holder's sessions could expire", cfg.pairWindow, cfg.ttl)
 	}
 	if cfg.sessions*cfg.locks > holdMaxLocks {
 		t.Fatalf("%d sessions x %d locks: more than a cluster holds (%d)", cfg.sessions, cfg.locks, holdMaxLocks)
@@ -189,12 +208,13 @@ func (w procWindow) nodeSum() float64 {
 
 // procHolder is a running `ticketd bench hold`.
 type procHolder struct {
-	kind string
-	cmd  *exec.Cmd
-	mu   sync.Mutex
-	last HoldResult // the last line printed
-	done chan struct{}
-	errw *lockedWriter // its stderr
+	kind   string
+	cmd    *exec.Cmd
+	mu     sync.Mutex
+	last   HoldResult // the last line printed
+	lastAt time.Time  // when it was read
+	done   chan struct{}
+	errw   *lockedWriter // its stderr
 }
 
 // stderr is what the holder printed on stderr so far.
@@ -448,7 +468,7 @@ func (m *procMeter) startHolder(kind string) *procHolder {
 				continue
 			}
 			h.mu.Lock()
-			h.last = r
+			h.last, h.lastAt = r, time.Now()
 			h.mu.Unlock()
 			if r.Event == "opened" {
 				opened <- r
@@ -490,6 +510,85 @@ func (m *procMeter) stopHolder(h *procHolder) {
 	t.Logf("HOLDER %s done: held %d of %d locks for %.0fs, %d lost (%d sessions), %.1f keepalives/s, released %d in %.1fs, close errors %v, holder CPU %.1fs, peak RSS %d MiB",
 		h.kind, r.LocksHeld, r.LocksOpened, r.HeldS, r.LocksLost, r.SessionsLost, r.KeepalivesPerS, r.Released, r.CloseS, r.CloseErrors, r.ClientCPUS, r.MaxRSSBytes>>20)
 	m.holders = append(m.holders, r)
+}
+
+// pairSettle is the pause after a stopped holder resumes: the keepalives
+// that fell due while it was stopped go out at once, and the next window
+// starts after them.
+const pairSettle = 5 * time.Second
+
+// pairs measures what the keepalives add to the load's acquire latency
+// with paired loaded windows, the locks held throughout: in one window of
+// each pair the holder runs, in the other it is stopped (SIGSTOP), so
+// nothing but the keepalives differs. Which comes first alternates. The
+// difference within each pair cancels the machine's drift, which moves
+// the p99 of windows minutes apart by more than the goal's 1 ms.
+func (m *procMeter) pairs(h *procHolder) {
+	t := m.t
+	pause := func(sig syscall.Signal) {
+		if err := h.cmd.Process.Signal(sig); err != nil {
+			t.Fatalf("holder: %v: %v", sig, err)
+		}
+	}
+	t.Cleanup(func() { _ = h.cmd.Process.Signal(syscall.SIGCONT) })
+	settle := func() {
+		timer := time.NewTimer(pairSettle) // a fixed gap in the schedule: nothing to poll for
+		defer timer.Stop()
+		select {
+		case <-timer.C:
+		case <-t.Context().Done():
+			t.Fatal("test context ended")
+		}
+	}
+	var d99, d50, drate []float64
+	for i := range m.cfg.pairs {
+		var with, without BenchResult
+		for _, keepalives := range []bool{i%2 == 0, i%2 != 0} {
+			if keepalives {
+				with = m.runLoad(m.cfg.pairWindow)
+				continue
+			}
+			pause(syscall.SIGSTOP)
+			without = m.runLoad(m.cfg.pairWindow)
+			pause(syscall.SIGCONT)
+			settle()
+		}
+		rate := func(r BenchResult) float64 { return float64(r.Cycles) / r.DurationS }
+		d99 = append(d99, with.Acquire.P99-without.Acquire.P99)
+		d50 = append(d50, with.Acquire.P50-without.Acquire.P50)
+		drate = append(drate, rate(with)-rate(without))
+		t.Logf("PAIR %d (%s first): p99 with keepalives %.2f ms, without %.2f ms (%+.2f); p50 %.2f / %.2f ms; acquires/s %.0f / %.0f; errors %d / %d; load average %s",
+			i+1, map[bool]string{true: "with", false: "without"}[i%2 == 0], with.Acquire.P99, without.Acquire.P99, d99[i],
+			with.Acquire.P50, without.Acquire.P50, rate(with), rate(without), with.Errors, without.Errors, loadAvg())
+	}
+	// The holder must still hold everything: a report after the resume.
+	resumed := time.Now()
+	testkit.Eventually(t, time.Minute, "a holder report after the last resume", func() bool {
+		h.mu.Lock()
+		defer h.mu.Unlock()
+		return h.last.HeldS > 0 && h.lastAt.After(resumed)
+	})
+	if r := h.latest(); r.LocksLost > 0 || r.SessionsLost > 0 {
+		t.Fatalf("the paired windows cost %d sessions and %d locks: the stopped holder's gap outlived a TTL", r.SessionsLost, r.LocksLost)
+	}
+	q := func(xs []float64) string {
+		xs = slices.Clone(xs)
+		slices.Sort(xs)
+		at := func(f float64) float64 { // linear between the nearest ranks
+			x := f * float64(len(xs)-1)
+			lo := int(x)
+			hi := min(lo+1, len(xs)-1)
+			return xs[lo] + (x-float64(lo))*(xs[hi]-xs[lo])
+		}
+		pos := 0
+		for _, x := range xs {
+			if x > 0 {
+				pos++
+			}
+		}
+		return fmt.Sprintf("median %+.2f (quartiles %+.2f to %+.2f, min %+.2f, max %+.2f; %d of %d pairs above 0)", at(0.5), at(0.25), at(0.75), xs[0], xs[len(xs)-1], pos, len(xs))
+	}
+	t.Logf("PAIRS %d pairs of %v: with keepalives minus without, p99 ms %s; p50 ms %s; acquires/s %s", m.cfg.pairs, m.cfg.pairWindow, q(d99), q(d50), q(drate))
 }
 
 // report prints every window as a table row, then the medians and spread
