@@ -128,16 +128,17 @@ func (s *Service) runParkSweep(interest ReplyInterest, every time.Duration) {
 }
 
 // admit takes req's place in its identity's share and in the node's
-// budget, or answers it with the refusal. leave gives both back; it is
-// safe to call more than once (an acquire leaves when it parks, and again
-// when it ends).
-func (s *Service) admit(req *request) (leave func(), ok bool) {
-	identityDone := func() {}
+// budget, or answers it with the refusal. req.leaveAdmission gives both
+// back; it is safe to call more than once (an acquire leaves when it
+// parks, and again when it ends). The places are kept on req rather than
+// in a closure and a sync.Once (issue 26 item 4: per-request allocations).
+func (s *Service) admit(req *request) (ok bool) {
+	var identityDone func()
 	if !req.nodeAuthority {
 		done, err := s.cfg.Locks.BeginRequest(req.identity)
 		if err != nil {
 			_ = req.fail(toProtocolError(err))
-			return nil, false
+			return false
 		}
 		identityDone = done
 	}
@@ -148,15 +149,24 @@ func (s *Service) admit(req *request) (leave func(), ok bool) {
 	select {
 	case sem <- struct{}{}:
 	default:
-		identityDone()
-		_ = req.fail(protocol.Errorf(protocol.CodeUnavailable, "node overloaded: %d %s requests in flight", cap(sem), req.op))
-		return nil, false
-	}
-	var once sync.Once
-	return func() {
-		once.Do(func() {
-			<-sem
+		if identityDone != nil {
 			identityDone()
-		})
-	}, true
+		}
+		_ = req.fail(protocol.Errorf(protocol.CodeUnavailable, "node overloaded: %d %s requests in flight", cap(sem), req.op))
+		return false
+	}
+	req.admitSem, req.identityDone = sem, identityDone
+	return true
+}
+
+// leaveAdmission gives back the places admit took for req, once however
+// often it is called; nothing when admit did not admit req.
+func (req *request) leaveAdmission() {
+	if req.admitSem == nil || req.left.Swap(true) {
+		return
+	}
+	<-req.admitSem
+	if req.identityDone != nil {
+		req.identityDone()
+	}
 }

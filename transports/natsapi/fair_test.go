@@ -50,33 +50,32 @@ func TestAdmitShares(t *testing.T) {
 	req := func(op, identity string) *request {
 		return &request{op: op, identity: identity, fail: func(e *protocol.Error) error { refused = e; return nil }}
 	}
-	leave, ok := s.admit(req("acquire", "A"))
-	if !ok {
+	first := req("acquire", "A")
+	if ok := s.admit(first); !ok {
 		t.Fatalf("first request refused: %v", refused)
 	}
-	if _, ok := s.admit(req("get", "A")); ok || refused.Code != protocol.CodeResourceExhausted {
+	if ok := s.admit(req("get", "A")); ok || refused.Code != protocol.CodeResourceExhausted {
 		t.Fatalf("A's second request: admitted %v, %v; want resource_exhausted", ok, refused)
 	}
-	if _, ok := s.admit(req("release", "A")); ok || refused.Code != protocol.CodeResourceExhausted {
+	if ok := s.admit(req("release", "A")); ok || refused.Code != protocol.CodeResourceExhausted {
 		t.Fatalf("A's release over its share: admitted %v, %v; want resource_exhausted", ok, refused)
 	}
 	lost := req("release", "A")
 	lost.nodeAuthority = true
-	releaseLeave, ok := s.admit(lost)
-	if !ok {
+	if ok := s.admit(lost); !ok {
 		t.Fatalf("the cluster's own release for A refused: %v", refused)
 	}
-	bLeave, ok := s.admit(req("acquire", "B"))
-	if !ok {
+	b := req("acquire", "B")
+	if ok := s.admit(b); !ok {
 		t.Fatalf("B refused for A's request: %v", refused)
 	}
-	if _, ok := s.admit(req("acquire", "C")); ok || refused.Code != protocol.CodeUnavailable {
+	if ok := s.admit(req("acquire", "C")); ok || refused.Code != protocol.CodeUnavailable {
 		t.Fatalf("beyond the node's acquire budget: admitted %v, %v; want unavailable", ok, refused)
 	}
-	leave()
-	leave()
-	bLeave()
-	releaseLeave()
+	first.leaveAdmission()
+	first.leaveAdmission()
+	b.leaveAdmission()
+	lost.leaveAdmission()
 	if len(s.acqSem) != 0 || len(s.sem) != 0 {
 		t.Fatalf("places left taken: %d acquires, %d others", len(s.acqSem), len(s.sem))
 	}

@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/nats-io/nats.go"
@@ -130,9 +131,13 @@ type request struct {
 	// is in the origin sample (origins.go) already.
 	hops  int
 	noted bool
-	// leave gives back the request's place in its identity's share and
-	// in the node's budget (fair.go admit); nil when it has none.
-	leave func()
+	// admitSem is the budget admit took a place in (nil: admit did not
+	// admit it), identityDone ends its place in its identity's share (nil
+	// for the cluster's own); left is set when leaveAdmission gave both
+	// back (fair.go).
+	admitSem     chan struct{}
+	identityDone func()
+	left         atomic.Bool
 	// received is when the request arrived on the real clock, for context
 	// deadlines; receivedLease is the same moment on the lock service's lease
 	// clock (Config.Now), which may be skewed or jumped in tests.
@@ -393,15 +398,13 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 		_ = req.ok(nil)
 		return
 	}
-	leave, ok := s.admit(req)
-	if !ok {
+	if !s.admit(req) {
 		return
 	}
-	req.leave = leave
 	s.mu.Lock()
 	if s.refusing {
 		s.mu.Unlock()
-		leave()
+		req.leaveAdmission()
 		_ = req.fail(protocol.Errorf(protocol.CodeShuttingDown, "node %d is shutting down", s.cfg.Locks.ID()))
 		return
 	}
@@ -411,7 +414,7 @@ func (s *Service) dispatch(req *request, forwarded bool) {
 	s.workers.spawn(func() {
 		defer s.wg.Done()
 		defer s.requests.Done()
-		defer leave()
+		defer req.leaveAdmission()
 		s.handle(req, forwarded)
 	})
 }
@@ -503,9 +506,7 @@ func (s *Service) acquire(req *request) {
 		Session: ar.SessionID(), LockDelay: time.Duration(ar.LockDelayMS) * time.Millisecond, Limit: limit, Mode: mode,
 		// Called on this goroutine, inside Acquire.
 		Parked: func() {
-			if req.leave != nil {
-				req.leave()
-			}
+			req.leaveAdmission()
 			unpark = s.parked.add(req.reply, cancel)
 		},
 	})
