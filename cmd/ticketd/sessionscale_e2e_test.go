@@ -557,9 +557,9 @@ func (m *procMeter) pairs(h *procHolder) {
 		d99 = append(d99, with.Acquire.P99-without.Acquire.P99)
 		d50 = append(d50, with.Acquire.P50-without.Acquire.P50)
 		drate = append(drate, rate(with)-rate(without))
-		t.Logf("PAIR %d (%s first): p99 with keepalives %.2f ms, without %.2f ms (%+.2f); p50 %.2f / %.2f ms; acquires/s %.0f / %.0f; errors %d / %d; load average %s",
+		t.Logf("PAIR %d (%s first): p99 with keepalives %.2f ms, without %.2f ms (%+.2f); p50 %.2f / %.2f ms; acquires/s %.0f / %.0f; errors %d %v / %d %v; load average %s",
 			i+1, map[bool]string{true: "with", false: "without"}[i%2 == 0], with.Acquire.P99, without.Acquire.P99, d99[i],
-			with.Acquire.P50, without.Acquire.P50, rate(with), rate(without), with.Errors, without.Errors, loadAvg())
+			with.Acquire.P50, without.Acquire.P50, rate(with), rate(without), with.Errors, with.ErrorCodes, without.Errors, without.ErrorCodes, loadAvg())
 	}
 	// The holder must still hold everything: a report after the resume.
 	resumed := time.Now()
