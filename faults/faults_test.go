@@ -237,14 +237,7 @@ func TestProcessFaults(t *testing.T) {
 		t.Skip("process-level fault run skipped in -short mode")
 	}
 	cfg := testConfig(t, modeProcess)
-	bin, err := buildBinary(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := startProcesses(t, bin, cfg.OutDir, cfg.Nodes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustStartProcesses(t, cfg.OutDir, cfg.Nodes)
 	h := NewHistory()
 	rep := run(cfg, c, h)
 	c.close()

@@ -59,6 +59,21 @@ type proc struct {
 	paused bool // guarded by procCluster.mu
 }
 
+// mustStartProcesses builds ticketd and starts an n-node cluster of it
+// with its data under dir, failing t if either fails; the caller closes it.
+func mustStartProcesses(t testing.TB, dir string, n int) *procCluster {
+	t.Helper()
+	bin, err := buildBinary(t.TempDir())
+	if err != nil {
+		t.Fatal(err)
+	}
+	c, err := startProcesses(t, bin, dir, n)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
 func startProcesses(t testing.TB, bin, dir string, n int) (_ *procCluster, err error) {
 	const tickMS, electionTicks = 50, 10
 	peers := testkit.FreeAddrs(t, n)

@@ -22,14 +22,7 @@ import (
 // few seconds. The test asks a node that is neither the paused leader nor
 // the new one, with raw NATS requests, until 20 in a row are answered.
 func TestPausedLeaderLeavesTheQueueGroup(t *testing.T) {
-	bin, err := buildBinary(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := startProcesses(t, bin, t.TempDir(), 3)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustStartProcesses(t, t.TempDir(), 3)
 	t.Cleanup(c.close)
 	if !waitLeader(c, 30*time.Second) {
 		t.Fatal("no leader")

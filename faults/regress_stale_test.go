@@ -51,14 +51,7 @@ func TestStaleAttemptIsNotGrantedLater(t *testing.T) {
 	if os.Getenv(envLong) == "1" {
 		rounds = 8
 	}
-	bin, err := buildBinary(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := startProcesses(t, bin, t.TempDir(), 3)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustStartProcesses(t, t.TempDir(), 3)
 	t.Cleanup(c.close)
 	// An attempt whose settle got no answer in time is indeterminate, as
 	// the SDK promises, and shows nothing: it is made again, on a new key,

@@ -22,14 +22,7 @@ func TestProcessSessions(t *testing.T) {
 	cfg.Rounds, cfg.RoundDuration, cfg.Clients = 1, 14*time.Second, 4
 	cfg.Kinds, cfg.MaxFaultsPerRound = []string{FaultCrashLeader}, 3
 	cfg.Sessions = true
-	bin, err := buildBinary(t.TempDir())
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, err := startProcesses(t, bin, cfg.OutDir, cfg.Nodes)
-	if err != nil {
-		t.Fatal(err)
-	}
+	c := mustStartProcesses(t, cfg.OutDir, cfg.Nodes)
 	h := NewHistory()
 	rep := run(cfg, c, h)
 	c.close()
