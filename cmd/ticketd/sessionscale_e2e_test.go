@@ -357,13 +357,7 @@ func (m *procMeter) window(phase string, loaded bool, h *procHolder, profile ...
 		w.load = m.runLoad(m.cfg.window)
 		w.loadCPU = w.load.ClientCPUS / w.load.DurationS
 	} else {
-		timer := time.NewTimer(m.cfg.window) // the window itself: nothing to poll for
-		select {
-		case <-timer.C:
-		case <-t.Context().Done():
-			timer.Stop()
-			t.Fatal("test context ended")
-		}
+		m.wait(m.cfg.window) // the window itself: nothing to poll for
 	}
 	s1 := m.state(h)
 	if profDone != nil {
@@ -512,6 +506,18 @@ func (m *procMeter) stopHolder(h *procHolder) {
 	m.holders = append(m.holders, r)
 }
 
+// wait lets d pass, a span of the schedule (not a condition to poll for),
+// unless the test ends first.
+func (m *procMeter) wait(d time.Duration) {
+	timer := time.NewTimer(d)
+	defer timer.Stop()
+	select {
+	case <-timer.C:
+	case <-m.t.Context().Done():
+		m.t.Fatal("test context ended")
+	}
+}
+
 // pairSettle is the pause after a stopped holder resumes: the keepalives
 // that fell due while it was stopped go out at once, and the next window
 // starts after them.
@@ -531,15 +537,6 @@ func (m *procMeter) pairs(h *procHolder) {
 		}
 	}
 	t.Cleanup(func() { _ = h.cmd.Process.Signal(syscall.SIGCONT) })
-	settle := func() {
-		timer := time.NewTimer(pairSettle) // a fixed gap in the schedule: nothing to poll for
-		defer timer.Stop()
-		select {
-		case <-timer.C:
-		case <-t.Context().Done():
-			t.Fatal("test context ended")
-		}
-	}
 	var d99, d50, drate []float64
 	for i := range m.cfg.pairs {
 		var with, without BenchResult
@@ -551,7 +548,7 @@ func (m *procMeter) pairs(h *procHolder) {
 			pause(syscall.SIGSTOP)
 			without = m.runLoad(m.cfg.pairWindow)
 			pause(syscall.SIGCONT)
-			settle()
+			m.wait(pairSettle) // a fixed gap in the schedule: nothing to poll for
 		}
 		rate := func(r BenchResult) float64 { return float64(r.Cycles) / r.DurationS }
 		d99 = append(d99, with.Acquire.P99-without.Acquire.P99)
