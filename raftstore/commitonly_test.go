@@ -49,13 +49,23 @@ func (s memNetSender) Send(msgs []raftpb.Message) {
 
 func startMemCluster(t *testing.T, size int) *memNet {
 	t.Helper()
+	stores := make([]*Store, size)
+	for i := range stores {
+		stores[i] = openTestStore(t, t.TempDir())
+	}
+	return startMemClusterOn(t, stores)
+}
+
+// startMemClusterOn starts one node on each store, with ids 1, 2, ...
+func startMemClusterOn(t *testing.T, stores []*Store) *memNet {
+	t.Helper()
 	net := &memNet{stop: make(chan struct{})}
-	peers := make([]uint64, size)
+	peers := make([]uint64, len(stores))
 	for i := range peers {
 		peers[i] = uint64(i + 1)
 	}
-	for i := range size {
-		n, err := NewNode(Config{ID: uint64(i + 1), Peers: peers, Store: openTestStore(t, t.TempDir()),
+	for i, st := range stores {
+		n, err := NewNode(Config{ID: uint64(i + 1), Peers: peers, Store: st,
 			Transport: memNetSender{net}, Logger: testkit.QuietLogger(), TickInterval: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatalf("NewNode: %v", err)

@@ -121,9 +121,10 @@ type Node struct {
 	// lastStatus is raft's status as the loop last saw it (Status).
 	lastStatus atomic.Pointer[raft.Status]
 
-	// machineMu guards machine. The Ready loop holds it for writing from
-	// apply until the batch is durable, so View never shows state that a
-	// crash could still lose.
+	// machineMu guards machine. The Ready loop holds it for writing while
+	// it applies and, unless the applied entries were already durable in
+	// the log, until the batch is durable, so View never shows state that a
+	// crash could lose (applyAndPersist).
 	machineMu sync.RWMutex
 	machine   *core.Machine
 
@@ -135,7 +136,7 @@ type Node struct {
 	ready     atomic.Bool // leader of the current term and caught up
 	confState atomic.Pointer[raftpb.ConfState]
 	// summary is published by the Ready loop after each durable apply, so
-	// status readers never take machineMu (which the loop holds across
+	// status readers never take machineMu (which the loop may hold across
 	// fsyncs) and never walk the table.
 	summary atomic.Pointer[Summary]
 
@@ -417,7 +418,8 @@ func (n *Node) Summary() Summary { return *n.summary.Load() }
 func (n *Node) ClusterVersion() uint64 { return n.summary.Load().ClusterVersion }
 
 // publishSummary publishes the summary of the machine at applied. The
-// caller holds machineMu (or owns the machine exclusively).
+// caller is the Ready loop (the machine's only writer), holds machineMu,
+// or owns the machine exclusively.
 func (n *Node) publishSummary(applied uint64) {
 	m := n.machine
 	n.summary.Store(&Summary{Applied: applied, Locks: m.Len(), LastToken: m.LastToken(),

@@ -114,13 +114,48 @@ func (n *Node) handleReady(rd raft.Ready) error {
 	return n.maybeSnapshot(ra.applied, ra.confState, len(ra.confChanges) > 0)
 }
 
-// applyAndPersist applies rd and persists it under machineMu, held from
-// apply until the batch is durable, so View never shows state that a
-// crash could still lose (and released even if the write panics with a
-// storage failure).
+// applyAndPersist applies rd and persists it. machineMu is held for
+// writing while the machine changes and, unless rd applies only entries
+// that were durable in this node's log before rd, until the batch is
+// durable, so View never shows state that a crash could lose (and it is
+// released even if the write panics with a storage failure).
+//
+// Releasing it before the write when every committed entry of rd was
+// already durable here (committedWereDurable) keeps that promise: such an
+// entry is committed, so a majority holds it durably and every later leader
+// has it (etcd-raft counts even the leader's own copy only after the Ready
+// that wrote it was persisted: its self-acknowledgement is stepped at
+// Advance), and it is in this node's durable log. If this node crashes
+// before rd's batch is durable, it loses only rd's state rows, HardState
+// and applied index, which are one batch; it restarts at the older applied
+// index and raft hands it the same committed entries again, which the
+// deterministic machine turns into the same state. So a reader that saw
+// the state after them saw a state this node reaches again and the
+// cluster never loses. Only the state becomes visible early: the applied
+// index, the proposals' results and the applied-index waiters still move
+// after the write (notify), so no reply goes out before its entry's state
+// is durable here. A snapshot, or an entry that arrives and commits in the
+// same Ready (a follower's append that carries its commit), keeps the lock
+// across the write. The loop remains the machine's only writer, so it may
+// read the machine after the release (persist's summary, the state change
+// built under the lock) while readers hold the read lock.
+//
+// Why: with the lock held across every fsync, a request's View (the fence
+// key of a grant, the releaser check of a release, a request id lookup)
+// waited out the fsync of entries that arrived meanwhile, and its
+// proposal then missed that Ready's batch (issue 26 item 4).
 func (n *Node) applyAndPersist(rd raft.Ready) (*readyApply, error) {
+	lastDurable, err := n.cfg.Store.LastIndex()
+	if err != nil {
+		return nil, fmt.Errorf("persist ready: %w", err)
+	}
 	n.machineMu.Lock()
-	defer n.machineMu.Unlock()
+	locked := true
+	defer func() {
+		if locked {
+			n.machineMu.Unlock()
+		}
+	}()
 	var rows *SnapshotRows
 	if !raft.IsEmptySnap(rd.Snapshot) {
 		// The store's lock rows are staged from the snapshot's bytes on
@@ -130,10 +165,29 @@ func (n *Node) applyAndPersist(rd raft.Ready) (*readyApply, error) {
 		defer rows.Discard()
 	}
 	ra, err := n.applyCommitted(rd)
-	if err == nil {
-		err = n.persist(rd, ra, rows)
+	if err != nil {
+		return nil, err
 	}
-	return ra, err
+	if committedWereDurable(rd, lastDurable) {
+		locked = false
+		n.machineMu.Unlock()
+	}
+	return ra, n.persist(rd, ra, rows)
+}
+
+// committedWereDurable says whether every entry rd commits was in the
+// durable log (up to lastDurable) before rd and is not rewritten by rd,
+// and rd restores no snapshot: then rd's new state can be shown before
+// rd's batch is durable (applyAndPersist).
+func committedWereDurable(rd raft.Ready, lastDurable uint64) bool {
+	if !raft.IsEmptySnap(rd.Snapshot) {
+		return false
+	}
+	if len(rd.CommittedEntries) == 0 {
+		return true
+	}
+	last := rd.CommittedEntries[len(rd.CommittedEntries)-1].Index
+	return last <= lastDurable && (len(rd.Entries) == 0 || last < rd.Entries[0].Index)
 }
 
 // trackSoftState records the leader, role and term rd reports, and says
@@ -273,8 +327,9 @@ func (n *Node) stateChange(ra *readyApply) *StateChange {
 
 // persist writes rd's entries, HardState and snapshot and the state change
 // with its applied index in one Pebble batch, so a crash keeps an applied
-// entry together with its effect or loses both. The caller holds
-// machineMu for writing.
+// entry together with its effect or loses both. The caller is the Ready
+// loop (the machine's only writer); it may have released machineMu
+// (applyAndPersist).
 func (n *Node) persist(rd raft.Ready, ra *readyApply, rows *SnapshotRows) error {
 	// Only new entries, a term/vote change (rd.MustSync) or a snapshot must
 	// be on disk before messages go out; the state change of entries

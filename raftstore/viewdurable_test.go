@@ -1,0 +1,259 @@
+package raftstore
+
+import (
+	"context"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
+	"go.etcd.io/raft/v3"
+	"go.etcd.io/raft/v3/raftpb"
+
+	"github.com/ticketd/ticketd/core"
+	"github.com/ticketd/ticketd/internal/testkit"
+)
+
+// walSyncGate is a Pebble errorfs injector that, once shut, holds every
+// fsync of the store's WAL until the test lets it through, so a test can
+// look at a node whose Ready is stuck in its persist.
+type walSyncGate struct {
+	mu     sync.Mutex
+	shut   bool
+	held   chan struct{} // one value for each fsync that starts waiting
+	pass   chan struct{} // one value lets one waiting fsync through
+	opened chan struct{} // closed: every fsync goes through
+	once   sync.Once
+}
+
+func newWALSyncGate() *walSyncGate {
+	return &walSyncGate{held: make(chan struct{}, 64), pass: make(chan struct{}), opened: make(chan struct{})}
+}
+
+func (g *walSyncGate) String() string { return "walSyncGate" }
+
+func (g *walSyncGate) MaybeError(op errorfs.Op) error {
+	switch op.Kind {
+	case errorfs.OpFileSync, errorfs.OpFileSyncData, errorfs.OpFileSyncTo:
+	default:
+		return nil
+	}
+	g.mu.Lock()
+	shut := g.shut
+	g.mu.Unlock()
+	if !shut || !strings.HasSuffix(op.Path, ".log") {
+		return nil
+	}
+	g.held <- struct{}{}
+	select {
+	case <-g.pass:
+	case <-g.opened:
+	}
+	return nil
+}
+
+func (g *walSyncGate) close() {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	g.shut = true
+}
+
+// open lets every fsync through, now and later.
+func (g *walSyncGate) open() { g.once.Do(func() { close(g.opened) }) }
+
+// passOne lets one waiting fsync through.
+func (g *walSyncGate) passOne(t *testing.T) {
+	t.Helper()
+	select {
+	case g.pass <- struct{}{}:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no fsync waiting at the gate")
+	}
+}
+
+// waitHeld waits until an fsync is waiting at the gate.
+func (g *walSyncGate) waitHeld(t *testing.T) {
+	t.Helper()
+	select {
+	case <-g.held:
+	case <-time.After(10 * time.Second):
+		t.Fatal("no fsync reached the gate")
+	}
+}
+
+// openGatedStore opens a store that fsyncs (unlike openTestStore) through g.
+func openGatedStore(t *testing.T, g *walSyncGate) *Store {
+	t.Helper()
+	st, err := Open(t.TempDir(), StoreOptions{Logger: testkit.QuietLogger(), Disk: DiskOptions{BallastBytes: -1},
+		FS: errorfs.Wrap(vfs.Default, g)})
+	if err != nil {
+		t.Fatalf("Open: %v", err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	return st
+}
+
+// viewWithin runs View on n and returns whether it had the key key, or
+// ok=false when View did not return within d.
+func viewWithin(n *Node, key string, d time.Duration) (held, ok bool, later <-chan bool) {
+	c := make(chan bool, 1)
+	go n.View(func(m *core.Machine) {
+		_, h := m.Get(key)
+		c <- h
+	})
+	select {
+	case h := <-c:
+		return h, true, nil
+	case <-time.After(d):
+		return false, false, c
+	}
+}
+
+type proposed struct {
+	a   Applied
+	err error
+}
+
+func proposeAsync(ctx context.Context, n *Node, key string) <-chan proposed {
+	c := make(chan proposed, 1)
+	go func() {
+		a, err := n.Propose(ctx, core.Grant(key, "", 60000, 0))
+		c <- proposed{a, err}
+	}()
+	return c
+}
+
+// TestViewDoesNotWaitForTheFsyncOfLaterEntries: a Ready that applies
+// entries already durable in the log and writes new ones shows the
+// applied state to View while its fsync is in progress (readers on the
+// request path, such as a grant's fence key lookup, no longer wait out an
+// fsync of other requests' entries), and still answers the proposal only
+// after that fsync.
+func TestViewDoesNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
+	g := newWALSyncGate()
+	n := startSingle(t, openGatedStore(t, g), Config{})
+	t.Cleanup(g.open) // before the node stops (cleanups run last first)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	if _, err := n.Propose(ctx, core.Grant("a", "", 60000, 0)); err != nil {
+		t.Fatalf("propose a: %v", err)
+	}
+
+	g.close()
+	b := proposeAsync(ctx, n, "b")
+	g.waitHeld(t) // the Ready that writes b's entry
+	c := proposeAsync(ctx, n, "c")
+	testkit.Eventually(t, 5*time.Second, "c queued behind the stuck Ready", func() bool { return len(n.propc) > 0 })
+	g.passOne(t)
+	g.waitHeld(t) // the Ready that applies b (durable) and writes c's entry
+
+	held, ok, _ := viewWithin(n, "b", 5*time.Second)
+	if !ok {
+		t.Fatal("View waited for the fsync of a later entry although everything it shows was durable")
+	}
+	if !held {
+		t.Fatal("View does not show b, whose entry applied")
+	}
+	select {
+	case r := <-b:
+		t.Fatalf("b answered (%+v) before the Ready that applied it was durable", r)
+	default:
+	}
+	g.open()
+	for key, ch := range map[string]<-chan proposed{"b": b, "c": c} {
+		if r := <-ch; r.err != nil || r.a.Result.Kind != core.ResultGranted {
+			t.Fatalf("%s: %+v", key, r)
+		}
+	}
+}
+
+// TestViewWaitsWhenEntriesCommitInTheirOwnReady: a follower that receives
+// an entry together with a commit index covering it applies the entry in
+// the Ready that also writes it; View must not show that state until the
+// write is durable (a crash before it would lose the entry from this
+// node's log, and the state with it).
+func TestViewWaitsWhenEntriesCommitInTheirOwnReady(t *testing.T) {
+	gates := make([]*walSyncGate, 3)
+	stores := make([]*Store, 3)
+	for i := range gates {
+		gates[i] = newWALSyncGate()
+		stores[i] = openGatedStore(t, gates[i])
+	}
+	net := startMemClusterOn(t, stores)
+	for _, g := range gates {
+		t.Cleanup(g.open)
+	}
+	lead := net.leader(t)
+	net.allApplied(t, lead.AppliedIndex(), 5*time.Second)
+	var victim uint64 = 1
+	if lead.ID() == 1 {
+		victim = 2
+	}
+	f, g := net.nodes[victim-1], gates[victim-1]
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+
+	// x commits on the leader and the other follower; the victim's
+	// append is lost.
+	net.dropAppendTo.Store(victim)
+	x, err := lead.Propose(ctx, core.Grant("x", "", 60000, 0))
+	if err != nil {
+		t.Fatalf("propose x: %v", err)
+	}
+	g.close()
+	net.dropAppendTo.Store(0)
+	// The leader resends x on a heartbeat's answer, with its commit
+	// index: the victim's Ready writes x and applies it.
+	g.waitHeld(t)
+	if last, err := f.cfg.Store.LastIndex(); err != nil || last >= x.Index {
+		t.Fatalf("victim's durable last index %d (err %v), want below x's %d", last, err, x.Index)
+	}
+	if _, ok, later := viewWithin(f, "x", 300*time.Millisecond); ok {
+		t.Fatal("View returned while the Ready that applied x (not durable before it) was in its fsync")
+	} else {
+		g.open()
+		select {
+		case held := <-later:
+			if !held {
+				t.Fatal("View after the write does not show x")
+			}
+		case <-time.After(10 * time.Second):
+			t.Fatal("View still waiting after the fsync completed")
+		}
+	}
+	if f.AppliedIndex() < x.Index {
+		t.Fatalf("victim applied %d after the write, want at least %d", f.AppliedIndex(), x.Index)
+	}
+}
+
+func TestCommittedWereDurable(t *testing.T) {
+	ents := func(idx ...uint64) []raftpb.Entry {
+		var es []raftpb.Entry
+		for _, i := range idx {
+			es = append(es, raftpb.Entry{Index: i, Term: 1})
+		}
+		return es
+	}
+	snap := raftpb.Snapshot{Metadata: raftpb.SnapshotMetadata{Index: 5, Term: 1}}
+	for _, tc := range []struct {
+		name        string
+		rd          raft.Ready
+		lastDurable uint64
+		want        bool
+	}{
+		{"nothing committed", raft.Ready{Entries: ents(7, 8)}, 6, true},
+		{"committed durable, nothing new", raft.Ready{CommittedEntries: ents(5, 6)}, 6, true},
+		{"committed durable, new entries after", raft.Ready{CommittedEntries: ents(5, 6), Entries: ents(7)}, 6, true},
+		{"committed beyond the durable log", raft.Ready{CommittedEntries: ents(6, 7), Entries: ents(7)}, 6, false},
+		{"committed and written in one Ready", raft.Ready{CommittedEntries: ents(7), Entries: ents(7, 8)}, 6, false},
+		{"committed entry rewritten", raft.Ready{CommittedEntries: ents(6), Entries: ents(6, 7)}, 8, false},
+		{"a snapshot", raft.Ready{Snapshot: snap}, 6, false},
+		{"a snapshot and entries", raft.Ready{Snapshot: snap, CommittedEntries: ents(6)}, 6, false},
+	} {
+		if got := committedWereDurable(tc.rd, tc.lastDurable); got != tc.want {
+			t.Errorf("%s: committedWereDurable = %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
