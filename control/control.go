@@ -53,9 +53,9 @@ type Node interface {
 	// ReadIndex returns once the applied state holds every write committed
 	// before the call (on the leader).
 	ReadIndex(ctx context.Context) error
-	// AppliedIndex is the index the machine View shows is applied at;
-	// read inside View, the two agree.
-	AppliedIndex() uint64
+	// ViewIndexed is View with the log index of the state f reads (the
+	// node's applied index may still be below it: raftstore.Node.ViewIndexed).
+	ViewIndexed(f func(m *core.Machine, index uint64))
 	// Term is the current raft term.
 	Term() uint64
 }

@@ -144,6 +144,10 @@ func (p *fakePeers) get(id uint64) (string, bool) {
 
 func (n *fakeNode) ReadIndex(ctx context.Context) error { return ctx.Err() }
 
-func (n *fakeNode) AppliedIndex() uint64 { return n.index }
+func (n *fakeNode) ViewIndexed(f func(m *core.Machine, index uint64)) {
+	n.mu.Lock()
+	defer n.mu.Unlock()
+	f(n.m, n.index)
+}
 
 func (n *fakeNode) Term() uint64 { return 1 }

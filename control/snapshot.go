@@ -45,9 +45,9 @@ func (p *Plane) snapshot(w http.ResponseWriter, r *http.Request) {
 	}
 	info := BackupInfo{NodeID: p.cfg.ID, Term: p.cfg.Node.Term(), TakenAt: time.Now().UTC()}
 	var data []byte
-	p.cfg.Node.View(func(m *core.Machine) {
+	p.cfg.Node.ViewIndexed(func(m *core.Machine, index uint64) {
 		data = m.Snapshot()
-		info.AppliedIndex = p.cfg.Node.AppliedIndex()
+		info.AppliedIndex = index
 		info.LastToken = m.LastToken()
 		info.Locks = m.Len()
 		info.ClusterVersion = m.ClusterVersion()

@@ -127,6 +127,10 @@ type Node struct {
 	// crash could lose (applyAndPersist).
 	machineMu sync.RWMutex
 	machine   *core.Machine
+	// machineIndex is the index of the state machine holds, guarded by
+	// machineMu: applied, or above it while the loop persists a Ready that
+	// released machineMu before its write (ViewIndexed).
+	machineIndex uint64
 
 	// Written by the Ready loop, read by any goroutine.
 	applied   atomic.Uint64 // applied and durable index
@@ -223,6 +227,7 @@ func NewNode(cfg Config) (*Node, error) {
 	}
 	n.reads.init()
 	n.applied.Store(applied)
+	n.machineIndex = applied
 	n.confState.Store(&cs)
 	n.publishSummary(applied)
 	// The index only: reading the snapshot itself (its data file, tens of
@@ -372,7 +377,9 @@ func (n *Node) IsLeader() bool { return n.isLeader.Load() }
 // entry of earlier terms.
 func (n *Node) LeaderReady() bool { return n.ready.Load() }
 
-// AppliedIndex is the highest applied (and durable) index.
+// AppliedIndex is the highest applied (and durable) index. View may show
+// a later state: read inside View, AppliedIndex may be below the state's
+// index (ViewIndexed gives that one).
 func (n *Node) AppliedIndex() uint64 { return n.applied.Load() }
 
 // Term is the current raft term as last seen by the loop.
@@ -432,6 +439,18 @@ func (n *Node) View(f func(m *core.Machine)) {
 	n.machineMu.RLock()
 	defer n.machineMu.RUnlock()
 	f(n.machine)
+}
+
+// ViewIndexed is View with the log index of the state f reads. That index
+// may be above AppliedIndex (read anywhere, inside View too): the loop
+// shows the state of entries that were durable in its log before it writes
+// their Ready's batch, and moves the applied index after that write
+// (applyAndPersist). A reader that reports "the state at index N" (a
+// backup) takes N from here.
+func (n *Node) ViewIndexed(f func(m *core.Machine, index uint64)) {
+	n.machineMu.RLock()
+	defer n.machineMu.RUnlock()
+	f(n.machine, n.machineIndex)
 }
 
 // Step delivers a message from a peer: it queues it for the loop, waiting

@@ -131,10 +131,12 @@ func (n *Node) handleReady(rd raft.Ready) error {
 // index and raft hands it the same committed entries again, which the
 // deterministic machine turns into the same state. So a reader that saw
 // the state after them saw a state this node reaches again and the
-// cluster never loses. Only the state becomes visible early: the applied
-// index, the proposals' results and the applied-index waiters still move
-// after the write (notify), so no reply goes out before its entry's state
-// is durable here. A snapshot, or an entry that arrives and commits in the
+// cluster never loses. Only the state becomes visible early (with its
+// index, to ViewIndexed): the applied index, the summary, the store's rows,
+// the proposals' results and the applied-index waiters still move after
+// the write (persist, notify), so no reply goes out before its entry's
+// state is durable here, and a reader must not pair View's state with
+// AppliedIndex. A snapshot, or an entry that arrives and commits in the
 // same Ready (a follower's append that carries its commit), keeps the lock
 // across the write. The loop remains the machine's only writer, so it may
 // read the machine after the release (persist's summary, the state change
@@ -168,6 +170,7 @@ func (n *Node) applyAndPersist(rd raft.Ready) (*readyApply, error) {
 	if err != nil {
 		return nil, err
 	}
+	n.machineIndex = ra.applied
 	if committedWereDurable(rd, lastDurable) {
 		locked = false
 		n.machineMu.Unlock()

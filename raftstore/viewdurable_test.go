@@ -125,6 +125,50 @@ func proposeAsync(ctx context.Context, n *Node, key string) <-chan proposed {
 	return c
 }
 
+// stallReadyApplyingB proposes a, then b and c so that the Ready that
+// applies b (durable in the log by then) and writes c's entry is held in
+// its fsync by g, and returns the proposals of b and c, not answered yet.
+func stallReadyApplyingB(ctx context.Context, t *testing.T, n *Node, g *walSyncGate) (b, c <-chan proposed) {
+	t.Helper()
+	if _, err := n.Propose(ctx, core.Grant("a", "", 60000, 0)); err != nil {
+		t.Fatalf("propose a: %v", err)
+	}
+	g.close()
+	b = proposeAsync(ctx, n, "b")
+	g.waitHeld(t) // the Ready that writes b's entry
+	c = proposeAsync(ctx, n, "c")
+	testkit.Eventually(t, 5*time.Second, "c queued behind the stuck Ready", func() bool { return len(n.propc) > 0 })
+	g.passOne(t)
+	g.waitHeld(t) // the Ready that applies b (durable) and writes c's entry
+	return b, c
+}
+
+// shownState is what a ViewIndexed read: the state's index, the applied
+// index read inside it, the digest, and whether b is held.
+type shownState struct {
+	index, applied uint64
+	digest         [32]byte
+	hasB           bool
+}
+
+// viewIndexedWithin reads shownState from n, failing t if ViewIndexed does
+// not return within 5 s.
+func viewIndexedWithin(t *testing.T, n *Node) shownState {
+	t.Helper()
+	c := make(chan shownState, 1)
+	go n.ViewIndexed(func(m *core.Machine, index uint64) {
+		_, hasB := m.Get("b")
+		c <- shownState{index: index, applied: n.AppliedIndex(), digest: m.Digest(), hasB: hasB}
+	})
+	select {
+	case st := <-c:
+		return st
+	case <-time.After(5 * time.Second):
+		t.Fatal("ViewIndexed waited for the fsync of a later entry although everything it shows was durable")
+		return shownState{}
+	}
+}
+
 // TestViewDoesNotWaitForTheFsyncOfLaterEntries: a Ready that applies
 // entries already durable in the log and writes new ones shows the
 // applied state to View while its fsync is in progress (readers on the
@@ -137,17 +181,7 @@ func TestViewDoesNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
 	t.Cleanup(g.open) // before the node stops (cleanups run last first)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
-	if _, err := n.Propose(ctx, core.Grant("a", "", 60000, 0)); err != nil {
-		t.Fatalf("propose a: %v", err)
-	}
-
-	g.close()
-	b := proposeAsync(ctx, n, "b")
-	g.waitHeld(t) // the Ready that writes b's entry
-	c := proposeAsync(ctx, n, "c")
-	testkit.Eventually(t, 5*time.Second, "c queued behind the stuck Ready", func() bool { return len(n.propc) > 0 })
-	g.passOne(t)
-	g.waitHeld(t) // the Ready that applies b (durable) and writes c's entry
+	b, c := stallReadyApplyingB(ctx, t, n, g)
 
 	held, ok, _ := viewWithin(n, "b", 5*time.Second)
 	if !ok {
@@ -166,6 +200,94 @@ func TestViewDoesNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
 		if r := <-ch; r.err != nil || r.a.Result.Kind != core.ResultGranted {
 			t.Fatalf("%s: %+v", key, r)
 		}
+	}
+}
+
+// TestViewIndexedWhileTheWriteIsInFlight: while a Ready that released
+// machineMu before its write is in its fsync, View shows that Ready's state
+// but the applied index is still the one before it. ViewIndexed names the
+// index of the state it shows, so a reader that records "the state at index
+// N" (a backup: control/snapshot.go) never labels a later state with an
+// earlier index, as AppliedIndex read inside View would.
+func TestViewIndexedWhileTheWriteIsInFlight(t *testing.T) {
+	g := newWALSyncGate()
+	n := startSingle(t, openGatedStore(t, g), Config{})
+	t.Cleanup(g.open) // before the node stops (cleanups run last first)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, c := stallReadyApplyingB(ctx, t, n, g)
+
+	shown := viewIndexedWithin(t, n)
+	g.open()
+	rb, rc := <-b, <-c
+	if rb.err != nil || rc.err != nil {
+		t.Fatalf("b: %+v, c: %+v", rb, rc)
+	}
+	if !shown.hasB {
+		t.Fatal("the state ViewIndexed showed does not hold b, whose entry applied")
+	}
+	if shown.index != rb.a.Index {
+		t.Fatalf("ViewIndexed named index %d for the state after b, which applied at %d", shown.index, rb.a.Index)
+	}
+	if shown.applied >= shown.index {
+		t.Fatalf("AppliedIndex %d inside the view, want below %d: the write was in flight", shown.applied, shown.index)
+	}
+}
+
+// TestStateShownBeforeItsWriteSurvivesACrash: the node crashes (only what
+// was synced survives: a crashable MemFS's clone) while the Ready that
+// applied b is in its fsync, after View showed b's state. The crash loses
+// that Ready's state rows, HardState and applied index and c's entry, but
+// not b's entry, which was durable before; the restarted node applies b
+// again and reaches exactly the state View showed (applyAndPersist's
+// argument, end to end on one node).
+func TestStateShownBeforeItsWriteSurvivesACrash(t *testing.T) {
+	roomy := vfs.DiskUsage{AvailBytes: 1 << 40, TotalBytes: 1 << 40}
+	mem := vfs.NewCrashableMem()
+	mem.TestingSetDiskUsage(roomy)
+	const dir = "/store"
+	open := func(fs vfs.FS) *Store {
+		t.Helper()
+		st, err := Open(dir, StoreOptions{Logger: testkit.QuietLogger(), Disk: DiskOptions{BallastBytes: -1}, FS: fs})
+		if err != nil {
+			t.Fatalf("Open: %v", err)
+		}
+		t.Cleanup(func() { _ = st.Close() })
+		return st
+	}
+	g := newWALSyncGate()
+	n := startSingle(t, open(errorfs.Wrap(mem, g)), Config{})
+	t.Cleanup(g.open) // before the node stops (cleanups run last first)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	b, _ := stallReadyApplyingB(ctx, t, n, g)
+
+	shown := viewIndexedWithin(t, n)
+	if !shown.hasB {
+		t.Fatal("View does not show b, whose entry applied")
+	}
+	crashed := mem.CrashClone(vfs.CrashCloneCfg{}) // exactly what was synced
+	crashed.TestingSetDiskUsage(roomy)
+	g.open()
+	if r := <-b; r.err != nil || r.a.Index != shown.index {
+		t.Fatalf("b: %+v, want applied at %d", r, shown.index)
+	}
+
+	st := open(crashed)
+	if a := st.AppliedIndex(); a >= shown.index {
+		t.Fatalf("the crashed store has applied %d, want below %d: the crash did not hit the Ready's write", a, shown.index)
+	}
+	n2 := startSingle(t, st, Config{})
+	testkit.Eventually(t, 10*time.Second, "the restarted node applies b again", func() bool { return n2.AppliedIndex() >= shown.index })
+	var digest [32]byte
+	var hasB, hasC bool
+	n2.View(func(m *core.Machine) {
+		digest = m.Digest()
+		_, hasB = m.Get("b")
+		_, hasC = m.Get("c")
+	})
+	if !hasB || hasC || digest != shown.digest {
+		t.Fatalf("after the crash: b held %v, c held %v, digest %x; View showed b held, digest %x", hasB, hasC, digest[:6], shown.digest[:6])
 	}
 }
 
