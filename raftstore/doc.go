@@ -66,7 +66,11 @@
 //     committed with Sync (without, when it carries only the state change
 //     of entries already durable in the log). A committed entry this
 //     binary cannot decode stops the node (UndecodableEntryError): it is
-//     never skipped, so replicas never diverge during an upgrade.
+//     never skipped, so replicas never diverge during an upgrade. View
+//     shows step 2's state during this write only when every entry it
+//     applied was durable in the log before (applyAndPersist); the applied
+//     index moves after the write, so a reader that needs the state's
+//     index takes it from ViewIndexed.
 //  4. send: only then hand the messages to the Transport (a leader sends
 //     before its persist, see ready.go), consecutive appends and
 //     acknowledgments to one peer merged into one message (coalesce.go);
