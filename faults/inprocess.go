@@ -478,9 +478,11 @@ func (c *inprocCluster) status(ctx context.Context, i int) (sdk.Status, error) {
 func nodeStatus(d *daemon.Daemon) sdk.Status {
 	n := d.Node()
 	rs := n.Status()
-	st := sdk.Status{ID: n.ID(), Leader: rs.Lead, Term: rs.Term, State: rs.RaftState.String(), CommitIndex: rs.Commit, AppliedIndex: n.AppliedIndex()}
-	n.View(func(m *core.Machine) {
-		st.Locks, st.LastToken = m.Len(), m.LastToken()
+	st := sdk.Status{ID: n.ID(), Leader: rs.Lead, Term: rs.Term, State: rs.RaftState.String(), CommitIndex: rs.Commit}
+	n.ViewIndexed(func(m *core.Machine, index uint64) {
+		// The state's own index: AppliedIndex may lag it while a Ready's
+		// write is in flight.
+		st.AppliedIndex, st.Locks, st.LastToken = index, m.Len(), m.LastToken()
 		sum := m.Digest()
 		st.Digest = hex.EncodeToString(sum[:])
 	})

@@ -293,8 +293,11 @@ type State struct {
 // StateOf reads d's replicated state.
 func StateOf(d *daemon.Daemon) State {
 	var st State
-	d.Node().View(func(m *core.Machine) { st.Digest, st.LastToken = m.Digest(), m.LastToken() })
-	st.Applied = d.Node().AppliedIndex()
+	// The index of the state read, not AppliedIndex, which may lag it
+	// while a Ready's write is in flight (raftstore.Node.ViewIndexed).
+	d.Node().ViewIndexed(func(m *core.Machine, index uint64) {
+		st.Applied, st.Digest, st.LastToken = index, m.Digest(), m.LastToken()
+	})
 	return st
 }
 
