@@ -72,6 +72,9 @@ type config struct {
 	// (session.go alignKeepAlive); 0 sends each exactly when due (tests
 	// and benchmarks compare the two).
 	keepAliveAlign time.Duration
+	// keepAlivesInFlight bounds session keepalives, and separately
+	// background renewals, in flight (inflight.go).
+	keepAlivesInFlight int
 }
 
 // Option configures a Client.
@@ -147,6 +150,9 @@ type Client struct {
 	// epoch is when the client was made: the origin of the keepalive grid
 	// (session.go alignKeepAlive).
 	epoch time.Time
+	// keepAliveSlots and renewSlots bound the session keepalives and the
+	// background lock renewals in flight (WithKeepAlivesInFlight).
+	keepAliveSlots, renewSlots *inflightSlots
 }
 
 // New returns a client that sends its requests over nc. The caller keeps
@@ -169,6 +175,8 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 		retryBudget:    DefaultRetryBudget,
 		clock:          realClock{},
 		keepAliveAlign: keepAliveAlign,
+
+		keepAlivesInFlight: DefaultKeepAlivesInFlight,
 	}
 	for _, o := range opts {
 		o(&cfg)
@@ -182,11 +190,14 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("ticketd: retry budget must not be negative, got %v", cfg.retryBudget)
 	case cfg.clock == nil:
 		return nil, errors.New("ticketd: nil clock")
+	case cfg.keepAlivesInFlight < 1 || cfg.keepAlivesInFlight > MaxKeepAlivesInFlight:
+		return nil, fmt.Errorf("ticketd: keepalives in flight must be between 1 and %d, got %d", MaxKeepAlivesInFlight, cfg.keepAlivesInFlight)
 	}
 	if cfg.logger == nil {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
-	return &Client{nc: nc, cfg: cfg, perms: newPermWatch(nc), epoch: cfg.clock.Now()}, nil
+	return &Client{nc: nc, cfg: cfg, perms: newPermWatch(nc), epoch: cfg.clock.Now(),
+		keepAliveSlots: newInflightSlots(cfg.keepAlivesInFlight), renewSlots: newInflightSlots(cfg.keepAlivesInFlight)}, nil
 }
 
 // Connect dials NATS at url (a comma-separated list is allowed) and

@@ -212,16 +212,31 @@ func (l *Lock) keepAlive(ctx context.Context, k keepAliveConfig) {
 func (l *Lock) renewBeforeLost(ctx context.Context, k keepAliveConfig) bool {
 	for n := 0; ; n++ {
 		l.mu.Lock()
-		left, ended, lost := l.deadline.Add(-k.margin).Sub(l.now()), l.life.err != nil, l.life.lost
+		now := l.now()
+		left, ended, lost := l.deadline.Add(-k.margin).Sub(now), l.life.err != nil, l.life.lost
 		l.mu.Unlock()
 		if ended || left <= 0 || ctx.Err() != nil {
 			return false // the watchdog ends the lock in time
 		}
+		// At most the client's bound of renewals in flight: one that finds
+		// them all taken waits its turn until the lock's loss deadline.
+		// The watchdog, not this loop, ends the lock: the reason to show
+		// is set before the wait.
+		slots := l.client.renewSlots
+		if !slots.take(ctx, 0) {
+			l.mu.Lock()
+			l.life.lastErr = errNoSlot("lock renewals", l.client.cfg.keepAlivesInFlight)
+			l.mu.Unlock()
+			if !slots.take(ctx, left) {
+				return false // the watchdog ends the lock in time
+			}
+		}
 		// One attempt waits at most an interval: a leader that died with
 		// our request is better retried than waited for.
-		rctx, cancel := context.WithTimeout(ctx, min(left, max(k.interval, MinRequestTimeout)))
+		rctx, cancel := context.WithTimeout(ctx, min(left-l.now().Sub(now), max(k.interval, MinRequestTimeout)))
 		err := l.Renew(rctx)
 		cancel()
+		slots.give()
 		if err == nil {
 			return true
 		}

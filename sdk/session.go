@@ -198,9 +198,10 @@ func (c *Client) alignKeepAlive(next time.Time, interval time.Duration) time.Tim
 }
 
 // keepAlive sends a keepalive every interval after the last acknowledged
-// one (on the client's keepalive grid: alignKeepAlive); it ends the
-// session when one is refused or Deadline minus the margin comes without
-// one.
+// one (on the client's keepalive grid: alignKeepAlive), within the
+// client's bound of keepalives in flight (WithKeepAlivesInFlight); it
+// ends the session when one is refused or Deadline minus the margin comes
+// without one.
 func (s *Session) keepAlive(ctx context.Context) {
 	defer s.wg.Done()
 	c := s.client
@@ -230,9 +231,21 @@ func (s *Session) keepAlive(ctx context.Context) {
 		if !c.cfg.clock.Now().Before(lost) {
 			continue // the check above ends it
 		}
+		// At most the client's bound of keepalives in flight: one that
+		// finds them all taken waits its turn until lost, no longer.
+		if !c.keepAliveSlots.take(ctx, lost.Sub(c.cfg.clock.Now())) {
+			if ctx.Err() != nil {
+				return
+			}
+			s.mu.Lock()
+			s.lastErr = errNoSlot("session keepalives", c.cfg.keepAlivesInFlight)
+			s.mu.Unlock()
+			continue // lost has come: the check above ends it
+		}
 		rctx, cancel := context.WithTimeout(ctx, min(lost.Sub(c.cfg.clock.Now()), max(s.ka.interval, MinRequestTimeout)))
 		err := s.keepAliveOnce(rctx)
 		cancel()
+		c.keepAliveSlots.give()
 		switch {
 		case err == nil:
 			n = 0
