@@ -46,12 +46,16 @@
 // grid that sends a client's keepalives that fall due together at once);
 // Deadline is the send of the last acknowledged one plus the TTL; Done
 // closes before Deadline when none gets through by Deadline minus the
-// margin, at once when one is answered not_found. Locks acquired in a
-// session have no lease (Lease 0, Renew and KeepAlive refuse): their
-// Deadline is the session's and their Lost and Context end with it. If
-// the session expires, its locks' keys stay unavailable for its
-// lock-delay (WithSessionLockDelay; WithLockDelay for a leased lock): a
-// try gets ErrHeld with Error.Delay.
+// margin, at once when one is answered not_found. A client has at most
+// DefaultKeepAlivesInFlight keepalives in flight (WithKeepAlivesInFlight),
+// and as many background renewals: after a pause, its overdue keepalives
+// wait their turn instead of taking its identity's whole share of the
+// node at once, each no longer than until its session's loss deadline.
+// Locks acquired in a session have no lease (Lease 0, Renew and KeepAlive
+// refuse): their Deadline is the session's and their Lost and Context end
+// with it. If the session expires, its locks' keys stay unavailable for
+// its lock-delay (WithSessionLockDelay; WithLockDelay for a leased lock):
+// a try gets ErrHeld with Error.Delay.
 // Session.NewElection runs an election whose terms are locks of the
 // session.
 //
