@@ -16,11 +16,13 @@ const (
 	// MaxInflightPerIdentityDefault), and every client of the identity
 	// shares them: a client whose overdue keepalives all go out at once
 	// (after a GC pause or a stop of its process) would take that whole
-	// share for the others. 256 is a quarter of it, and about two and a
-	// half times what the heaviest measured client keeps in flight
-	// steadily (10,000 sessions at a 10 s TTL: 3,300 keepalives a second,
-	// about a hundred in progress), so it does not slow a steady client.
-	DefaultKeepAlivesInFlight = 256
+	// share from the others. A keepalive is in flight about 21 ms (the
+	// node holds its ReadIndex up to 20 ms for others to share the round;
+	// TestSessionKeepAlivesWithinIdentityShare logs it), so 128 carry about
+	// 6,000 keepalives a second, twice what 10,000 sessions at a 10 s TTL
+	// need, and four such clients in one process (as `ticketd bench hold`
+	// opens) stay within half the share.
+	DefaultKeepAlivesInFlight = 128
 	// MaxKeepAlivesInFlight is the largest bound WithKeepAlivesInFlight
 	// accepts: a default node's whole share of one identity.
 	MaxKeepAlivesInFlight = 1000

@@ -75,7 +75,8 @@ func TestSessionKeepAlivesWithinIdentityShare(t *testing.T) {
 		}
 		testkit.Eventually(t, 20*time.Second, "three rounds of keepalives", func() bool { return w.counts().keepalives >= 3*sessions })
 		got := w.counts()
-		t.Logf("bound %d: %d keepalives, at most %d in flight, %d refused resource_exhausted", tc.bound, got.keepalives, got.maxOut, exhausted.Load())
+		t.Logf("bound %d: %d keepalives, at most %d in flight, %v each on average, %d refused resource_exhausted", tc.bound, got.keepalives, got.maxOut,
+			got.answerTime/time.Duration(max(got.answered, 1)), exhausted.Load())
 		if tc.wantBounded {
 			if got.maxOut > tc.bound || exhausted.Load() > 0 {
 				t.Fatalf("bound %d: %d keepalives in flight at once, %d refused for the identity's share %d", tc.bound, got.maxOut, exhausted.Load(), share)
@@ -99,11 +100,15 @@ func TestSessionKeepAlivesWithinIdentityShare(t *testing.T) {
 // server and are not answered yet.
 type keepAliveWatch struct {
 	mu          sync.Mutex
-	outstanding map[string]bool // by reply subject: unique per request
+	outstanding map[string]time.Time // by reply subject (unique per request): when it came
 	c           keepAliveCounts
 }
 
-type keepAliveCounts struct{ keepalives, maxOut int }
+type keepAliveCounts struct {
+	keepalives, maxOut int
+	answered           int
+	answerTime         time.Duration // summed over the answered
+}
 
 // watchKeepAlives watches every message of the server at url. The server
 // hands it a request before the responder can have it, and the reply
@@ -112,18 +117,22 @@ type keepAliveCounts struct{ keepalives, maxOut int }
 // has in flight.
 func watchKeepAlives(t *testing.T, url string) *keepAliveWatch {
 	t.Helper()
-	w := &keepAliveWatch{outstanding: map[string]bool{}}
+	w := &keepAliveWatch{outstanding: map[string]time.Time{}}
 	nc := testkit.Connect(t, url)
 	sub, err := nc.Subscribe(">", func(m *nats.Msg) {
 		w.mu.Lock()
 		defer w.mu.Unlock()
 		switch {
 		case m.Subject == protocol.SubjectSessionKeepAlive:
-			w.outstanding[m.Reply] = true
+			w.outstanding[m.Reply] = time.Now()
 			w.c.keepalives++
 			w.c.maxOut = max(w.c.maxOut, len(w.outstanding))
-		case w.outstanding[m.Subject]:
-			delete(w.outstanding, m.Subject)
+		default:
+			if at, ok := w.outstanding[m.Subject]; ok {
+				delete(w.outstanding, m.Subject)
+				w.c.answered++
+				w.c.answerTime += time.Since(at)
+			}
 		}
 	})
 	if err != nil {
