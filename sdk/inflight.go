@@ -18,11 +18,16 @@ const (
 	// (after a GC pause or a stop of its process) would take that whole
 	// share from the others. A keepalive is in flight about 21 ms (the
 	// node holds its ReadIndex up to 20 ms for others to share the round;
-	// TestSessionKeepAlivesWithinIdentityShare logs it), so 128 carry about
-	// 6,000 keepalives a second, twice what 10,000 sessions at a 10 s TTL
-	// need, and four such clients in one process (as `ticketd bench hold`
-	// opens) stay within half the share.
-	DefaultKeepAlivesInFlight = 128
+	// TestSessionKeepAlivesWithinIdentityShare logs it), so 64 carry about
+	// 3,000 keepalives a second: a client's sessions keep up unqueued to
+	// about 900 per second of TTL (9,000 at a 10 s TTL, 54,000 at 60 s;
+	// more wait their turn, later but within their loss deadline, or
+	// raise the bound). In the 2-pair run of docs/benchmarks.md "Sessions
+	// (issue 24)", a holder of 10,000 sessions over four clients resumed
+	// after a 15 s stop without any refusal for the other clients at 16,
+	// 64 or 128; at 128 the load's p99 right after the resume was about
+	// 2 ms higher than at 64 in three runs out of three.
+	DefaultKeepAlivesInFlight = 64
 	// MaxKeepAlivesInFlight is the largest bound WithKeepAlivesInFlight
 	// accepts: a default node's whole share of one identity.
 	MaxKeepAlivesInFlight = 1000
