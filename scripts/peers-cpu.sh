@@ -5,7 +5,8 @@
 # appeared (the harness stops a system's processes right after its last line). The CPU per cycle of
 # a row is the difference to the previous row of the same system divided by the row's ops (not for a
 # system's first row, which includes its start-up). It forks only a subshell and sleep, four times a second,
-# to stay out of the measurement. Stops after 15 minutes.
+# to stay out of the measurement. Stops after 15 minutes; stopped earlier, let it run a second past
+# the harness's end, or the last row is not read.
 set -u
 out=$1; f=/tmp/peers/results.txt; last=-1; prev=""
 ticks() {
