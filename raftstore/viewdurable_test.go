@@ -127,11 +127,18 @@ func proposeAsync(ctx context.Context, n *Node, key string) <-chan proposed {
 	return c
 }
 
-// stallReadyApplyingB proposes a, then b and c so that the Ready that
-// applies b (durable in the log by then) and writes c's entry is held in
-// its fsync by g, and returns the proposals of b and c, not answered yet.
-func stallReadyApplyingB(ctx context.Context, t *testing.T, n *Node, g *walSyncGate) (b, c <-chan proposed) {
+// startStalledSingle starts a single node on the store open makes over a
+// WAL sync gate, proposes a, then b and c so that the Ready that applies b
+// (durable in the log by then) and writes c's entry is held in its fsync
+// by the gate, and returns the node, the gate and the proposals of b and
+// c, not answered yet. The gate opens before the node stops.
+func startStalledSingle(t *testing.T, open func(g *walSyncGate) *Store) (n *Node, g *walSyncGate, b, c <-chan proposed) {
 	t.Helper()
+	g = newWALSyncGate()
+	n = startSingle(t, open(g), Config{})
+	t.Cleanup(g.open) // before the node stops (cleanups run last first)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	t.Cleanup(cancel)
 	if _, err := n.Propose(ctx, core.Grant("a", "", 60000, 0)); err != nil {
 		t.Fatalf("propose a: %v", err)
 	}
@@ -142,7 +149,7 @@ func stallReadyApplyingB(ctx context.Context, t *testing.T, n *Node, g *walSyncG
 	testkit.Eventually(t, 5*time.Second, "c queued behind the stuck Ready", func() bool { return len(n.propc) > 0 })
 	g.passOne(t)
 	g.waitHeld(t) // the Ready that applies b (durable) and writes c's entry
-	return b, c
+	return n, g, b, c
 }
 
 // shownState is what a ViewIndexed read: the state's index, the applied
@@ -178,12 +185,7 @@ func viewIndexedWithin(t *testing.T, n *Node) shownState {
 // fsync of other requests' entries), and still answers the proposal only
 // after that fsync.
 func TestViewDoesNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
-	g := newWALSyncGate()
-	n := startSingle(t, openGatedStore(t, g), Config{})
-	t.Cleanup(g.open) // before the node stops (cleanups run last first)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, c := stallReadyApplyingB(ctx, t, n, g)
+	n, g, b, c := startStalledSingle(t, func(g *walSyncGate) *Store { return openGatedStore(t, g) })
 
 	held, ok, _ := viewWithin(n, "b", 5*time.Second)
 	if !ok {
@@ -212,12 +214,7 @@ func TestViewDoesNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
 // N" (a backup: control/snapshot.go) never labels a later state with an
 // earlier index, as AppliedIndex read inside View would.
 func TestViewIndexedWhileTheWriteIsInFlight(t *testing.T) {
-	g := newWALSyncGate()
-	n := startSingle(t, openGatedStore(t, g), Config{})
-	t.Cleanup(g.open) // before the node stops (cleanups run last first)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, c := stallReadyApplyingB(ctx, t, n, g)
+	n, g, b, c := startStalledSingle(t, func(g *walSyncGate) *Store { return openGatedStore(t, g) })
 
 	shown := viewIndexedWithin(t, n)
 	g.open()
@@ -257,12 +254,7 @@ func TestStateShownBeforeItsWriteSurvivesACrash(t *testing.T) {
 		t.Cleanup(func() { _ = st.Close() })
 		return st
 	}
-	g := newWALSyncGate()
-	n := startSingle(t, open(errorfs.Wrap(mem, g)), Config{})
-	t.Cleanup(g.open) // before the node stops (cleanups run last first)
-	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
-	defer cancel()
-	b, _ := stallReadyApplyingB(ctx, t, n, g)
+	n, g, b, _ := startStalledSingle(t, func(g *walSyncGate) *Store { return open(errorfs.Wrap(mem, g)) })
 
 	shown := viewIndexedWithin(t, n)
 	if !shown.hasB {
