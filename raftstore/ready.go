@@ -32,45 +32,23 @@ type readyApply struct {
 // touchedRows are the state rows a run of commands touched: lock keys in
 // first-touch order, and whether the control state changed.
 type touchedRows struct {
-	keys []string
-	// seen indexes keys once there are more than touchedScanMax of them;
-	// below that a scan of keys is cheaper than a map made per Ready.
+	keys    []string
 	seen    map[string]struct{}
 	control bool
-	// first backs keys for the first touchedScanMax keys of a Ready.
-	first [touchedScanMax]string
 }
-
-// touchedScanMax is how many keys touchedRows finds by a scan before it
-// builds its map: most Readies touch a handful of keys (issue 26 item 4:
-// the map and its growth were a few allocations per Ready).
-const touchedScanMax = 16
 
 func (t *touchedRows) add(cmd core.Command) {
 	if cmd.Kind == core.KindControl {
 		t.control = true
 		return
 	}
-	if t.seen != nil {
-		if _, ok := t.seen[cmd.Key]; ok {
-			return
-		}
-		t.seen[cmd.Key] = struct{}{}
-	} else {
-		if slices.Contains(t.keys, cmd.Key) {
-			return
-		}
-		if t.keys == nil {
-			t.keys = t.first[:0]
-		}
-		if len(t.keys) == touchedScanMax {
-			t.seen = make(map[string]struct{}, 4*touchedScanMax)
-			for _, k := range t.keys {
-				t.seen[k] = struct{}{}
-			}
-			t.seen[cmd.Key] = struct{}{}
-		}
+	if _, ok := t.seen[cmd.Key]; ok {
+		return
 	}
+	if t.seen == nil {
+		t.seen = make(map[string]struct{})
+	}
+	t.seen[cmd.Key] = struct{}{}
 	t.keys = append(t.keys, cmd.Key)
 }
 
