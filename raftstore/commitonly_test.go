@@ -59,13 +59,24 @@ func startMemCluster(t *testing.T, size int) *memNet {
 // startMemClusterOn starts one node on each store, with ids 1, 2, ...
 func startMemClusterOn(t *testing.T, stores []*Store) *memNet {
 	t.Helper()
+	return startMemClusterObserved(t, stores, nil)
+}
+
+// startMemClusterObserved is startMemClusterOn with observers[i] observing
+// the node on stores[i] (observers may be nil or shorter).
+func startMemClusterObserved(t *testing.T, stores []*Store, observers [][]Observer) *memNet {
+	t.Helper()
 	net := &memNet{stop: make(chan struct{})}
 	peers := make([]uint64, len(stores))
 	for i := range peers {
 		peers[i] = uint64(i + 1)
 	}
 	for i, st := range stores {
-		n, err := NewNode(Config{ID: uint64(i + 1), Peers: peers, Store: st,
+		var obs []Observer
+		if i < len(observers) {
+			obs = observers[i]
+		}
+		n, err := NewNode(Config{ID: uint64(i + 1), Peers: peers, Store: st, Observers: obs,
 			Transport: memNetSender{net}, Logger: testkit.QuietLogger(), TickInterval: 50 * time.Millisecond})
 		if err != nil {
 			t.Fatalf("NewNode: %v", err)

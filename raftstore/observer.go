@@ -38,7 +38,10 @@ type Applied struct {
 	Mode  core.Mode
 }
 
-// Observer hears what the node did, in log order, after it is durable.
+// Observer hears what the node did, in log order, once it is durable: a
+// command once its entry is committed and in this node's durable log (its
+// state rows may still be on their way to disk, deliverApplied), the rest
+// once the Ready that did it is written.
 // Calls come from the Ready loop: they must be quick and must not call
 // back into Node methods that wait for the loop (Propose, ReadIndex,
 // ProposeConfChange, Status, Step).

@@ -194,10 +194,13 @@ func (w *waiting) addIndexWaiter(index uint64, applied *atomic.Uint64) (ch chan 
 	return ch, false
 }
 
-// complete answers, after a Ready is durable, the proposals its applied
-// events came from, the reads of its read states, and the index waiters
-// that applied now reaches.
-func (w *waiting) complete(events []Applied, requestIDs []uint64, readStates []raft.ReadState, applied uint64) {
+// completeProposals answers the proposals a Ready's applied events came
+// from (requestIDs[i] is the proposal of events[i]; deliverApplied says
+// when).
+func (w *waiting) completeProposals(events []Applied, requestIDs []uint64) {
+	if len(requestIDs) == 0 {
+		return
+	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
 	for i, id := range requestIDs {
@@ -207,6 +210,13 @@ func (w *waiting) complete(events []Applied, requestIDs []uint64, readStates []r
 			ch <- proposalResult{applied: events[i]}
 		}
 	}
+}
+
+// complete answers, after a Ready is durable, the reads of its read states
+// and the index waiters that applied now reaches.
+func (w *waiting) complete(readStates []raft.ReadState, applied uint64) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
 	for _, rs := range readStates {
 		if ch, ok := w.reads[string(rs.RequestCtx)]; ok {
 			delete(w.reads, string(rs.RequestCtx))

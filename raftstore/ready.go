@@ -27,6 +27,7 @@ type readyApply struct {
 	touchedSess touchedSessions
 	touchedMul  touchedMulti // multi-holder keys (holders.go)
 	state       *StateChange // what to persist; nil when nothing applied
+	delivered   bool         // events and proposal results went out before the write (applyAndPersist)
 }
 
 // touchedRows are the state rows a run of commands touched: lock keys in
@@ -109,12 +110,12 @@ func (n *Node) handleReady(rd raft.Ready) error {
 // index and raft hands it the same committed entries again, which the
 // deterministic machine turns into the same state. So a reader that saw
 // the state after them saw a state this node reaches again and the
-// cluster never loses. Only the state becomes visible early (with its
-// index, to ViewIndexed): the applied index, the summary, the store's rows,
-// the proposals' results and the applied-index waiters still move after
-// the write (persist, notify), so no reply goes out before its entry's
-// state is durable here, and a reader must not pair View's state with
-// AppliedIndex. A snapshot, or an entry that arrives and commits in the
+// cluster never loses. The state becomes visible early (with its index, to
+// ViewIndexed), and the observers and proposals hear of it early too
+// (deliverApplied, unless rd changes membership); the applied index, the
+// summary, the store's rows, read states and the applied-index waiters
+// still move after the write (persist, notify), so a reader must not pair
+// View's state with AppliedIndex. A snapshot, or an entry that arrives and commits in the
 // same Ready (a follower's append that carries its commit), keeps the lock
 // across the write. The loop remains the machine's only writer, so it may
 // read the machine after the release (persist's summary, the state change
@@ -152,8 +153,45 @@ func (n *Node) applyAndPersist(rd raft.Ready) (*readyApply, error) {
 	if committedWereDurable(rd, lastDurable) {
 		locked = false
 		n.machineMu.Unlock()
+		if len(ra.confChanges) == 0 {
+			// Observers hear membership changes before the commands after
+			// them (notify): a Ready that holds one delivers in order, after
+			// the write.
+			n.deliverApplied(ra)
+		}
 	}
 	return ra, n.persist(rd, ra, rows)
+}
+
+// deliverApplied tells the observers about rd's applied commands and hands
+// the waiting proposals their results. applyAndPersist calls it before the
+// write when every entry rd applies was durable in this node's log before
+// rd (and rd changes no membership); notify calls it otherwise, after.
+//
+// Answering before the write is safe for the reason the state may be shown
+// (applyAndPersist): each entry is committed, so durable on a majority that
+// every later leader includes, and durable in this node's log, so a crash
+// before the write loses only the state rows and applied index, which the
+// node rebuilds by applying the same entries again. It is the guarantee a
+// reply already had when its Ready wrote no new entry: such a Ready's state
+// rows are written without an fsync (ReadyWrite.MaySkipSync). A grant still
+// goes out only after a majority's fsync of its entry. What moves after the
+// write is unchanged: the applied index, read states and applied-index
+// waiters, so a linearizable read that follows a reply still waits for
+// this node's write.
+//
+// Why: a leader's Ready under load both applies the entries the followers
+// acknowledged and appends the proposals that arrived meanwhile, and its
+// write waits for the fsync of those new entries; the replies for the
+// applied ones (and the waiters a release frees) waited that fsync out too.
+func (n *Node) deliverApplied(ra *readyApply) {
+	for _, a := range ra.events {
+		for _, o := range n.cfg.Observers {
+			o.OnApplied(a)
+		}
+	}
+	n.waiting.completeProposals(ra.events, ra.requestIDs)
+	ra.delivered = true
 }
 
 // committedWereDurable says whether every entry rd commits was in the
@@ -361,12 +399,10 @@ func (n *Node) notify(rd raft.Ready, ra *readyApply, lostLeadership bool) {
 			o.OnConfChange(c.cc, c.cs)
 		}
 	}
-	for _, a := range ra.events {
-		for _, o := range obs {
-			o.OnApplied(a)
-		}
+	if !ra.delivered {
+		n.deliverApplied(ra)
 	}
-	n.waiting.complete(ra.events, ra.requestIDs, rd.ReadStates, ra.applied)
+	n.waiting.complete(rd.ReadStates, ra.applied)
 	if lostLeadership {
 		// After this Ready's own results went out: the rest of our
 		// in-flight proposals may or may not commit under the new leader,

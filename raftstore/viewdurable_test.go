@@ -3,6 +3,7 @@ package raftstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -127,15 +128,15 @@ func proposeAsync(ctx context.Context, n *Node, key string) <-chan proposed {
 	return c
 }
 
-// startStalledSingle starts a single node on the store open makes over a
+// startStalledSingle starts a single node with cfg on the store open makes over a
 // WAL sync gate, proposes a, then b and c so that the Ready that applies b
 // (durable in the log by then) and writes c's entry is held in its fsync
 // by the gate, and returns the node, the gate and the proposals of b and
 // c, not answered yet. The gate opens before the node stops.
-func startStalledSingle(t *testing.T, open func(g *walSyncGate) *Store) (n *Node, g *walSyncGate, b, c <-chan proposed) {
+func startStalledSingle(t *testing.T, cfg Config, open func(g *walSyncGate) *Store) (n *Node, g *walSyncGate, b, c <-chan proposed) {
 	t.Helper()
 	g = newWALSyncGate()
-	n = startSingle(t, open(g), Config{})
+	n = startSingle(t, open(g), cfg)
 	t.Cleanup(g.open) // before the node stops (cleanups run last first)
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	t.Cleanup(cancel)
@@ -178,14 +179,37 @@ func viewIndexedWithin(t *testing.T, n *Node) shownState {
 	}
 }
 
-// TestViewDoesNotWaitForTheFsyncOfLaterEntries: a Ready that applies
-// entries already durable in the log and writes new ones shows the
-// applied state to View while its fsync is in progress (readers on the
-// request path, such as a grant's fence key lookup, no longer wait out an
-// fsync of other requests' entries), and still answers the proposal only
-// after that fsync.
-func TestViewDoesNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
-	n, g, b, c := startStalledSingle(t, func(g *walSyncGate) *Store { return openGatedStore(t, g) })
+// appliedKeys records the keys of the commands an observer heard applied.
+type appliedKeys struct {
+	mu   sync.Mutex
+	keys []string
+}
+
+func (k *appliedKeys) observer() Observer {
+	return ObserverFuncs{Applied: func(a Applied) {
+		k.mu.Lock()
+		defer k.mu.Unlock()
+		k.keys = append(k.keys, a.Command.Key)
+	}}
+}
+
+func (k *appliedKeys) heard(key string) bool {
+	k.mu.Lock()
+	defer k.mu.Unlock()
+	return slices.Contains(k.keys, key)
+}
+
+// TestViewAndReplyDoNotWaitForTheFsyncOfLaterEntries: a Ready that applies
+// entries already durable in the log and writes new ones shows the applied
+// state to View, tells the observers and answers the applied entries'
+// proposals while its fsync is in progress (a grant's reply, its fence key
+// lookup and the waiter a release frees no longer wait out an fsync of
+// other requests' entries); the applied index moves only after the write,
+// and the new entry is neither applied nor answered before it is durable.
+func TestViewAndReplyDoNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
+	var heard appliedKeys
+	n, g, b, c := startStalledSingle(t, Config{Observers: []Observer{heard.observer()}},
+		func(g *walSyncGate) *Store { return openGatedStore(t, g) })
 
 	held, ok, _ := viewWithin(n, "b", 5*time.Second)
 	if !ok {
@@ -194,16 +218,32 @@ func TestViewDoesNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
 	if !held {
 		t.Fatal("View does not show b, whose entry applied")
 	}
+	var rb proposed
 	select {
-	case r := <-b:
-		t.Fatalf("b answered (%+v) before the Ready that applied it was durable", r)
+	case rb = <-b:
+	case <-time.After(5 * time.Second):
+		t.Fatal("b's proposal waited for the fsync of a later entry although its own entry was durable")
+	}
+	if rb.err != nil || rb.a.Result.Kind != core.ResultGranted {
+		t.Fatalf("b: %+v", rb)
+	}
+	if !heard.heard("b") {
+		t.Fatal("b was answered before the observers heard it applied")
+	}
+	if a := n.AppliedIndex(); a >= rb.a.Index {
+		t.Fatalf("AppliedIndex %d while the write of the Ready that applied b (%d) is in its fsync", a, rb.a.Index)
+	}
+	select {
+	case r := <-c:
+		t.Fatalf("c answered (%+v) while its entry's fsync was held", r)
 	default:
 	}
+	if heard.heard("c") {
+		t.Fatal("the observers heard c applied while its entry's fsync was held")
+	}
 	g.open()
-	for key, ch := range map[string]<-chan proposed{"b": b, "c": c} {
-		if r := <-ch; r.err != nil || r.a.Result.Kind != core.ResultGranted {
-			t.Fatalf("%s: %+v", key, r)
-		}
+	if r := <-c; r.err != nil || r.a.Result.Kind != core.ResultGranted {
+		t.Fatalf("c: %+v", r)
 	}
 }
 
@@ -214,7 +254,7 @@ func TestViewDoesNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
 // N" (a backup: control/snapshot.go) never labels a later state with an
 // earlier index, as AppliedIndex read inside View would.
 func TestViewIndexedWhileTheWriteIsInFlight(t *testing.T) {
-	n, g, b, c := startStalledSingle(t, func(g *walSyncGate) *Store { return openGatedStore(t, g) })
+	n, g, b, c := startStalledSingle(t, Config{}, func(g *walSyncGate) *Store { return openGatedStore(t, g) })
 
 	shown := viewIndexedWithin(t, n)
 	g.open()
@@ -235,11 +275,13 @@ func TestViewIndexedWhileTheWriteIsInFlight(t *testing.T) {
 
 // TestStateShownBeforeItsWriteSurvivesACrash: the node crashes (only what
 // was synced survives: a crashable MemFS's clone) while the Ready that
-// applied b is in its fsync, after View showed b's state. The crash loses
+// applied b is in its fsync, after View showed b's state and b's grant was
+// answered. The crash loses
 // that Ready's state rows, HardState and applied index and c's entry, but
 // not b's entry, which was durable before; the restarted node applies b
-// again and reaches exactly the state View showed (applyAndPersist's
-// argument, end to end on one node).
+// again and reaches exactly the state View showed, b with the token its
+// reply named (applyAndPersist's and deliverApplied's argument, end to end
+// on one node).
 func TestStateShownBeforeItsWriteSurvivesACrash(t *testing.T) {
 	roomy := vfs.DiskUsage{AvailBytes: 1 << 40, TotalBytes: 1 << 40}
 	mem := vfs.NewCrashableMem()
@@ -254,18 +296,24 @@ func TestStateShownBeforeItsWriteSurvivesACrash(t *testing.T) {
 		t.Cleanup(func() { _ = st.Close() })
 		return st
 	}
-	n, g, b, _ := startStalledSingle(t, func(g *walSyncGate) *Store { return open(errorfs.Wrap(mem, g)) })
+	n, g, b, _ := startStalledSingle(t, Config{}, func(g *walSyncGate) *Store { return open(errorfs.Wrap(mem, g)) })
 
 	shown := viewIndexedWithin(t, n)
 	if !shown.hasB {
 		t.Fatal("View does not show b, whose entry applied")
 	}
+	var rb proposed
+	select {
+	case rb = <-b:
+	case <-time.After(5 * time.Second):
+		t.Fatal("b not answered while the write of the Ready that applied it was in its fsync")
+	}
+	if rb.err != nil || rb.a.Index != shown.index || rb.a.Result.Kind != core.ResultGranted {
+		t.Fatalf("b: %+v, want granted at %d", rb, shown.index)
+	}
 	crashed := mem.CrashClone(vfs.CrashCloneCfg{}) // exactly what was synced
 	crashed.TestingSetDiskUsage(roomy)
 	g.open()
-	if r := <-b; r.err != nil || r.a.Index != shown.index {
-		t.Fatalf("b: %+v, want applied at %d", r, shown.index)
-	}
 
 	st := open(crashed)
 	if a := st.AppliedIndex(); a >= shown.index {
@@ -274,14 +322,18 @@ func TestStateShownBeforeItsWriteSurvivesACrash(t *testing.T) {
 	n2 := startSingle(t, st, Config{})
 	testkit.Eventually(t, 10*time.Second, "the restarted node applies b again", func() bool { return n2.AppliedIndex() >= shown.index })
 	var digest [32]byte
+	var lockB core.Lock
 	var hasB, hasC bool
 	n2.View(func(m *core.Machine) {
 		digest = m.Digest()
-		_, hasB = m.Get("b")
+		lockB, hasB = m.Get("b")
 		_, hasC = m.Get("c")
 	})
 	if !hasB || hasC || digest != shown.digest {
 		t.Fatalf("after the crash: b held %v, c held %v, digest %x; View showed b held, digest %x", hasB, hasC, digest[:6], shown.digest[:6])
+	}
+	if lockB.Token != rb.a.Result.Token {
+		t.Fatalf("after the crash b is held with token %d; its reply, sent before the crash, said %d", lockB.Token, rb.a.Result.Token)
 	}
 }
 
@@ -289,15 +341,18 @@ func TestStateShownBeforeItsWriteSurvivesACrash(t *testing.T) {
 // an entry together with a commit index covering it applies the entry in
 // the Ready that also writes it; View must not show that state until the
 // write is durable (a crash before it would lose the entry from this
-// node's log, and the state with it).
+// node's log, and the state with it), nor tell its observers about x.
 func TestViewWaitsWhenEntriesCommitInTheirOwnReady(t *testing.T) {
 	gates := make([]*walSyncGate, 3)
 	stores := make([]*Store, 3)
+	heard := make([]appliedKeys, 3)
+	observers := make([][]Observer, 3)
 	for i := range gates {
 		gates[i] = newWALSyncGate()
 		stores[i] = openGatedStore(t, gates[i])
+		observers[i] = []Observer{heard[i].observer()}
 	}
-	net := startMemClusterOn(t, stores)
+	net := startMemClusterObserved(t, stores, observers)
 	for _, g := range gates {
 		t.Cleanup(g.open)
 	}
@@ -329,6 +384,9 @@ func TestViewWaitsWhenEntriesCommitInTheirOwnReady(t *testing.T) {
 	if _, ok, later := viewWithin(f, "x", 300*time.Millisecond); ok {
 		t.Fatal("View returned while the Ready that applied x (not durable before it) was in its fsync")
 	} else {
+		if heard[victim-1].heard("x") {
+			t.Fatal("the victim's observers heard x applied while the Ready that wrote and applied it was in its fsync")
+		}
 		g.open()
 		select {
 		case held := <-later:
