@@ -68,18 +68,20 @@
 //     binary cannot decode stops the node (UndecodableEntryError): it is
 //     never skipped, so replicas never diverge during an upgrade. View
 //     shows step 2's state during this write only when every entry it
-//     applied was durable in the log before (applyAndPersist); the applied
-//     index moves after the write, so a reader that needs the state's
-//     index takes it from ViewIndexed.
+//     applied was durable in the log before (applyAndPersist), and then
+//     (unless the Ready changes membership) the Observers and waiting
+//     proposers of step 5 hear of those entries before the write too
+//     (deliverApplied); the applied index moves after the write, so a
+//     reader that needs the state's index takes it from ViewIndexed.
 //  4. send: only then hand the messages to the Transport (a leader sends
 //     before its persist, see ready.go), consecutive appends and
 //     acknowledgments to one peer merged into one message (coalesce.go);
 //     a leader's commit-only appends are dropped or held until the next
 //     tick (commitonly.go: heartbeats and later appends carry the commit
 //     index too).
-//  5. notify: tell the Observers, in list order, then waiting proposers,
-//     ReadIndex callers and applied-index waiters, then a lost or ready
-//     leadership.
+//  5. notify: tell the Observers, in list order, then waiting proposers
+//     (unless step 3 did), ReadIndex callers and applied-index waiters,
+//     then a lost or ready leadership.
 //  6. maybeSnapshot: when due, take an O(1) copy of the applied rows (a
 //     Pebble snapshot) and hand it to the background goroutine that
 //     encodes, writes and records the snapshot and compacts the log
