@@ -3,6 +3,7 @@ package raftstore
 import (
 	"context"
 	"fmt"
+	"slices"
 	"sync"
 	"sync/atomic"
 
@@ -108,6 +109,9 @@ func (n *Node) WaitApplied(ctx context.Context, index uint64) error {
 	case <-ch:
 		return nil
 	case <-ctx.Done():
+		// A waiter nobody waits on would stay queued until the index is
+		// applied, which on a stuck node is never.
+		n.waiting.dropIndexWaiter(ch)
 		return fmt.Errorf("raftstore: wait applied %d: %w", index, ctx.Err())
 	case <-n.stopc:
 		return ErrStopped
@@ -192,6 +196,13 @@ func (w *waiting) addIndexWaiter(index uint64, applied *atomic.Uint64) (ch chan 
 	ch = make(chan struct{})
 	w.indexWaiters = append(w.indexWaiters, indexWaiter{index: index, ch: ch})
 	return ch, false
+}
+
+// dropIndexWaiter removes the waiter whose channel is ch, if still queued.
+func (w *waiting) dropIndexWaiter(ch chan struct{}) {
+	w.mu.Lock()
+	defer w.mu.Unlock()
+	w.indexWaiters = slices.DeleteFunc(w.indexWaiters, func(iw indexWaiter) bool { return iw.ch == ch })
 }
 
 // completeProposals answers the proposals a Ready's applied events came

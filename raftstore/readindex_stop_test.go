@@ -4,9 +4,11 @@ import (
 	"context"
 	"errors"
 	"runtime"
+	"sync"
 	"testing"
 	"time"
 
+	"github.com/ticketd/ticketd/core"
 	"github.com/ticketd/ticketd/internal/testkit"
 )
 
@@ -160,5 +162,48 @@ func TestReadIndexRoundOnANodeThatJustStoppedLeading(t *testing.T) {
 	close(release)
 	if err := <-result; !errors.Is(err, ErrNotLeader) {
 		t.Fatalf("read on a node that stopped leading before its round reached raft: %v, want ErrNotLeader", err)
+	}
+}
+
+// TestWaitAppliedGivesUpItsWaiter: a WaitApplied whose context ends takes
+// its waiter out of the queue (on a node that cannot apply, abandoned
+// waiters would pile up for ever), and leaves the other waiters queued:
+// a waiter still waiting is released by the next applied entry.
+func TestWaitAppliedGivesUpItsWaiter(t *testing.T) {
+	n := startSingle(t, openTestStore(t, t.TempDir()), Config{})
+	far := n.AppliedIndex() + 1_000_000
+	var wg sync.WaitGroup
+	for range 50 {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Millisecond)
+			defer cancel()
+			if err := n.WaitApplied(ctx, far); !errors.Is(err, context.DeadlineExceeded) {
+				t.Errorf("WaitApplied(%d): %v, want deadline exceeded", far, err)
+			}
+		}()
+	}
+	next := n.AppliedIndex() + 1
+	waited := make(chan error, 1)
+	go func() { waited <- n.WaitApplied(context.Background(), next) }()
+	wg.Wait()
+	testkit.Eventually(t, 5*time.Second, "only the live waiter queued", func() bool {
+		n.waiting.mu.Lock()
+		defer n.waiting.mu.Unlock()
+		return len(n.waiting.indexWaiters) == 1
+	})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if _, err := n.Propose(ctx, core.Grant("k", "", 60000, 0)); err != nil {
+		t.Fatalf("propose: %v", err)
+	}
+	select {
+	case err := <-waited:
+		if err != nil {
+			t.Fatalf("live waiter: %v", err)
+		}
+	case <-time.After(10 * time.Second):
+		t.Fatal("the live waiter was not released by the next applied entry")
 	}
 }
