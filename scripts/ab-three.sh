@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
 # usage: scripts/ab-three.sh NAME BIN MODE [VAR=value...] — 3 local nodes of BIN (fsync on, ports
-# 1870x, env VAR=value), a 4-s warm-up, then `ticketd bench` (TICKETD_BENCH_BIN, default BIN) at 16
+# 1870x, env VAR=value), a 4-s warm-up, then `ticketd bench` (AB_BENCH_BIN, default BIN) at 16
 # and 64 clients for 10 s each; prints cycles/s, acquire latency, node CPU per cycle and the leader's
-# (node 1, by placement) entries per fsync. Interleave two binaries' runs to compare them.
+# (node 1, by placement) entries per fsync. Interleave two binaries' runs to compare them. (The bench
+# binary's variable is not TICKETD_*: serve reads every TICKETD_* variable as config and refuses unknown ones.)
 set -u
 name=$1; bin=$2; mode=$3; shift 3
-bench=${TICKETD_BENCH_BIN:-$bin}
+bench=${AB_BENCH_BIN:-$bin}
 export TICKETD_PEER_SECRET=ab-three-peer-secret-0123456789
 base=${TMPDIR:-/tmp}/ab-three-$name; rm -rf "$base"; mkdir -p "$base"
 pids=()
