@@ -150,16 +150,26 @@ func configFrom(fs *pflag.FlagSet, environ []string) (daemon.Config, error) {
 		if err := k.Load(file.Provider(path), yaml.Parser()); err != nil {
 			return daemon.Config{}, fmt.Errorf("%w: read %s: %v", daemon.ErrConfig, path, err)
 		}
+		if err := checkKeys(k.Keys(), func(key string) string { return key }); err != nil {
+			return daemon.Config{}, fmt.Errorf("%w (in %s)", err, path)
+		}
 	}
-	if err := k.Load(env.Provider(".", env.Opt{
+	// Loaded apart so that an unknown one is named as the variable it came
+	// from: a TICKETD_* variable set for something else (a test's, a
+	// script's) would otherwise read as a key nobody wrote.
+	fromEnv := koanf.New(".")
+	if err := fromEnv.Load(env.Provider(".", env.Opt{
 		Prefix:        "TICKETD_",
 		EnvironFunc:   func() []string { return environ },
 		TransformFunc: envKey,
 	}), nil); err != nil {
 		return daemon.Config{}, fmt.Errorf("%w: environment: %v", daemon.ErrConfig, err)
 	}
-	if err := checkKeys(k.Keys()); err != nil {
-		return daemon.Config{}, err
+	if err := checkKeys(fromEnv.Keys(), envVarName); err != nil {
+		return daemon.Config{}, fmt.Errorf("%w in the environment (serve reads every TICKETD_* variable as a setting; unset it)", err)
+	}
+	if err := k.Merge(fromEnv); err != nil {
+		return daemon.Config{}, fmt.Errorf("%w: environment: %v", daemon.ErrConfig, err)
 	}
 	if err := k.Load(posflag.Provider(fs, ".", k), nil); err != nil {
 		return daemon.Config{}, fmt.Errorf("%w: flags: %v", daemon.ErrConfig, err)
@@ -179,9 +189,14 @@ func envKey(k, v string) (string, any) {
 	return strings.ReplaceAll(strings.ToLower(strings.TrimPrefix(k, "TICKETD_")), "_", "-"), v
 }
 
+// envVarName is the variable envKey reads as key.
+func envVarName(key string) string {
+	return "TICKETD_" + strings.ToUpper(strings.ReplaceAll(key, "-", "_"))
+}
+
 // checkKeys rejects keys no field knows: a typo in a config file must not
-// silently fall back to a default.
-func checkKeys(keys []string) error {
+// silently fall back to a default. name says how the error names a key.
+func checkKeys(keys []string, name func(key string) string) error {
 	known := map[string]bool{"config": true}
 	t := reflect.TypeOf(daemon.Config{})
 	for i := 0; i < t.NumField(); i++ {
@@ -190,7 +205,7 @@ func checkKeys(keys []string) error {
 	var unknown []string
 	for _, key := range keys {
 		if !known[key] {
-			unknown = append(unknown, key)
+			unknown = append(unknown, name(key))
 		}
 	}
 	if len(unknown) > 0 {
