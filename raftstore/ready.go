@@ -14,20 +14,21 @@ import (
 
 // readyApply is what applying one Ready produced, for the steps after it.
 type readyApply struct {
-	applied     uint64 // applied index after this Ready
-	confState   raftpb.ConfState
-	restored    bool // a received snapshot replaced the state
-	confChanges []appliedConfChange
-	events      []Applied
-	requestIDs  []uint64 // requestIDs[i] is the proposal events[i] answers
-	leaderReady bool     // this leader's first entry of its term applied
-	touched     touchedRows
-	requests    requestMark // the request state before the entries (after any snapshot)
-	sessions    sessionMark // the session state's header before the entries
-	touchedSess touchedSessions
-	touchedMul  touchedMulti // multi-holder keys (holders.go)
-	state       *StateChange // what to persist; nil when nothing applied
-	delivered   bool         // events and proposal results went out before the write (applyAndPersist)
+	applied          uint64 // applied index after this Ready
+	confState        raftpb.ConfState
+	restored         bool // a received snapshot replaced the state
+	confChanges      []appliedConfChange
+	events           []Applied
+	requestIDs       []uint64 // requestIDs[i] is the proposal events[i] answers
+	leaderReady      bool     // this leader's first entry of its term applied
+	touched          touchedRows
+	requests         requestMark // the request state before the entries (after any snapshot)
+	sessions         sessionMark // the session state's header before the entries
+	touchedSess      touchedSessions
+	touchedMul       touchedMulti // multi-holder keys (holders.go)
+	state            *StateChange // what to persist; nil when nothing applied
+	delivered        bool         // events and proposal results went out before the write (applyAndPersist)
+	summaryPublished bool         // the summary of the state after rd went out before the write
 }
 
 // touchedRows are the state rows a run of commands touched: lock keys in
@@ -112,9 +113,9 @@ func (n *Node) handleReady(rd raft.Ready) error {
 // the state after them saw a state this node reaches again and the
 // cluster never loses. The state becomes visible early (with its index, to
 // ViewIndexed), and the observers and proposals hear of it early too
-// (deliverApplied, unless rd changes membership); the applied index, the
-// summary, the store's rows, read states and the applied-index waiters
-// still move after the write (persist, notify), so a reader must not pair
+// (deliverApplied, unless rd changes membership), and so does the summary
+// (Summary, ClusterVersion); the applied index, the store's rows, read
+// states and the applied-index waiters still move after the write (persist, notify), so a reader must not pair
 // View's state with AppliedIndex. A snapshot, or an entry that arrives and commits in the
 // same Ready (a follower's append that carries its commit), keeps the lock
 // across the write. The loop remains the machine's only writer, so it may
@@ -153,6 +154,13 @@ func (n *Node) applyAndPersist(rd raft.Ready) (*readyApply, error) {
 	if committedWereDurable(rd, lastDurable) {
 		locked = false
 		n.machineMu.Unlock()
+		if ra.state != nil {
+			// What a reply lets a caller expect of this node (the cluster
+			// version a SetClusterVersion raised, the last token) must
+			// be there when the reply is.
+			n.publishSummary(ra.applied)
+			ra.summaryPublished = true
+		}
 		if len(ra.confChanges) == 0 {
 			// Observers hear membership changes before the commands after
 			// them (notify): a Ready that holds one delivers in order, after
@@ -365,7 +373,7 @@ func (n *Node) persist(rd raft.Ready, ra *readyApply, rows *SnapshotRows) error 
 	n.applied.Store(ra.applied)
 	cs := ra.confState
 	n.confState.Store(&cs)
-	if ra.state != nil {
+	if ra.state != nil && !ra.summaryPublished {
 		n.publishSummary(ra.applied)
 	}
 	return nil

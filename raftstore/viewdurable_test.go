@@ -233,6 +233,11 @@ func TestViewAndReplyDoNotWaitForTheFsyncOfLaterEntries(t *testing.T) {
 	if a := n.AppliedIndex(); a >= rb.a.Index {
 		t.Fatalf("AppliedIndex %d while the write of the Ready that applied b (%d) is in its fsync", a, rb.a.Index)
 	}
+	// What the reply lets its caller expect of this node is there: the
+	// summary (status, ClusterVersion) shows the state after b.
+	if sum := n.Summary(); sum.Applied != rb.a.Index || sum.LastToken != rb.a.Result.Token {
+		t.Fatalf("summary at %d with last token %d after b's reply (b: index %d, token %d)", sum.Applied, sum.LastToken, rb.a.Index, rb.a.Result.Token)
+	}
 	select {
 	case r := <-c:
 		t.Fatalf("c answered (%+v) while its entry's fsync was held", r)
