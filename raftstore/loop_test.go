@@ -108,7 +108,14 @@ func TestQueuedProposalsShareOneReady(t *testing.T) {
 		}
 		seen[tokens[i]] = true
 	}
-	applies, entries := histogram(t, reg, "ticketd_apply_batch_entries")
+	// The replies go out before the Ready's write (deliverApplied), the
+	// apply metric after it.
+	var applies uint64
+	var entries float64
+	testkit.Eventually(t, 5*time.Second, "the applying Ready observed", func() bool {
+		applies, entries = histogram(t, reg, "ticketd_apply_batch_entries")
+		return applies > appliesBefore
+	})
 	if applies-appliesBefore != 1 || entries-entriesBefore != callers {
 		t.Fatalf("%d proposals queued together were applied in %d Readys (%v entries), want 1", callers, applies-appliesBefore, entries-entriesBefore)
 	}
