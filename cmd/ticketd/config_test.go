@@ -5,6 +5,7 @@ import (
 	"io"
 	"os"
 	"path/filepath"
+	"strings"
 	"testing"
 
 	"github.com/ticketd/ticketd/daemon"
@@ -114,5 +115,38 @@ func TestLoadConfigSecretFiles(t *testing.T) {
 	cfg, err = loadConfig([]string{"--nats-user", "ticketd"}, []string{"TICKETD_NATS_PASSWORD=from-env"}, io.Discard)
 	if err != nil || cfg.NATSPassword != "from-env" {
 		t.Fatalf("password from the environment: %q, %v", cfg.NATSPassword, err)
+	}
+}
+
+// An unknown key is named where it came from, so that a stray TICKETD_*
+// variable (a test's or a script's) is recognisable as one.
+func TestLoadConfigNamesWhereAnUnknownKeyCameFrom(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "ticketd.yaml")
+	_ = os.WriteFile(file, []byte("data: d1\nlog-levle: debug\n"), 0o600)
+	cases := []struct {
+		name string
+		args []string
+		env  []string
+		want []string
+	}{
+		{"unknown variable", nil, []string{"TICKETD_BENCH_BIN=/tmp/x", "TICKETD_LOG_LEVEL=debug"},
+			[]string{"unknown keys TICKETD_BENCH_BIN in the environment", "unset it"}},
+		{"two unknown variables", nil, []string{"TICKETD_BIG=1", "TICKETD_FIGURES=1"},
+			[]string{"unknown keys TICKETD_BIG, TICKETD_FIGURES in the environment"}},
+		{"unknown key in the file", []string{"--config", file}, nil,
+			[]string{"unknown keys log-levle (in " + file + ")"}},
+	}
+	for _, tc := range cases {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := loadConfig(tc.args, tc.env, io.Discard)
+			if !errors.Is(err, daemon.ErrConfig) {
+				t.Fatalf("error %v, want daemon.ErrConfig", err)
+			}
+			for _, w := range tc.want {
+				if !strings.Contains(err.Error(), w) {
+					t.Errorf("error %q does not say %q", err, w)
+				}
+			}
+		})
 	}
 }
