@@ -30,6 +30,9 @@ type fakeNode struct {
 	// beforeView, if set, runs at the start of every View, outside mu:
 	// tests interleave applied commands with a reader's steps there.
 	beforeView func()
+	// afterView, if set, runs at the end of every View, outside mu:
+	// tests change the state between a reader's View and its next step.
+	afterView func()
 	// beforePropose, if set, runs at the start of every Propose, outside
 	// mu: tests apply a racing command before cmd there.
 	beforePropose func(cmd core.Command)
@@ -80,8 +83,11 @@ func (f *fakeNode) View(fn func(m *core.Machine)) {
 		f.beforeView()
 	}
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	fn(f.m)
+	f.mu.Unlock()
+	if f.afterView != nil {
+		f.afterView()
+	}
 }
 func (f *fakeNode) ScanLocks(prefix, after string, afterToken uint64, limit int) (raftstore.LockPage, error) {
 	f.mu.Lock()

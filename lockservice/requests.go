@@ -256,7 +256,20 @@ func (s *Service) lookupRequest(ctx context.Context, p AcquireParams, identity s
 		if err != nil {
 			return Grant{}, true, fmt.Errorf("%w: the grant of request_id %q is being delivered or released; retry with the same request_id: %w", ErrIndeterminate, p.RequestID, err)
 		}
-		if !waited {
+		if waited {
+			continue
+		}
+		// Not settling now. A release whose mark ended between the View
+		// above and that look applied before its mark ended: only a View
+		// taken after the look shows it.
+		before := rec
+		s.node.View(func(m *core.Machine) {
+			rec = m.LookupRequest(identity, p.RequestID)
+			if rec.Status == core.RequestHeld {
+				held, _ = m.Holder(rec.Key, rec.Token)
+			}
+		})
+		if rec == before {
 			break
 		}
 	}

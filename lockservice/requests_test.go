@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -302,6 +303,35 @@ func TestRequestIDRetryWaitsForDelivery(t *testing.T) {
 	var ge *GrantEndedError
 	if !errors.As(r.err, &ge) || ge.Token != g.Token {
 		t.Fatalf("retry during a lost delivery: %+v %v, want grant_ended with token %d", r.g, r.err, g.Token)
+	}
+}
+
+// A lost-reply release that applies and settles between the retry's
+// View (held) and its look at the settling marks does not make the retry
+// answer with the grant it just saw: it looks at the state once more.
+func TestRequestIDRetrySeesAReleaseThatSettledAfterItsView(t *testing.T) {
+	s, f := newLeaderV3(t, Config{SettleWindow: time.Minute})
+	g := queuedGrantWithID(t, s)
+	var once sync.Once
+	f.readIndex = func() error {
+		// Past the retry's confirming ReadIndex: its next View sees the
+		// grant held; settle the lost delivery right after that View.
+		f.afterView = func() {
+			once.Do(func() {
+				s.ReleaseUndelivered("k", g.Token)
+				testkit.Eventually(t, 5*time.Second, "release settled", func() bool {
+					s.lead.mu.Lock()
+					defer s.lead.mu.Unlock()
+					return len(s.lead.settling) == 0
+				})
+			})
+		}
+		return nil
+	}
+	_, err := acquireReq(context.Background(), s, "A", "k", "r1", 0)
+	var ge *GrantEndedError
+	if !errors.As(err, &ge) || ge.Token != g.Token {
+		t.Fatalf("retry after a release that settled behind its View: %v, want grant_ended with token %d", err, g.Token)
 	}
 }
 
