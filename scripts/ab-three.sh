@@ -7,6 +7,7 @@
 set -u
 name=$1; bin=$2; mode=$3; shift 3
 bench=${AB_BENCH_BIN:-$bin}
+url=nats://127.0.0.1:1870${AB_NODE:-1} # AB_NODE: the node the bench connects to (node 1 leads, by placement)
 export TICKETD_PEER_SECRET=ab-three-peer-secret-0123456789
 base=${TMPDIR:-/tmp}/ab-three-$name; rm -rf "$base"; mkdir -p "$base"
 pids=()
@@ -19,11 +20,11 @@ for i in 1 2 3; do
 done
 trap 'kill "${pids[@]}" 2>/dev/null; wait 2>/dev/null' EXIT
 P=$(IFS=,; echo "${pids[*]}")
-"$bench" bench --nats nats://127.0.0.1:18701 --clients 16 --mode "$mode" --duration 4s --cpu-pids none >/dev/null 2>&1 || sleep 3
+"$bench" bench --nats "$url" --clients 16 --mode "$mode" --duration 4s --cpu-pids none >/dev/null 2>&1 || sleep 3
 fsyncs() { curl -s http://127.0.0.1:18751/metrics | awk '/^ticketd_fsync_entries_sum/{s=$2} /^ticketd_fsync_entries_count/{c=$2} END{print s+0, c+0}'; }
 for c in 16 64; do
   read -r s0 c0 < <(fsyncs)
-  out=$("$bench" bench --nats nats://127.0.0.1:18701 --clients $c --mode "$mode" --duration 10s --cpu-pids "$P" 2>&1)
+  out=$("$bench" bench --nats "$url" --clients $c --mode "$mode" --duration 10s --cpu-pids "$P" 2>&1)
   read -r s1 c1 < <(fsyncs)
   epf=$(awk -v a="$s0" -v b="$s1" -v x="$c0" -v y="$c1" 'BEGIN{ if (y>x) printf "%.2f", (b-a)/(y-x); else print "na"}')
   echo "$name $mode c=$c load=$(cut -d' ' -f1 /proc/loadavg) $(echo "$out" | grep -o '([0-9]* cycles/s)') $(echo "$out" | grep -o 'acquire ms: p50=[0-9.]* p90=[0-9.]* p99=[0-9.]*') $(echo "$out" | grep -o '= [0-9]* us/cycle') $(echo "$out" | grep -o 'errors=[0-9]*') leader_entries_per_fsync=$epf"
