@@ -153,6 +153,8 @@ type Client struct {
 	// keepAliveSlots and renewSlots bound the session keepalives and the
 	// background lock renewals in flight (WithKeepAlivesInFlight).
 	keepAliveSlots, renewSlots *inflightSlots
+	// bg holds the keepalives Close ends (background.go).
+	bg *background
 }
 
 // New returns a client that sends its requests over nc. The caller keeps
@@ -197,7 +199,8 @@ func New(nc *nats.Conn, opts ...Option) (*Client, error) {
 		cfg.logger = slog.New(slog.DiscardHandler)
 	}
 	return &Client{nc: nc, cfg: cfg, perms: newPermWatch(nc), epoch: cfg.clock.Now(),
-		keepAliveSlots: newInflightSlots(cfg.keepAlivesInFlight), renewSlots: newInflightSlots(cfg.keepAlivesInFlight)}, nil
+		keepAliveSlots: newInflightSlots(cfg.keepAlivesInFlight), renewSlots: newInflightSlots(cfg.keepAlivesInFlight),
+		bg: newBackground()}, nil
 }
 
 // Connect dials NATS at url (a comma-separated list is allowed) and
@@ -243,10 +246,17 @@ func Connect(url string, opts ...Option) (*Client, error) {
 // Conn returns the client's NATS connection.
 func (c *Client) Conn() *nats.Conn { return c.nc }
 
-// Close closes the NATS connection if the client owns it (Connect), and
-// does nothing otherwise (New). Locks still held are not released: they
-// expire within their leases.
+// Close stops everything the client keeps alive and closes the NATS
+// connection if the client owns it (Connect; a connection passed to New
+// stays open). Its sessions and kept-alive locks (WithAutoRenew,
+// Lock.KeepAlive) end at once, with an error matching ErrLost and
+// ErrClientClosed: nothing renews them any more. Close releases nothing on
+// the cluster: locks and sessions still held there end within their
+// leases and TTLs (close a session first, Session.Close, to release its
+// locks at once). NewSession and KeepAlive on a closed client fail with
+// ErrClientClosed.
 func (c *Client) Close() error {
+	c.bg.close()
 	c.perms.close()
 	if c.owned {
 		c.closeOnce.Do(c.nc.Close)

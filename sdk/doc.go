@@ -59,6 +59,12 @@
 // Session.NewElection runs an election whose terms are locks of the
 // session.
 //
+// Client.Close stops everything the client keeps alive, whether or not it
+// owns its connection: its sessions and kept-alive locks end at once
+// (ErrLost and ErrClientClosed), and the cluster ends them within their
+// TTLs and leases. Close a session before its client to release its locks
+// at once.
+//
 // # Waiting and giving up
 //
 // An Acquire with WithWait names its wait (wait_id). If the caller's

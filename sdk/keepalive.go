@@ -159,6 +159,9 @@ func (l *Lock) startKeepAlive(ctx context.Context, k keepAliveConfig) error {
 	if l.life.kaStop != nil {
 		return fmt.Errorf("ticketd: lock %q: a keepalive already runs", l.Key)
 	}
+	if err := l.client.bg.addLock(l); err != nil {
+		return fmt.Errorf("ticketd: lock %q: %w", l.Key, err)
+	}
 	l.initLocked()
 	l.life.margin = k.margin
 	l.rearmLocked()
@@ -181,12 +184,21 @@ func (l *Lock) startAutoRenew(ctx context.Context, k keepAliveConfig) error {
 			return fmt.Errorf("ticketd: acquire %q: granted too late to use, or its renewal was refused (the grant was released): %w", l.Key, err)
 		}
 	}
-	return l.startKeepAlive(context.Background(), k)
+	if err := l.startKeepAlive(context.Background(), k); err != nil {
+		// The client was closed during the acquire: nothing will renew
+		// the grant, so give it back (over a connection Close left open).
+		rctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), withdrawTimeout)
+		_ = l.Release(rctx)
+		cancel()
+		return fmt.Errorf("ticketd: acquire %q: granted, but not renewed (the grant was released, or expires within its lease): %w", l.Key, err)
+	}
+	return nil
 }
 
 // keepAlive is the renewal loop; it returns when the lock ends or ctx is
 // done.
 func (l *Lock) keepAlive(ctx context.Context, k keepAliveConfig) {
+	defer l.client.bg.dropLock(l)
 	for {
 		l.mu.Lock()
 		next, lost := l.renewedAt.Add(k.interval), l.life.lost

@@ -243,6 +243,10 @@ func (c *Client) Acquire(ctx context.Context, key string, opts ...AcquireOption)
 		if ka, err = newKeepAliveConfig(lease, o.keepAlive); err != nil {
 			return nil, &Error{Code: protocol.CodeInvalidArgument, Message: err.Error(), Op: "acquire", Key: key}
 		}
+		if c.bg.isClosed() {
+			// Nothing could renew the grant: ask for none.
+			return nil, fmt.Errorf("ticketd: acquire %q with auto-renew: %w", key, ErrClientClosed)
+		}
 	}
 	l, err := c.acquire(ctx, key, lease, o)
 	if err != nil {

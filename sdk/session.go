@@ -104,6 +104,9 @@ func NewSession(ctx context.Context, c *Client, opts ...SessionOption) (*Session
 	if err != nil {
 		return nil, bad("%v", err)
 	}
+	if c.bg.isClosed() {
+		return nil, fmt.Errorf("ticketd: %s: %w", protocol.SessionOpOpen, ErrClientClosed)
+	}
 	if c.cfg.partitioned {
 		return nil, &Error{Code: protocol.CodeUnsupported, Op: protocol.SessionOpOpen,
 			Message: "a partitioned deployment does not serve sessions (docs/scaling.md): hold locks with leases"}
@@ -129,6 +132,11 @@ func NewSession(ctx context.Context, c *Client, opts ...SessionOption) (*Session
 	kctx, stop := context.WithCancel(context.Background())
 	s := &Session{ID: or.Session, TTL: granted, LockDelay: delay, client: c, ka: ka, stop: stop, done: make(chan struct{}),
 		deadline: rep.sent.Add(granted), sentAt: rep.sent}
+	if err := c.bg.addSession(s); err != nil {
+		// Closed while the open was in flight: nobody keeps it alive.
+		stop()
+		return nil, fmt.Errorf("ticketd: %s: session %s was opened, and expires within its TTL (%v): %w", protocol.SessionOpOpen, s.ID, granted, err)
+	}
 	s.wg.Add(1)
 	go s.keepAlive(kctx)
 	return s, nil
@@ -160,13 +168,15 @@ func (s *Session) Err() error {
 // end ends the session locally for why (the first reason wins).
 func (s *Session) end(why error) {
 	s.mu.Lock()
-	defer s.mu.Unlock()
 	if s.err != nil {
+		s.mu.Unlock()
 		return
 	}
 	s.err = why
 	s.stop()
 	close(s.done)
+	s.mu.Unlock()
+	s.client.bg.dropSession(s)
 }
 
 // keepAliveAlign is the grid a client's session keepalives go out on:

@@ -73,6 +73,61 @@ func TestSessionHoldsManyLocks(t *testing.T) {
 	}
 }
 
+// TestClientCloseEndsSessions: Close of a client that does not own its
+// connection ends its sessions at once (Done closed; ErrLost and
+// ErrClientClosed) and the locks in them, sends no keepalive after it, and
+// refuses NewSession; the cluster still holds the session's lock until
+// Session.Close (over the connection Close left open) releases it.
+func TestClientCloseEndsSessions(t *testing.T) {
+	c, lead := cluster(t, 1)
+	nc := testkit.Connect(t, c.ClientURL(lead))
+	cl, err := sdk.New(nc, sdk.WithRequestTimeout(2*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	other := client(t, c, lead)
+	ctx := t.Context()
+	s, err := sdk.NewSession(ctx, cl, sdk.WithSessionTTL(time.Minute))
+	if err != nil {
+		t.Fatal(err)
+	}
+	l, err := s.Acquire(ctx, "db")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cl.Close(); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-s.Done():
+	default:
+		t.Fatal("session still open after the client's Close")
+	}
+	if err := s.Err(); !errors.Is(err, sdk.ErrLost) || !errors.Is(err, sdk.ErrClientClosed) {
+		t.Fatalf("session after Close: %v, want lost and client closed", err)
+	}
+	select {
+	case <-l.Lost():
+		if !errors.Is(l.Err(), sdk.ErrLost) || !errors.Is(l.Err(), sdk.ErrClientClosed) {
+			t.Fatalf("the session's lock after Close: %v, want lost and client closed", l.Err())
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lock of a session the client's Close ended is not lost")
+	}
+	if _, err := sdk.NewSession(ctx, cl); !errors.Is(err, sdk.ErrClientClosed) {
+		t.Fatalf("NewSession after Close: %v, want client closed", err)
+	}
+	if h, err := other.Get(ctx, "db"); err != nil || !h.Held || h.Session != s.ID {
+		t.Fatalf("the cluster's view after Close: %+v %v, want held by session %s", h, err, s.ID)
+	}
+	if n, err := s.Close(ctx); err != nil || n != 1 {
+		t.Fatalf("Session.Close after the client's Close: %d %v, want 1 lock released", n, err)
+	}
+	if h, err := other.Get(ctx, "db"); err != nil || h.Held {
+		t.Fatalf("after Session.Close: %+v %v", h, err)
+	}
+}
+
 // TestSessionLostBeforeDeadline: with its keepalive cut (the client's
 // connection closed), a session's Done closes before its Deadline; the
 // server then expires it and its lock goes into its lock-delay: another
