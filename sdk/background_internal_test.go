@@ -68,16 +68,7 @@ func TestCloseStopsKeptAliveLocks(t *testing.T) {
 	if got := f.count(protocol.SubjectAcquire); got != acquires {
 		t.Fatalf("an acquire was sent after Close (%d, then %d)", acquires, got)
 	}
-	n := f.count(protocol.SubjectRenew)
-	// Two renew intervals later, still no new renewal.
-	deadline := time.Now().Add(250 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		f.settle(nc)
-		if got := f.count(protocol.SubjectRenew); got != n {
-			t.Fatalf("renewal sent after Close (%d, then %d)", n, got)
-		}
-		_ = sleepCtx(context.Background(), 10*time.Millisecond)
-	}
+	f.noMore(t, nc, protocol.SubjectRenew, 250*time.Millisecond, "after Close")
 	c.bg.mu.Lock()
 	left := len(c.bg.locks) + len(c.bg.sessions)
 	c.bg.mu.Unlock()

@@ -1,6 +1,7 @@
 package sdk
 
 import (
+	"context"
 	"encoding/json"
 	"sync"
 	"testing"
@@ -97,6 +98,22 @@ func (f *fake) requests(subject string) []seen {
 }
 
 func (f *fake) count(subject string) int { return len(f.requests(subject)) }
+
+// noMore fails t if a request on subject reaches f within window (say two
+// renew intervals) from now; client is the connection that would send it.
+func (f *fake) noMore(t *testing.T, client *nats.Conn, subject string, window time.Duration, when string) {
+	t.Helper()
+	f.settle(client)
+	n := f.count(subject)
+	deadline := time.Now().Add(window)
+	for time.Now().Before(deadline) {
+		f.settle(client)
+		if got := f.count(subject); got != n {
+			t.Fatalf("%s sent %s (%d, then %d)", subject, when, n, got)
+		}
+		_ = sleepCtx(context.Background(), 10*time.Millisecond)
+	}
+}
 
 // settle makes sure every message the client published has been handled
 // by the fake: it flushes both connections (so the server has routed

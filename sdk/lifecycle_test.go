@@ -197,17 +197,7 @@ func TestReleaseStopsKeepAlive(t *testing.T) {
 	default:
 		t.Fatal("Lost open after Release")
 	}
-	f.settle(nc)
-	n := f.count(protocol.SubjectRenew)
-	// Two renew intervals later, still no new renewal.
-	deadline := time.Now().Add(250 * time.Millisecond)
-	for time.Now().Before(deadline) {
-		f.settle(nc)
-		if got := f.count(protocol.SubjectRenew); got != n {
-			t.Fatalf("renewal sent after Release (%d, then %d)", n, got)
-		}
-		_ = sleepCtx(context.Background(), 10*time.Millisecond)
-	}
+	f.noMore(t, nc, protocol.SubjectRenew, 250*time.Millisecond, "after Release")
 }
 
 // TestLockWithoutKeepAliveEndsBeforeDeadline: Context of a lock nobody
