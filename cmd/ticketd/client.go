@@ -9,6 +9,7 @@ import (
 	"os"
 	"time"
 
+	"github.com/nats-io/nats.go"
 	"github.com/spf13/cobra"
 	"github.com/spf13/pflag"
 
@@ -96,6 +97,10 @@ func (c *clientFlags) connect(ctx context.Context) (*sdk.Client, context.Context
 func fail(stderr io.Writer, err error) int {
 	if code := sdk.CodeOf(err); code != "" {
 		fmt.Fprintf(stderr, "error: %s: %v\n", code, err)
+	} else if errors.Is(err, nats.ErrNoServers) {
+		// Nothing was sent: the stable code a script retries on.
+		fmt.Fprintf(stderr, "error: %s: %v\n", protocol.CodeUnavailable, err)
+		fmt.Fprintln(stderr, "hint: no NATS server answered at --nats (default nats://127.0.0.1:4222): is a node running there? `ticketd serve` starts one; nothing was sent")
 	} else {
 		fmt.Fprintf(stderr, "error: %v\n", err)
 	}

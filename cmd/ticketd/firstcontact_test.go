@@ -126,3 +126,28 @@ func TestWriteFileAtomic(t *testing.T) {
 		t.Fatalf("content %q after a forced write", b)
 	}
 }
+
+// A client command pointed at an address where no node listens (the
+// newcomer's first mistake: no node started, or the wrong port) fails
+// with the stable code unavailable, the OS's reason, and a hint to start
+// a node.
+func TestNoNodeThereIsUnavailableWithAHint(t *testing.T) {
+	url := "nats://" + testkit.FreeAddr(t) // nothing listens there
+	for _, args := range [][]string{
+		{"status"},
+		{"lock", "acquire", "orders/42", "--lease", "10s"},
+		{"lock", "get", "orders/42"},
+		{"lock", "release", "orders/42", "--token", "1"},
+		{"lock", "ls", "orders/"},
+		{"lock", "watch", "orders/42"},
+		{"fence", "pubkey"},
+	} {
+		t.Run(strings.Join(args[:min(2, len(args))], " "), func(t *testing.T) {
+			code, _, errOut := runInProcess(append(args, "--nats", url, "--timeout", "5s")...)
+			if code != exitFailure || !strings.HasPrefix(errOut, "error: unavailable: ") ||
+				!strings.Contains(errOut, "connection refused") || !strings.Contains(errOut, "hint: no NATS server answered") {
+				t.Errorf("ticketd %s: exit %d, stderr %q", strings.Join(args, " "), code, errOut)
+			}
+		})
+	}
+}
