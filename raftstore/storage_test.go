@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -1338,5 +1339,41 @@ func TestStorageFormat1Migrates(t *testing.T) {
 	names, err := os.ReadDir(filepath.Join(dir, snapDirName))
 	if err != nil || len(names) != 1 {
 		t.Fatalf("snapshot directory holds %v (%v), want the one file", names, err)
+	}
+}
+
+// A second Open of a store that is open (another process on the same data
+// folder, or this one) is refused before it touches anything: the running
+// store's temporary snapshot file is still there, and the error says what
+// to do. Once the first is closed, the store opens again.
+func TestOpenRefusesAStoreInUse(t *testing.T) {
+	dir := t.TempDir()
+	opts := StoreOptions{NoSync: true, Logger: testkit.QuietLogger(), Disk: DiskOptions{BallastBytes: -1}}
+	s, err := Open(dir, opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmp := filepath.Join(dir, snapDirName, "0000000000000001-0000000000000009"+snapSuffix+tmpSuffix)
+	if err := os.WriteFile(tmp, []byte("being written"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if s2, err := Open(dir, opts); err == nil {
+		_ = s2.Close()
+		t.Fatal("a second Open of an open store succeeded")
+	} else if !strings.Contains(err.Error(), "is in use") || !strings.Contains(err.Error(), "another ticketd") {
+		t.Fatalf("second Open: %v, want it to say the store is in use", err)
+	}
+	if _, err := os.Stat(tmp); err != nil {
+		t.Fatalf("the refused Open touched the running store's files: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
+	}
+	s, err = Open(dir, opts)
+	if err != nil {
+		t.Fatalf("Open after Close: %v", err)
+	}
+	if err := s.Close(); err != nil {
+		t.Fatal(err)
 	}
 }

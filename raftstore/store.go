@@ -74,6 +74,9 @@ type Store struct {
 	metrics *Metrics
 	snaps   snapFiles
 	disk    *DiskGuard
+	// dirLock is Pebble's directory lock, held from Open to Close: one
+	// process per store.
+	dirLock *pebble.Lock
 
 	// writeMu serialises the writers (Write, CreateSnapshot, Compact, Close).
 	// Only a writer holding writeMu changes st, view and closed, and it does
@@ -106,7 +109,7 @@ type storeState struct {
 // Open opens (creating if needed) the store in dir. An empty store behaves
 // like raft.NewMemoryStorage: a dummy entry at index 0, term 0, so
 // FirstIndex()=1 and LastIndex()=0.
-func Open(dir string, opts StoreOptions) (*Store, error) {
+func Open(dir string, opts StoreOptions) (_ *Store, err error) {
 	logger := opts.Logger
 	if logger == nil {
 		logger = slog.Default()
@@ -119,6 +122,18 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 	if err := rawFS.MkdirAll(dir, 0o750); err != nil {
 		return nil, fmt.Errorf("raftstore: create %s: %w", dir, err)
 	}
+	// Before anything in dir is touched (snaps.init removes the temporary
+	// snapshot files a running node may be writing): a second process on
+	// the same store stops here.
+	dirLock, err := pebble.LockDirectory(dir, rawFS)
+	if err != nil {
+		return nil, fmt.Errorf("raftstore: %s is in use (is another ticketd serving this data folder? stop it, or give this node its own --data): %w", dir, err)
+	}
+	defer func() {
+		if err != nil {
+			_ = dirLock.Close()
+		}
+	}()
 	disk := newDiskGuard(rawFS, dir, opts.Disk, logger, opts.Metrics)
 	if err := disk.checkStart(); err != nil {
 		return nil, err
@@ -134,11 +149,12 @@ func Open(dir string, opts StoreOptions) (*Store, error) {
 		FS:                 fs,
 		FormatMajorVersion: pebble.FormatNewest,
 		Logger:             plog,
+		Lock:               dirLock,
 	})
 	if err != nil {
 		return nil, fmt.Errorf("raftstore: open pebble in %s: %w", dir, err)
 	}
-	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics, snaps: snaps, disk: disk}
+	s := &Store{db: db, wo: pebble.Sync, log: logger, metrics: opts.Metrics, snaps: snaps, disk: disk, dirLock: dirLock}
 	if opts.NoSync {
 		s.wo = pebble.NoSync
 	}
@@ -321,7 +337,7 @@ func (s *Store) Close() error {
 	s.view = nil
 	s.mu.Unlock()
 	s.disk.close()
-	if err := errors.Join(view.Close(), s.db.Close()); err != nil {
+	if err := errors.Join(view.Close(), s.db.Close(), s.dirLock.Close()); err != nil {
 		return fmt.Errorf("raftstore: close: %w", err)
 	}
 	return nil
