@@ -16,14 +16,7 @@ import (
 // acquire or a KeepAlive on the closed client is refused before anything
 // is sent.
 func TestCloseStopsKeptAliveLocks(t *testing.T) {
-	s := testkit.NATSServer(t)
-	f := startFake(t, s, func(subject string, n int, data []byte) action {
-		if subject == protocol.SubjectRenew {
-			return renewed(data, 300)
-		}
-		return standard(subject, n, data)
-	})
-	c, nc := newClient(t, s)
+	f, c, nc := renewingFake(t)
 	ctx := context.Background()
 	auto, err := c.Acquire(ctx, "a", WithLease(300*time.Millisecond), WithAutoRenew())
 	if err != nil {

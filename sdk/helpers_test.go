@@ -99,6 +99,21 @@ func (f *fake) requests(subject string) []seen {
 
 func (f *fake) count(subject string) int { return len(f.requests(subject)) }
 
+// renewingFake is a fake that grants as standard and renews every lock
+// with a 300 ms lease, and a client of it.
+func renewingFake(t *testing.T) (*fake, *Client, *nats.Conn) {
+	t.Helper()
+	s := testkit.NATSServer(t)
+	f := startFake(t, s, func(subject string, n int, data []byte) action {
+		if subject == protocol.SubjectRenew {
+			return renewed(data, 300)
+		}
+		return standard(subject, n, data)
+	})
+	c, nc := newClient(t, s)
+	return f, c, nc
+}
+
 // noMore fails t if a request on subject reaches f within window (say two
 // renew intervals) from now; client is the connection that would send it.
 func (f *fake) noMore(t *testing.T, client *nats.Conn, subject string, window time.Duration, when string) {

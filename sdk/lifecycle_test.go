@@ -167,14 +167,7 @@ func TestKeepAliveLostBeforeDeadline(t *testing.T) {
 // TestReleaseStopsKeepAlive: Release ends the lock (ErrReleased) and no
 // renewal is sent after it.
 func TestReleaseStopsKeepAlive(t *testing.T) {
-	s := testkit.NATSServer(t)
-	f := startFake(t, s, func(subject string, n int, data []byte) action {
-		if subject == protocol.SubjectRenew {
-			return renewed(data, 300)
-		}
-		return standard(subject, n, data)
-	})
-	c, nc := newClient(t, s)
+	f, c, nc := renewingFake(t)
 	l, err := c.Acquire(context.Background(), "k", WithLease(300*time.Millisecond))
 	if err != nil {
 		t.Fatal(err)
