@@ -22,6 +22,10 @@ import (
 // directory empty and was not told the cluster is new.
 var ErrWipedMember = errors.New("daemon: refusing to bootstrap a static member on an empty data directory")
 
+// ErrForeignCluster: a new static member found another ticketd cluster's
+// leader serving the lock subjects of its NATS mesh.
+var ErrForeignCluster = errors.New("daemon: refusing to bootstrap a second cluster on this NATS mesh")
+
 // settleClusterID decides which cluster this node belongs to, refuses to
 // start a static member on an empty data directory unless the cluster is
 // new (and, told it is new, when the running cluster shows it is not:
@@ -99,10 +103,17 @@ const (
 // lost), or no longer lists it (it was removed). Either way bootstrapping
 // again would let it vote twice in a term, and a leader that remembers
 // its old log would make raft panic ("tocommit is out of range"), so the
-// start is refused. No other member listening, no answer, no leader, or
-// another cluster is no evidence, and the start goes on: a leader elected
-// after the member died does not know it had data, so this catches most
-// wiped members, not all.
+// start is refused. No other member listening, no answer, or no leader is
+// no evidence, and the start goes on: a leader elected after the member
+// died does not know it had data, so this catches most wiped members, not
+// all.
+//
+// A leader of another cluster answering (another token, or a data folder
+// bootstrapped as a single node and started again among members that are
+// new) refuses the start too (ErrForeignCluster): the lock subjects of a
+// NATS mesh (of one group, when partitioned) have one queue group, so two
+// clusters on it would each grant the same keys to clients that cannot
+// tell them apart.
 func (d *Daemon) refuseExistingCluster(ctx context.Context, id uint64) error {
 	// none logs why the start goes on.
 	none := func(why string) error {
@@ -163,8 +174,12 @@ func (d *Daemon) refuseExistingCluster(ctx context.Context, id uint64) error {
 			return none(fmt.Sprintf("status of leader %d: %v", first.Leader, err))
 		}
 	}
-	if l.ClusterID != fmt.Sprintf("%016x", id) || l.ID != first.Leader {
-		return none(fmt.Sprintf("node %d answered for another cluster (%q)", l.ID, l.ClusterID))
+	if l.ID != first.Leader {
+		return none(fmt.Sprintf("node %d answered for leader %d", l.ID, first.Leader))
+	}
+	if l.ClusterID != fmt.Sprintf("%016x", id) {
+		return fmt.Errorf("%w: node %d leads cluster %s on this member's NATS mesh, and this member would bootstrap cluster %016x: both would serve the same lock subjects and grant the same keys. Give each cluster NATS routes of its own (--nats-routes), stop the other cluster, or start this member with the token and members of the running one (a running cluster, a single node included, grows by --join: README, \"Control plane\")",
+			ErrForeignCluster, l.ID, l.ClusterID, id)
 	}
 	next := fmt.Sprintf("A member that lost its data must be replaced, not bootstrapped again: start a new node with --join CONTROL_URLS --replace %d (docs/operations.md, \"Replacing a failed node\")", d.cfg.ID)
 	for _, mb := range l.Members {

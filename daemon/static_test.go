@@ -22,8 +22,11 @@ import (
 
 // A static member whose data directory was wiped does not bootstrap
 // again unless told the cluster is new; told so with another cluster's
-// token, it is a node of another cluster, and the members refuse it in
-// the handshake even though it knows the secret.
+// token, it would be a node of another cluster on the same NATS mesh, and
+// its start is refused (ErrForeignCluster: two clusters would serve the
+// same lock subjects). Started apart from the mesh (no other member's
+// route listens), it bootstraps, and the members refuse it in the
+// handshake even though it knows the secret.
 func TestWipedStaticMember(t *testing.T) {
 	c := testcluster.New(t, 3)
 	c.Leader(10 * time.Second)
@@ -44,8 +47,18 @@ func TestWipedStaticMember(t *testing.T) {
 		t.Fatalf("restart on a wiped data directory: %v, want ErrWipedMember", err)
 	}
 
+	c.Leader(10 * time.Second) // the two members have a leader to answer (node 3 may have led)
 	c.UpdateConfig(2, func(cfg *daemon.Config) {
 		cfg.InitialClusterState, cfg.InitialClusterToken = daemon.ClusterStateNew, "another-cluster"
+	})
+	if err := c.Start(2); !errors.Is(err, daemon.ErrForeignCluster) || !strings.Contains(err.Error(), "same lock subjects") {
+		t.Fatalf("a new member of another cluster on the running cluster's NATS mesh: %v, want ErrForeignCluster", err)
+	}
+	if err := os.RemoveAll(c.Config(2).Data); err != nil {
+		t.Fatal(err)
+	}
+	c.UpdateConfig(2, func(cfg *daemon.Config) { // off the mesh: nothing to ask
+		cfg.NATSRoutes, cfg.NATSClusterListen = "", testkit.FreeAddr(t)
 	})
 	if err := c.Start(2); err != nil {
 		t.Fatal(err)
