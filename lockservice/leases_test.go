@@ -3,6 +3,7 @@ package lockservice
 import (
 	"fmt"
 	"math/rand/v2"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -270,6 +271,65 @@ func TestLeaseTableAgainstModel(t *testing.T) {
 	}
 }
 
+// TestLeaseTableArmBatchMatchesArm: armBatch leaves the same timers as arm
+// called on the same requests in their order: with timers already armed
+// (the same token, moved only later; another token, replaced), a key twice
+// in one batch (the later arm wins), and the index growing mid-batch.
+func TestLeaseTableArmBatchMatchesArm(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	one, batch := newLeaseTable(), newLeaseTable() // both start small: they grow
+	keys := make([]string, 5000)
+	for i := range keys {
+		keys[i] = fmt.Sprintf("k/%d/%s", i, strings.Repeat("y", i%17))
+	}
+	idents := []string{"", "a", "b/c"}
+	now := time.Unix(1000, 0)
+	token := uint64(0)
+	tokens := map[string]uint64{} // the token each key was last armed with
+	var scratch []armReq
+	for round := 0; round < 30; round++ {
+		now = now.Add(time.Duration(rng.IntN(50)) * time.Millisecond)
+		reqs := make([]armReq, 1+rng.IntN(2000))
+		for i := range reqs {
+			key := keys[rng.IntN(len(keys))]
+			tok, ok := tokens[key]
+			if !ok || rng.IntN(3) == 0 {
+				token++
+				tok = token
+			}
+			tokens[key] = tok
+			reqs[i] = armReq{key: key, identity: idents[rng.IntN(len(idents))], token: tok,
+				lease: time.Duration(1+rng.IntN(3000)) * time.Millisecond}
+		}
+		for _, r := range reqs {
+			one.arm(r.key, r.token, r.identity, r.lease, now)
+		}
+		scratch = batch.armBatch(slices.Clone(reqs), now, scratch)
+		one.check(t)
+		batch.check(t)
+		if one.Len() != batch.Len() {
+			t.Fatalf("round %d: %d timers armed one by one, %d in a batch", round, one.Len(), batch.Len())
+		}
+		for _, k := range keys {
+			a, aok := one.get(k)
+			b, bok := batch.get(k)
+			if aok != bok || a != b {
+				t.Fatalf("round %d: %q one by one %+v %v, in a batch %+v %v", round, k, a, aok, b, bok)
+			}
+		}
+		for _, id := range idents {
+			if one.held(id) != batch.held(id) {
+				t.Fatalf("round %d: held(%q) %d one by one, %d in a batch", round, id, one.held(id), batch.held(id))
+			}
+		}
+		// Some expire, so that later rounds arm keys that have no timer.
+		for _, it := range one.due(now.Add(time.Second), time.Millisecond, 500) {
+			one.remove(it.key, it.token)
+			batch.remove(it.key, it.token)
+		}
+	}
+}
+
 // TestLeaseTableMemory: a timer costs well under 100 bytes, in a fixed
 // number of pointer-free blocks whatever the count (so the collector has
 // nothing to scan per timer): arming into a table with room allocates
@@ -312,6 +372,25 @@ func BenchmarkLeaseTableArm1M(b *testing.B) {
 		h := newLeaseTableFor(n)
 		for i, k := range keys {
 			h.arm(k, uint64(i+1), "", 24*time.Hour, now)
+		}
+	}
+}
+
+// BenchmarkLeaseTableArmBatch1M is the same re-arm as the service does it:
+// armBatch, RearmChunkDefault timers at a time.
+func BenchmarkLeaseTableArmBatch1M(b *testing.B) {
+	const n = 1_000_000
+	reqs := make([]armReq, n)
+	for i := range reqs {
+		reqs[i] = armReq{key: fmt.Sprintf("lock/%07d", i), token: uint64(i + 1), lease: 24 * time.Hour}
+	}
+	now := time.Now()
+	b.ReportAllocs()
+	var scratch []armReq
+	for b.Loop() {
+		h := newLeaseTableFor(n)
+		for i := 0; i < n; i += RearmChunkDefault {
+			scratch = h.armBatch(reqs[i:min(n, i+RearmChunkDefault)], now, scratch)
 		}
 	}
 }

@@ -148,12 +148,15 @@ func (s *Service) OnLeaderReady(term uint64) {
 // only keeps the later deadline); one released meanwhile is removed by
 // OnApplied after any step that saw it, since the notice follows the
 // change; a step that sees a key held with a newer token replaces the
-// older timer, whose own release notice then finds nothing to remove. A
+// older timer, whose own release notice then finds nothing to remove (a
+// step arms its locks in one armBatch, which leaves the timers arming them
+// one by one would). A
 // deadline of now (this leader's start) + the lease is never shorter than
 // what a holder may assume: it was told its lease before this leader's
 // term began.
 func (s *Service) rearm(term, epoch uint64, start, now time.Time) {
 	armed, next, done := 0, 0, false
+	var reqs, scratch []armReq
 	for !done {
 		if s.ctx.Err() != nil {
 			return
@@ -169,10 +172,15 @@ func (s *Service) rearm(term, epoch uint64, start, now time.Time) {
 			if next == 0 {
 				s.rearmKinds(m, now) // few keys next to the table: at once
 			}
+			// In one batch (armBatch: the index probes in order); the
+			// keys alias the machine's memory, so the batch ends here.
 			next, done = m.ForEachLockFrom(next, s.cfg.RearmChunk, func(l core.Lock) {
-				s.lead.leases.arm(l.Key, l.Token, l.Identity, holdOf(l), now)
-				armed++
+				reqs = append(reqs, armReq{key: l.Key, identity: l.Identity, token: l.Token, lease: holdOf(l)})
 			})
+			scratch = s.lead.leases.armBatch(reqs, now, scratch)
+			armed += len(reqs)
+			clear(reqs)
+			reqs = reqs[:0]
 		})
 		if stale {
 			return
