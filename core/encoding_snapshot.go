@@ -3,7 +3,9 @@ package core
 import (
 	"bytes"
 	"encoding/binary"
+	"fmt"
 	"hash/crc32"
+	"io"
 	"slices"
 	"strconv"
 	"strings"
@@ -152,6 +154,12 @@ type SnapshotEncoder struct {
 	kinds       []byte
 	kindsCount  uint64
 	prevKindKey string
+
+	// A streaming encoder (NewSnapshotEncoderTo) writes b to w whenever it
+	// holds snapshotChunk bytes; crc is the checksum of what went out.
+	w       io.Writer
+	crc     uint32
+	written int64
 }
 
 // NewSnapshotEncoder starts a snapshot that will hold count locks; sizeHint
@@ -165,6 +173,49 @@ func NewSnapshotEncoder(lastToken uint64, count int, control ControlState, sizeH
 	e.b = binary.AppendUvarint(e.b, lastToken)
 	e.b = binary.AppendUvarint(e.b, e.count)
 	return e
+}
+
+// snapshotChunk is how many bytes a streaming SnapshotEncoder holds before
+// it writes them out.
+const snapshotChunk = 1 << 20
+
+// NewSnapshotEncoderTo is NewSnapshotEncoder writing to w as it goes, a
+// chunk of about snapshotChunk bytes at a time, instead of holding the
+// whole snapshot; FinishTo writes the rest and the checksum. What reaches w
+// is exactly what Finish would return. A snapshot of a million locks is
+// about 36 MB: held whole, its fresh pages' faults are a third of the
+// encoding's CPU, and the node's memory carries it while the file is
+// written.
+func NewSnapshotEncoderTo(w io.Writer, lastToken uint64, count int, control ControlState) *SnapshotEncoder {
+	e := NewSnapshotEncoder(lastToken, count, control, snapshotChunk+snapshotChunk/8)
+	e.w = w
+	return e
+}
+
+// Info is the header CheckSnapshot will read from the snapshot.
+func (e *SnapshotEncoder) Info() SnapshotInfo {
+	return SnapshotInfo{Version: e.version, LastToken: e.lastToken, Locks: e.count}
+}
+
+// maybeFlush writes the buffer out once it holds a chunk (streaming only).
+func (e *SnapshotEncoder) maybeFlush() {
+	if e.w != nil && len(e.b) >= snapshotChunk {
+		e.flush()
+	}
+}
+
+func (e *SnapshotEncoder) flush() {
+	if e.err != nil || len(e.b) == 0 {
+		return
+	}
+	e.crc = crc32.Update(e.crc, castagnoli, e.b)
+	n, err := e.w.Write(e.b)
+	e.written += int64(n)
+	if err != nil {
+		e.err = fmt.Errorf("write snapshot: %w", err)
+		return
+	}
+	e.b = e.b[:0]
 }
 
 func (e *SnapshotEncoder) appendLock(b []byte, l Lock) []byte {
@@ -213,7 +264,8 @@ func (e *SnapshotEncoder) Add(l Lock) error {
 	e.b = e.appendLock(e.b, l)
 	e.lastKey = l.Key
 	e.added++
-	return nil
+	e.maybeFlush()
+	return e.err
 }
 
 // AddRecord appends the next lock given as its stored lock record
@@ -300,7 +352,8 @@ func (e *SnapshotEncoder) AddRecord(record []byte) error {
 	}
 	e.lastKeyBytes = append(e.lastKeyBytes[:0], key...)
 	e.added++
-	return nil
+	e.maybeFlush()
+	return e.err
 }
 
 // BeginRequests ends the locks and starts the request section: the data
@@ -358,7 +411,8 @@ func (e *SnapshotEncoder) AddEnded(r EndedRequest) error {
 	e.b = appendEndedRequest(e.b, &r)
 	e.lastEnded = r.EndedAtMS
 	e.endedAdded++
-	return nil
+	e.maybeFlush()
+	return e.err
 }
 
 // Finish appends the control section (and empty request and session
@@ -366,6 +420,41 @@ func (e *SnapshotEncoder) AddEnded(r EndedRequest) error {
 // and returns the snapshot, or the first error (also when fewer locks,
 // ended records, sessions or delays were added than declared).
 func (e *SnapshotEncoder) Finish() ([]byte, error) {
+	if e.w != nil {
+		return nil, fmt.Errorf("core: Finish on a streaming snapshot encoder (FinishTo)")
+	}
+	if err := e.complete(); err != nil {
+		return nil, err
+	}
+	return e.finish(), nil
+}
+
+// FinishTo is Finish for a streaming encoder (NewSnapshotEncoderTo): it
+// writes the rest of the snapshot and its checksum, and returns how many
+// bytes it wrote in all.
+func (e *SnapshotEncoder) FinishTo() (int64, error) {
+	if e.w == nil {
+		return 0, fmt.Errorf("core: FinishTo on a snapshot encoder without a writer (Finish)")
+	}
+	if err := e.complete(); err != nil {
+		return e.written, err
+	}
+	e.sections()
+	e.crc = crc32.Update(e.crc, castagnoli, e.b)
+	e.b = binary.BigEndian.AppendUint32(e.b, e.crc)
+	n, err := e.w.Write(e.b)
+	e.written += int64(n)
+	e.b = nil
+	if err != nil {
+		e.err = fmt.Errorf("write snapshot: %w", err)
+		return e.written, e.err
+	}
+	return e.written, nil
+}
+
+// complete returns the first error, or the one of a section that got fewer
+// records than it declared.
+func (e *SnapshotEncoder) complete() error {
 	switch {
 	case e.err != nil:
 	case e.added != e.count:
@@ -375,13 +464,19 @@ func (e *SnapshotEncoder) Finish() ([]byte, error) {
 	case e.sessionsAdded != e.sessionCount || e.delaysAdded != e.delayCount:
 		e.err = invalidf("snapshot declared %d sessions and %d delays, got %d and %d", e.sessionCount, e.delayCount, e.sessionsAdded, e.delaysAdded)
 	}
-	if e.err != nil {
-		return nil, e.err
-	}
-	return e.finish(), nil
+	return e.err
 }
 
 func (e *SnapshotEncoder) finish() []byte {
+	e.sections()
+	b := e.b
+	e.b = nil
+	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
+}
+
+// sections appends what the caller did not: the control section and empty
+// request and session sections, and the kinds section.
+func (e *SnapshotEncoder) sections() {
 	if !e.begun {
 		e.begin(0, 0, 0)
 	}
@@ -394,9 +489,6 @@ func (e *SnapshotEncoder) finish() []byte {
 	if e.version >= SnapshotVersion6 {
 		e.b = e.appendKinds(e.b)
 	}
-	b := e.b
-	e.b = nil
-	return binary.BigEndian.AppendUint32(b, crc32.Checksum(b, castagnoli))
 }
 
 // SnapshotInfo is what CheckSnapshot reads from a snapshot without
@@ -480,7 +572,8 @@ func (e *SnapshotEncoder) AddSession(x Session) error {
 	e.b = appendSession(e.b, &x)
 	e.prevSession = x.ID
 	e.sessionsAdded++
-	return nil
+	e.maybeFlush()
+	return e.err
 }
 
 // AddDelay appends the next delayed key, once every session is added:
@@ -508,7 +601,8 @@ func (e *SnapshotEncoder) AddDelay(d Delay) error {
 	e.b = appendDelay(e.b, &d)
 	e.prevDelayKey = d.Key
 	e.delaysAdded++
-	return nil
+	e.maybeFlush()
+	return e.err
 }
 
 // CheckSnapshot verifies a snapshot's magic, version and checksum and

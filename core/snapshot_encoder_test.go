@@ -2,7 +2,10 @@ package core_test
 
 import (
 	"bytes"
+	"errors"
+	"fmt"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 
@@ -23,12 +26,26 @@ func encodeVia(t testing.TB, locks []core.Lock, v3, records bool) ([]byte, error
 // with Add or AddRecord, then its request and session sections.
 func encodeState(t testing.TB, s core.SnapshotState, records bool) ([]byte, error) {
 	t.Helper()
-	locks, ctl := s.Locks, s.Control
+	e := core.NewSnapshotEncoder(lastTokenOf(s), len(s.Locks), s.Control, 0)
+	if err := fillEncoder(e, s, records); err != nil {
+		return nil, err
+	}
+	return e.Finish()
+}
+
+// lastTokenOf is s's last token, raised to its locks' highest.
+func lastTokenOf(s core.SnapshotState) uint64 {
 	last := s.LastToken
-	for _, l := range locks {
+	for _, l := range s.Locks {
 		last = max(last, l.Token)
 	}
-	e := core.NewSnapshotEncoder(last, len(locks), ctl, 0)
+	return last
+}
+
+// fillEncoder feeds e everything of s but the end: its locks with Add or
+// AddRecord, then its request, session and kinds sections.
+func fillEncoder(e *core.SnapshotEncoder, s core.SnapshotState, records bool) error {
+	locks := s.Locks
 	for _, l := range locks {
 		var err error
 		if records {
@@ -37,7 +54,7 @@ func encodeState(t testing.TB, s core.SnapshotState, records bool) ([]byte, erro
 			err = e.Add(l)
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
 	rs := s.Requests
@@ -45,29 +62,29 @@ func encodeState(t testing.TB, s core.SnapshotState, records bool) ([]byte, erro
 		// (Finish writes an empty section itself; records=true shows
 		// BeginRequests with an empty one gives the same bytes.)
 		if err := e.BeginRequests(rs.DataClockMS, rs.EndedHead, len(rs.Ended)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for _, x := range rs.Ended {
 		if err := e.AddEnded(x); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	ss := s.Sessions
 	if len(ss.Sessions) > 0 || len(ss.Delays) > 0 || ss.LastSessionID != 0 || ss.LastDelaySeq != 0 || records {
 		// (Finish writes an empty section itself from snapshot version 5.)
 		if err := e.BeginSessions(ss.LastSessionID, ss.LastDelaySeq, len(ss.Sessions), len(ss.Delays)); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for _, x := range ss.Sessions {
 		if err := e.AddSession(x); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for _, x := range ss.Delays {
 		if err := e.AddDelay(x); err != nil {
-			return nil, err
+			return err
 		}
 	}
 	for _, kh := range s.Holders {
@@ -78,10 +95,10 @@ func encodeState(t testing.TB, s core.SnapshotState, records bool) ([]byte, erro
 			err = e.AddKeyHolders(kh)
 		}
 		if err != nil {
-			return nil, err
+			return err
 		}
 	}
-	return e.Finish()
+	return nil
 }
 
 // The encoder gives the bytes of EncodeSnapshotState for a cluster
@@ -285,3 +302,81 @@ func FuzzSnapshotEncoderAddRecord(f *testing.F) {
 		}
 	})
 }
+
+// A streaming encoder writes exactly the bytes Finish returns, over many
+// chunks (a state of about 3.5 MB with every section of snapshot version
+// 6) or one (a small state), and Info is the header CheckSnapshot reads.
+func TestSnapshotEncoderStreamsTheSameBytes(t *testing.T) {
+	small := v5Full(t).SnapshotState()
+	big := v5Full(t).SnapshotState()
+	var extra []core.Lock
+	for i := range 12_000 {
+		extra = append(extra, core.Lock{Key: fmt.Sprintf("stream/%06d", i), Token: 1 + uint64(i)%big.LastToken,
+			Owner: strings.Repeat("o", core.MaxOwnerLen), LeaseMS: lease, GrantedAtMS: uint64(i)})
+	}
+	big.Locks = append(big.Locks, extra...)
+	slices.SortFunc(big.Locks, func(a, b core.Lock) int { return strings.Compare(a.Key, b.Key) })
+	for _, tc := range []struct {
+		name string
+		s    core.SnapshotState
+	}{{"small", small}, {"big", big}} {
+		want := core.EncodeSnapshotState(tc.s)
+		wantInfo, err := core.CheckSnapshot(want)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, records := range []bool{false, true} {
+			var w countingWriter
+			e := core.NewSnapshotEncoderTo(&w, lastTokenOf(tc.s), len(tc.s.Locks), tc.s.Control)
+			if err := fillEncoder(e, tc.s, records); err != nil {
+				t.Fatalf("%s, records=%v: %v", tc.name, records, err)
+			}
+			n, err := e.FinishTo()
+			if err != nil || n != int64(len(want)) || !bytes.Equal(w.Bytes(), want) || e.Info() != wantInfo {
+				t.Fatalf("%s, records=%v: %v, wrote %d of %d bytes, equal %v, info %+v against %+v",
+					tc.name, records, err, n, len(want), bytes.Equal(w.Bytes(), want), e.Info(), wantInfo)
+			}
+			if tc.name == "big" && w.writes < 3 {
+				t.Fatalf("%d bytes in %d writes: not streamed", n, w.writes)
+			}
+			if _, err := e.Finish(); err == nil {
+				t.Fatal("Finish on a streaming encoder")
+			}
+		}
+	}
+	if _, err := core.NewSnapshotEncoder(1, 0, core.ControlState{}, 0).FinishTo(); err == nil {
+		t.Fatal("FinishTo on an encoder without a writer")
+	}
+}
+
+// A writer's failure ends a streaming encoder with that error.
+func TestSnapshotEncoderStreamWriteFails(t *testing.T) {
+	s := v5Full(t).SnapshotState()
+	for i := range 6_000 {
+		s.Locks = append(s.Locks, core.Lock{Key: fmt.Sprintf("zz/%06d", i), Token: 1, Owner: strings.Repeat("o", core.MaxOwnerLen), LeaseMS: lease})
+	}
+	e := core.NewSnapshotEncoderTo(failingWriter{}, lastTokenOf(s), len(s.Locks), s.Control)
+	err := fillEncoder(e, s, true)
+	if !errors.Is(err, errDiskGone) {
+		t.Fatalf("fill: %v", err)
+	}
+	if _, err := e.FinishTo(); !errors.Is(err, errDiskGone) {
+		t.Fatalf("FinishTo: %v", err)
+	}
+}
+
+type countingWriter struct {
+	bytes.Buffer
+	writes int
+}
+
+func (w *countingWriter) Write(p []byte) (int, error) {
+	w.writes++
+	return w.Buffer.Write(p)
+}
+
+var errDiskGone = errors.New("disk gone")
+
+type failingWriter struct{}
+
+func (failingWriter) Write([]byte) (int, error) { return 0, errDiskGone }

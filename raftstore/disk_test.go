@@ -4,10 +4,14 @@ import (
 	"context"
 	"errors"
 	"log/slog"
+	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/cockroachdb/pebble/v2/vfs"
+	"github.com/cockroachdb/pebble/v2/vfs/errorfs"
 	dto "github.com/prometheus/client_model/go"
 
 	"github.com/ticketd/ticketd/core"
@@ -144,3 +148,57 @@ func TestFailedFsyncStopsNode(t *testing.T) {
 	// The store is not closed: Pebble's commit pipeline is broken past a
 	// failed WAL sync, as the process would be in production (it exits).
 }
+
+// A snapshot file that fails part-way through its write (the snapshot is
+// encoded into it a chunk at a time) is a storage failure like any other:
+// the node stops, no snapshot is recorded, and the partial file is gone.
+func TestSnapshotWriteFailureStopsNodeAndLeavesNoFile(t *testing.T) {
+	dir := t.TempDir()
+	prefill(t, dir, 60_000) // about 2 MB of snapshot: more than one chunk
+	var armed atomic.Bool
+	var writes atomic.Int64
+	fs := errorfs.Wrap(vfs.Default, errorfs.InjectorFunc(func(op errorfs.Op) error {
+		if op.Kind == errorfs.OpFileWrite && strings.HasSuffix(op.Path, snapSuffix+tmpSuffix) && armed.Load() && writes.Add(1) == 2 {
+			return errDiskGone
+		}
+		return nil
+	}))
+	st, err := Open(dir, StoreOptions{NoSync: true, Logger: testkit.QuietLogger(), FS: fs, Disk: DiskOptions{BallastBytes: -1}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = st.Close() })
+	n := startSingle(t, st, Config{SnapshotEntries: 1 << 62})
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	armed.Store(true)
+	n.RequestSnapshot()
+	if _, err := n.Propose(ctx, core.Grant("snap/trigger", "", 60000, 0)); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-n.Done():
+	case <-ctx.Done():
+		t.Fatal("the node did not stop when its snapshot file could not be written")
+	}
+	if !errors.Is(n.Err(), errDiskGone) || !strings.Contains(n.Err().Error(), "write snapshot file") {
+		t.Fatalf("Err() = %v, want the failed snapshot write", n.Err())
+	}
+	if writes.Load() < 2 {
+		t.Fatalf("%d writes to the snapshot file: the failure was not part-way", writes.Load())
+	}
+	names, err := vfs.Default.List(filepath.Join(dir, snapDirName))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range names {
+		if strings.HasSuffix(name, tmpSuffix) || strings.HasSuffix(name, snapSuffix) {
+			t.Fatalf("%s left in the snapshot directory", name)
+		}
+	}
+	if snap, err := st.Snapshot(); err != nil || snap.Metadata.Index != 0 {
+		t.Fatalf("Snapshot() = index %d, %v; want none recorded", snap.Metadata.Index, err)
+	}
+}
+
+var errDiskGone = errors.New("disk gone")

@@ -165,9 +165,6 @@ type Node struct {
 	snapForce bool
 	// snapRequested is set by RequestSnapshot.
 	snapRequested atomic.Bool
-	// lastSnapBytes is the size of the last snapshot built, the size hint
-	// of the next one.
-	lastSnapBytes atomic.Int64
 	// bg tracks the background snapshot goroutine; bgErrc carries its
 	// fatal error to the loop.
 	bg     sync.WaitGroup

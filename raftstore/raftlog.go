@@ -3,6 +3,7 @@ package raftstore
 import (
 	"errors"
 	"fmt"
+	"io"
 
 	"github.com/cockroachdb/pebble/v2"
 	"github.com/cockroachdb/pebble/v2/vfs"
@@ -213,11 +214,20 @@ func (s *Store) CreateSnapshot(index uint64, cs raftpb.ConfState, data []byte) e
 	if err != nil {
 		return fmt.Errorf("raftstore: create snapshot %d: %w: data: %w", index, ErrInvariant, err)
 	}
-	term, err := s.checkNewSnapshot(index, info)
+	return s.createSnapshotWith(index, cs, info.LastToken, writeBytes(data))
+}
+
+// createSnapshotWith is CreateSnapshot for a snapshot whose data fill
+// writes to its file as it encodes them (buildSnapshot), with lastToken
+// the token counter they carry. Its checks come first, before the
+// encoding's work; the one that matters after it (a received snapshot
+// installed meanwhile) is made again when the metadata is committed.
+func (s *Store) createSnapshotWith(index uint64, cs raftpb.ConfState, lastToken uint64, fill func(w io.Writer) error) error {
+	term, err := s.checkNewSnapshot(index, lastToken)
 	if err != nil {
 		return err
 	}
-	if err := s.snaps.write(term, index, data); err != nil {
+	if err := s.snaps.writeWith(term, index, fill); err != nil {
 		return fmt.Errorf("raftstore: create snapshot %d: %w", index, err)
 	}
 	s.writeMu.Lock()
@@ -245,13 +255,13 @@ func (s *Store) CreateSnapshot(index uint64, cs raftpb.ConfState, data []byte) e
 	if err := s.snaps.removeExcept(term, index); err != nil {
 		s.log.Warn("removing old snapshot files", "err", err)
 	}
-	s.log.Debug("created snapshot", "index", index, "term", term, "bytes", len(data))
+	s.log.Debug("created snapshot", "index", index, "term", term)
 	return nil
 }
 
 // checkNewSnapshot checks that a snapshot at index may be created now and
 // returns the term of its entry.
-func (s *Store) checkNewSnapshot(index uint64, info core.SnapshotInfo) (uint64, error) {
+func (s *Store) checkNewSnapshot(index, lastToken uint64) (uint64, error) {
 	s.writeMu.Lock()
 	defer s.writeMu.Unlock()
 	if s.closed {
@@ -264,9 +274,9 @@ func (s *Store) checkNewSnapshot(index uint64, info core.SnapshotInfo) (uint64, 
 	if index > st.applied {
 		return 0, fmt.Errorf("raftstore: create snapshot: %w: index %d above applied index %d", ErrInvariant, index, st.applied)
 	}
-	if index == st.applied && info.LastToken != st.lastToken {
+	if index == st.applied && lastToken != st.lastToken {
 		return 0, fmt.Errorf("raftstore: create snapshot %d: %w: data last token %d, applied last token %d",
-			index, ErrInvariant, info.LastToken, st.lastToken)
+			index, ErrInvariant, lastToken, st.lastToken)
 	}
 	if index == st.offset {
 		return st.offsetTerm, nil

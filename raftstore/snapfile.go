@@ -64,7 +64,22 @@ func (f snapFiles) init() error {
 // write durably stores data as the snapshot file for (term, index): temp
 // file, sync, rename, sync of the directory. It returns once the file is
 // durable under its final name.
-func (f snapFiles) write(term, index uint64, data []byte) (err error) {
+func (f snapFiles) write(term, index uint64, data []byte) error {
+	return f.writeWith(term, index, writeBytes(data))
+}
+
+// writeBytes is a fill for writeWith that writes data.
+func writeBytes(data []byte) func(w io.Writer) error {
+	return func(w io.Writer) error {
+		_, err := w.Write(data)
+		return err
+	}
+}
+
+// writeWith is write for data that fill writes to the file as it makes it
+// (a snapshot encoded as it is read from the store); if fill fails, the
+// file is removed and its error returned, wrapped.
+func (f snapFiles) writeWith(term, index uint64, fill func(w io.Writer) error) (err error) {
 	final := f.name(term, index)
 	tmp := final + tmpSuffix
 	file, err := f.fs.Create(tmp, vfs.WriteCategoryUnspecified)
@@ -76,7 +91,7 @@ func (f snapFiles) write(term, index uint64, data []byte) (err error) {
 			_ = f.fs.Remove(tmp)
 		}
 	}()
-	if _, err := file.Write(data); err != nil {
+	if err := fill(file); err != nil {
 		_ = file.Close()
 		return fmt.Errorf("raftstore: write snapshot file: %w", err)
 	}
