@@ -178,7 +178,7 @@ func TestSlowIdentityKeepsToItsShare(t *testing.T) {
 		lat := make([]time.Duration, 0, calls)
 		for i := range calls {
 			lat = append(lat, call(i))
-			time.Sleep(2 * time.Millisecond) // B's pace: a steady tenant
+			time.Sleep(5 * time.Millisecond) // B's pace: a steady tenant, well inside its share
 		}
 		close(stop)
 		wg.Wait()
@@ -188,7 +188,11 @@ func TestSlowIdentityKeepsToItsShare(t *testing.T) {
 	// A loaded machine can starve B of CPU for a moment whatever the
 	// shares do; without them B queues behind A in every round.
 	for round := 1; ; round++ {
-		shared, refused := run(Config{IdentityTime: 100 * time.Millisecond}, 200)
+		// B's 200 calls come in over at least a second: even at 1.5 ms of
+		// instance time each (a loaded machine, the race detector) they
+		// stay inside 300 ms a second, while A's, each running to the
+		// deadline, spend it in two calls.
+		shared, refused := run(Config{IdentityTime: 300 * time.Millisecond}, 200)
 		t.Logf("round %d with shares: B's p99 %v, %d of A's calls refused", round, shared, refused)
 		if refused == 0 {
 			t.Fatal("none of A's calls was refused")
