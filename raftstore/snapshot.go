@@ -33,23 +33,26 @@ import (
 //   - The goroutine walks the lock rows in key order (byte order, which
 //     is the snapshot's order), then the ended request rows in sequence
 //     order (the FIFO's order), then the session rows in ID order and
-//     the delay rows in key order, encodes the snapshot with
-//     core.SnapshotEncoder (the same bytes Machine.Snapshot gives), writes
-//     it to its own file and commits its metadata (Store.CreateSnapshot),
-//     then compacts the log behind it.
+//     the delay rows in key order, and encodes the snapshot with
+//     core.SnapshotEncoder (the same bytes Machine.Snapshot gives) straight
+//     into its own file, a chunk at a time; then it commits the file's
+//     metadata (Store.createSnapshotWith, CreateSnapshot's streaming form)
+//     and compacts the log behind it.
 //
 // Why it is still safe:
-//   - The data is the state at exactly index (above), and CreateSnapshot
+//   - The data is the state at exactly index (above), and the store
 //     records it at index with that index's term: the same snapshot the
 //     loop would have taken.
 //   - Raft keeps using the previous snapshot and the log until the new one
-//     is published; Compact runs only after CreateSnapshot, and only up to
+//     is published; Compact runs only after it is recorded, and only up to
 //     its index, as before.
 //   - A snapshot received from the leader may be installed by the loop
-//     while the goroutine works. CreateSnapshot checks again, under the
-//     writers' lock, that no newer snapshot exists before committing, and
-//     gives raft.ErrSnapOutOfDate otherwise (the goroutine then drops its
-//     work); so an older snapshot never replaces a newer one.
+//     while the goroutine works (its file has another name: a snapshot is
+//     installed only above the commit index, so above ours). The store
+//     checks again, under the writers' lock, that no newer snapshot exists
+//     before committing, and gives raft.ErrSnapOutOfDate otherwise (the
+//     goroutine then drops its work); so an older snapshot never replaces
+//     a newer one.
 //   - One snapshot at a time. A membership change that needs a fresh
 //     snapshot while one is being built gets the next one.
 //   - A failure other than ErrSnapOutOfDate is reported to the loop, which
