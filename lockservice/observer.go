@@ -150,12 +150,11 @@ func (s *Service) OnLeaderReady(term uint64) {
 // change; a step that sees a key held with a newer token replaces the
 // older timer, whose own release notice then finds nothing to remove (a
 // step arms its locks in one armBatch, which leaves the timers arming them
-// one by one would). A
-// deadline of now (this leader's start) + the lease is never shorter than
-// what a holder may assume: it was told its lease before this leader's
-// term began.
+// one by one would). A deadline of now (this leader's start) + the lease
+// is never shorter than what a holder may assume: it was told its lease
+// before this leader's term began.
 func (s *Service) rearm(term, epoch uint64, start, now time.Time) {
-	armed, next, done := 0, 0, false
+	next, done := 0, false
 	var reqs, scratch []armReq
 	for !done {
 		if s.ctx.Err() != nil {
@@ -178,7 +177,6 @@ func (s *Service) rearm(term, epoch uint64, start, now time.Time) {
 				reqs = append(reqs, armReq{key: l.Key, identity: l.Identity, token: l.Token, lease: holdOf(l)})
 			})
 			scratch = s.lead.leases.armBatch(reqs, now, scratch)
-			armed += len(reqs)
 			clear(reqs)
 			reqs = reqs[:0]
 		})
