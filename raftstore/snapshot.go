@@ -237,7 +237,7 @@ func (n *Node) buildSnapshot(v *stateView, count int, cs raftpb.ConfState) {
 	// that buffer was 36 MB of fresh pages, whose faults showed as a third
 	// of the encoding's CPU, and the leader's RSS carried it (with it, a
 	// snapshot took 0.61-0.64 s, median of 22 in each of three runs of
-	// TestMillionLocks; streamed, 0.41 s; docs/benchmarks.md).
+	// TestMillionLocks; streamed, 0.41-0.55 s in three; docs/benchmarks.md).
 	var size int64
 	var encoded time.Duration
 	err := n.cfg.Store.createSnapshotWith(v.applied, cs, v.lastToken, func(w io.Writer) error {
