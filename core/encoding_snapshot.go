@@ -209,6 +209,12 @@ func (e *SnapshotEncoder) flush() {
 		return
 	}
 	e.crc = crc32.Update(e.crc, castagnoli, e.b)
+	e.emit()
+}
+
+// emit writes the buffer to w and empties it; a failed write is the
+// encoder's error.
+func (e *SnapshotEncoder) emit() {
 	n, err := e.w.Write(e.b)
 	e.written += int64(n)
 	if err != nil {
@@ -442,14 +448,9 @@ func (e *SnapshotEncoder) FinishTo() (int64, error) {
 	e.sections()
 	e.crc = crc32.Update(e.crc, castagnoli, e.b)
 	e.b = binary.BigEndian.AppendUint32(e.b, e.crc)
-	n, err := e.w.Write(e.b)
-	e.written += int64(n)
+	e.emit()
 	e.b = nil
-	if err != nil {
-		e.err = fmt.Errorf("write snapshot: %w", err)
-		return e.written, e.err
-	}
-	return e.written, nil
+	return e.written, e.err
 }
 
 // complete returns the first error, or the one of a section that got fewer
