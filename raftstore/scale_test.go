@@ -1,6 +1,7 @@
 package raftstore
 
 import (
+	"bytes"
 	"testing"
 
 	"go.etcd.io/raft/v3/raftpb"
@@ -81,4 +82,19 @@ func BenchmarkInstallSnapshot1M(b *testing.B) {
 		_ = st.Close()
 		b.StartTimer()
 	}
+}
+
+// encodeSnapshot is encodeSnapshotTo into memory, for the tests that
+// compare a snapshot's bytes: count locks (the machine's count at
+// v.applied), in about sizeHint bytes (0: unknown). stop ends it early.
+func encodeSnapshot(v *stateView, count, sizeHint int, stop <-chan struct{}) ([]byte, error) {
+	if sizeHint <= 0 {
+		sizeHint = 48 * count
+	}
+	var buf bytes.Buffer
+	buf.Grow(sizeHint)
+	if _, err := encodeSnapshotTo(&buf, v, count, stop); err != nil {
+		return nil, err
+	}
+	return buf.Bytes(), nil
 }

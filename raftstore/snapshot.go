@@ -85,22 +85,6 @@ func (s *Store) viewState() (*stateView, error) {
 	return &stateView{snap: s.db.NewSnapshot(), applied: s.st.applied, lastToken: s.st.lastToken}, nil
 }
 
-// encodeSnapshot encodes the snapshot of v into memory: count locks (the
-// machine's count at v.applied), in about sizeHint bytes (0: unknown).
-// stop ends it early. (The node writes its snapshots straight to their
-// file: encodeSnapshotTo.)
-func encodeSnapshot(v *stateView, count, sizeHint int, stop <-chan struct{}) ([]byte, error) {
-	if sizeHint <= 0 {
-		sizeHint = 48 * count
-	}
-	var buf bytes.Buffer
-	buf.Grow(sizeHint)
-	if _, err := encodeSnapshotTo(&buf, v, count, stop); err != nil {
-		return nil, err
-	}
-	return buf.Bytes(), nil
-}
-
 // encodeSnapshotTo encodes the snapshot of v (count locks: the machine's
 // count at v.applied) to w as it goes, and returns how many bytes it
 // wrote. stop ends it early.
