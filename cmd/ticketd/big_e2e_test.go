@@ -189,42 +189,44 @@ func TestMillionLocks(t *testing.T) {
 			others = append(others, i)
 		}
 	}
+	// restart kills node i with kill -9 and starts it again, runs
+	// meanwhile (given the kill's time), and returns the node's "state
+	// loaded" line and how long after the kill it served status with the
+	// applied index of want (a status read before the kill) and at least
+	// minLocks locks.
+	restart := func(i int, want protocol.StatusReply, minLocks int, meanwhile func(killed time.Time)) (string, time.Duration) {
+		procs[i].kill9(t)
+		killed := time.Now()
+		procs[i] = startNode(i)
+		meanwhile(killed)
+		testkit.Eventually(t, 5*time.Minute, fmt.Sprintf("the restarted node %d catches up", i+1), func() bool {
+			s, err := nodeStatus(urls[i], i+1)
+			return err == nil && s.AppliedIndex >= want.AppliedIndex && s.Locks >= minLocks
+		})
+		rejoined := time.Since(killed)
+		loaded, _ := lastLog(t, procs[i], "state loaded", "locks", want.Locks-1)
+		return loaded, rejoined
+	}
 	st, err = nodeStatus(urls[lead], lead+1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	procs[lead].kill9(t)
-	start = time.Now()
-	procs[lead] = startNode(lead)
-	ncOther := testkit.Connect(t, urls[others[0]])
-	testkit.Eventually(t, 5*time.Minute, "the other two grant a lock", func() bool { return bigCycle(ncOther, "failover") })
-	failover := time.Since(start)
-	testkit.Eventually(t, 5*time.Minute, "the restarted node catches up", func() bool {
-		s, err := nodeStatus(urls[lead], lead+1)
-		return err == nil && s.AppliedIndex >= st.AppliedIndex && s.Locks >= st.Locks-1
+	var failover time.Duration
+	loaded, rejoined := restart(lead, st, st.Locks-1, func(killed time.Time) {
+		ncOther := testkit.Connect(t, urls[others[0]])
+		testkit.Eventually(t, 5*time.Minute, "the other two grant a lock", func() bool { return bigCycle(ncOther, "failover") })
+		failover = time.Since(killed)
 	})
-	rejoined := time.Since(start)
-	loaded, _ := lastLog(t, procs[lead], "state loaded", "locks", st.Locks-1)
 	t.Logf("FIGURE restart after kill -9 of the leader: %s; the node serves status caught up %v after the kill, the other two granted a lock after %v",
 		loaded, rejoined.Round(time.Millisecond), failover.Round(time.Millisecond))
 
 	// Restart of a follower: the same load, but the cluster keeps its
 	// leader, so this is the node's own restart without an election.
 	lead = leader(0, 1, 2)
-	follower := (lead + 1) % n
-	st, err = nodeStatus(urls[lead], lead+1)
-	if err != nil {
+	if st, err = nodeStatus(urls[lead], lead+1); err != nil {
 		t.Fatal(err)
 	}
-	procs[follower].kill9(t)
-	start = time.Now()
-	procs[follower] = startNode(follower)
-	testkit.Eventually(t, 5*time.Minute, "the restarted follower catches up", func() bool {
-		s, err := nodeStatus(urls[follower], follower+1)
-		return err == nil && s.AppliedIndex >= st.AppliedIndex && s.Locks >= st.Locks
-	})
-	rejoined = time.Since(start)
-	loaded, _ = lastLog(t, procs[follower], "state loaded", "locks", st.Locks-1)
+	loaded, rejoined = restart((lead+1)%n, st, st.Locks, func(time.Time) {})
 	t.Logf("FIGURE restart after kill -9 of a follower: %s; the node serves status caught up %v after the kill",
 		loaded, rejoined.Round(time.Millisecond))
 
